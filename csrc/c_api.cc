@@ -1,0 +1,297 @@
+// C API over the one Engine object of the process.
+#include "c_api.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "engine.h"
+
+using hvdlite::CompressionType;
+using hvdlite::DataType;
+using hvdlite::Engine;
+using hvdlite::ErrorKind;
+using hvdlite::OpType;
+using hvdlite::ReduceOp;
+using hvdlite::Status;
+
+namespace {
+
+// The process's engine. Heap-allocated and never destroyed, so static
+// destruction at exit (possibly after MPI_Finalize) never touches MPI.
+struct Runtime {
+  std::mutex mutex;
+  std::shared_ptr<Engine> engine;
+  bool shut_down_locally = false;
+};
+
+Runtime& runtime() {
+  static Runtime* r = new Runtime();
+  return *r;
+}
+
+std::atomic<bool> g_in_forked_child{false};
+
+thread_local std::string t_last_error;
+thread_local int t_last_error_kind = 0;
+
+int SetError(const Status& s) {
+  t_last_error = s.message();
+  t_last_error_kind = static_cast<int>(s.kind());
+  return -static_cast<int>(s.kind());
+}
+
+int SetError(ErrorKind kind, const std::string& message) {
+  return SetError(Status::Error(kind, message));
+}
+
+void OnForkChild() {
+  g_in_forked_child = true;
+  // The child has no engine thread; keep the object alive forever so nothing
+  // tries to join or shut it down from here.
+  new std::shared_ptr<Engine>(std::move(runtime().engine));
+}
+
+std::shared_ptr<Engine> CurrentEngine(bool quiet = false) {
+  if (g_in_forked_child) {
+    if (!quiet) {
+      SetError(ErrorKind::kInvalidArgument,
+               "hvdlite cannot be used in a process forked after hvdlite.init(): the child has "
+               "no engine thread. Use the 'spawn' start method, or call init() before forking "
+               "only in processes that use hvdlite");
+    }
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(runtime().mutex);
+  if (!runtime().engine || runtime().shut_down_locally) {
+    if (!quiet) {
+      SetError(ErrorKind::kInvalidArgument,
+               runtime().shut_down_locally
+                   ? "hvdlite has been shut down on this rank; call hvdlite.init() again first"
+                   : "hvdlite is not initialised; call hvdlite.init() first");
+    }
+    return nullptr;
+  }
+  return runtime().engine;
+}
+
+// Handles stay readable after shutdown, until the next init.
+std::shared_ptr<hvdlite::Work> FindWork(int64_t handle) {
+  std::shared_ptr<Engine> engine;
+  {
+    std::lock_guard<std::mutex> lock(runtime().mutex);
+    engine = runtime().engine;
+  }
+  return engine ? engine->FindWork(handle) : nullptr;
+}
+
+template <typename F>
+int WithTopology(F field) {
+  auto engine = CurrentEngine();
+  return engine ? field(engine->topology()) : -1;
+}
+
+}  // namespace
+
+extern "C" {
+
+int hvd_init(int64_t comm_fortran_handle) {
+  static std::once_flag fork_handler_once;
+  std::call_once(fork_handler_once, [] { pthread_atfork(nullptr, nullptr, OnForkChild); });
+  if (g_in_forked_child) {
+    return SetError(ErrorKind::kInvalidArgument,
+                    "hvdlite.init() in a process forked from an initialised one is not supported");
+  }
+  std::lock_guard<std::mutex> lock(runtime().mutex);
+  if (runtime().engine && !runtime().shut_down_locally) return 0;  // idempotent, as in Horovod
+  MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(comm_fortran_handle));
+  std::unique_ptr<Engine> engine;
+  Status s = Engine::Start(comm, &engine);
+  if (!s.ok()) return SetError(s);
+  runtime().engine = std::move(engine);
+  runtime().shut_down_locally = false;
+  return 0;
+}
+
+int hvd_shutdown(const char* reason) {
+  std::shared_ptr<Engine> engine;
+  {
+    std::lock_guard<std::mutex> lock(runtime().mutex);
+    if (g_in_forked_child || !runtime().engine || runtime().shut_down_locally) return 0;
+    runtime().shut_down_locally = true;
+    engine = runtime().engine;
+  }
+  engine->Shutdown(reason && reason[0] ? reason : "called shutdown()");
+  return 0;
+}
+
+int hvd_is_initialized(void) { return CurrentEngine(/*quiet=*/true) != nullptr; }
+
+const char* hvd_last_error(void) { return t_last_error.c_str(); }
+int hvd_last_error_kind(void) { return t_last_error_kind; }
+
+int hvd_rank(void) { return WithTopology([](const auto& t) { return t.rank; }); }
+int hvd_size(void) { return WithTopology([](const auto& t) { return t.size; }); }
+int hvd_local_rank(void) { return WithTopology([](const auto& t) { return t.local_rank; }); }
+int hvd_local_size(void) { return WithTopology([](const auto& t) { return t.local_size; }); }
+int hvd_cross_rank(void) { return WithTopology([](const auto& t) { return t.cross_rank; }); }
+int hvd_cross_size(void) { return WithTopology([](const auto& t) { return t.cross_size; }); }
+
+int hvd_mpi_threads_supported(void) {
+  int initialized = 0, provided = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return 0;
+  MPI_Query_thread(&provided);
+  return provided >= MPI_THREAD_MULTIPLE;
+}
+
+int hvd_mpi_library_version(char* buffer, int length) {
+  char version[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(version, &len);
+  int n = std::min(len, length - 1);
+  std::memcpy(buffer, version, static_cast<size_t>(n));
+  buffer[n] = '\0';
+  return n;
+}
+
+int64_t hvd_enqueue(const hvd_tensor_request* r) {
+  auto engine = CurrentEngine();
+  if (!engine) return -t_last_error_kind;
+  if (r->op < 0 || r->op > static_cast<int>(OpType::kRemoveProcessSet)) {
+    return SetError(ErrorKind::kInvalidArgument, "unknown collective operation code");
+  }
+  if (!hvdlite::IsValidDataType(r->dtype)) {
+    return SetError(ErrorKind::kInvalidArgument, "unsupported dtype code " + std::to_string(r->dtype));
+  }
+  if (r->ndim < 0 || (r->ndim > 0 && r->shape == nullptr)) {
+    return SetError(ErrorKind::kInvalidArgument, "invalid shape");
+  }
+  if (r->compression < 0 || r->compression > static_cast<int>(CompressionType::kTopK)) {
+    return SetError(ErrorKind::kInvalidArgument, "unknown compression code");
+  }
+  hvdlite::EnqueueArgs args;
+  auto& q = args.request;
+  q.op = static_cast<OpType>(r->op);
+  q.name = r->name ? r->name : "";
+  q.dtype = static_cast<DataType>(r->dtype);
+  q.shape.assign(r->shape, r->shape + r->ndim);
+  q.reduce_op = static_cast<ReduceOp>(r->reduce_op);
+  q.prescale = r->prescale;
+  q.postscale = r->postscale;
+  q.root_rank = r->root_rank;
+  if (r->splits && r->nsplits > 0) q.splits.assign(r->splits, r->splits + r->nsplits);
+  q.compression.type = static_cast<CompressionType>(r->compression);
+  q.compression.topk_ratio = r->topk_ratio;
+  q.compression.error_feedback = r->error_feedback != 0;
+  args.process_set = r->process_set;
+  args.input = r->input;
+  args.output = r->output;
+  int64_t handle = 0;
+  Status s = engine->Enqueue(std::move(args), &handle);
+  if (!s.ok()) return SetError(s);
+  return handle;
+}
+
+int hvd_poll(int64_t handle) {
+  auto work = FindWork(handle);
+  if (!work) return SetError(ErrorKind::kInvalidArgument, "unknown or released handle");
+  return work->IsCompleted() ? 1 : 0;
+}
+
+int hvd_wait(int64_t handle, double timeout_seconds) {
+  auto work = FindWork(handle);
+  if (!work) return SetError(ErrorKind::kInvalidArgument, "unknown or released handle");
+  return work->Wait(timeout_seconds) ? 1 : 0;
+}
+
+int hvd_handle_error(int64_t handle, char* buffer, int64_t length) {
+  auto work = FindWork(handle);
+  if (!work) return SetError(ErrorKind::kInvalidArgument, "unknown or released handle");
+  Status s = work->status();
+  if (buffer && length > 0) {
+    size_t n = std::min<size_t>(s.message().size(), static_cast<size_t>(length - 1));
+    std::memcpy(buffer, s.message().data(), n);
+    buffer[n] = '\0';
+  }
+  return static_cast<int>(s.kind());
+}
+
+int hvd_handle_take_output(int64_t handle, void** data, int64_t* nbytes, int64_t* shape,
+                           int32_t max_dims) {
+  auto work = FindWork(handle);
+  if (!work) return SetError(ErrorKind::kInvalidArgument, "unknown or released handle");
+  const int ndim = static_cast<int>(work->output_shape.size());
+  if (ndim > max_dims) return SetError(ErrorKind::kInvalidArgument, "too many dimensions");
+  std::copy(work->output_shape.begin(), work->output_shape.end(), shape);
+  *nbytes = static_cast<int64_t>(work->output.bytes());
+  *data = work->output.Release();
+  return ndim;
+}
+
+int hvd_handle_received_splits(int64_t handle, int64_t* splits, int32_t count) {
+  auto work = FindWork(handle);
+  if (!work) return SetError(ErrorKind::kInvalidArgument, "unknown or released handle");
+  const int n = std::min<int>(count, static_cast<int>(work->received_splits.size()));
+  std::copy(work->received_splits.begin(), work->received_splits.begin() + n, splits);
+  return static_cast<int>(work->received_splits.size());
+}
+
+int64_t hvd_handle_value(int64_t handle) {
+  auto work = FindWork(handle);
+  return work ? work->value : -1;
+}
+
+void hvd_release(int64_t handle) {
+  std::shared_ptr<Engine> engine;
+  {
+    std::lock_guard<std::mutex> lock(runtime().mutex);
+    engine = runtime().engine;
+  }
+  if (engine) engine->ReleaseWork(handle);
+}
+
+void hvd_free_output(void* data) { hvdlite::FreeAligned(data); }
+
+int hvd_process_set_ids(int32_t* ids, int32_t capacity) {
+  auto engine = CurrentEngine();
+  if (!engine) return -1;
+  auto all = engine->process_set_ids();
+  const int n = std::min<int>(capacity, static_cast<int>(all.size()));
+  std::copy(all.begin(), all.begin() + n, ids);
+  return static_cast<int>(all.size());
+}
+
+int hvd_process_set_ranks(int32_t id, int32_t* ranks, int32_t capacity) {
+  auto engine = CurrentEngine();
+  if (!engine) return -1;
+  auto set = engine->process_set(id);
+  if (!set) return SetError(ErrorKind::kInvalidArgument, "no process set with id " + std::to_string(id));
+  const auto& r = set->ranks();
+  const int n = std::min<int>(capacity, static_cast<int>(r.size()));
+  std::copy(r.begin(), r.begin() + n, ranks);
+  return static_cast<int>(r.size());
+}
+
+int hvd_process_set_rank(int32_t id) {
+  auto engine = CurrentEngine();
+  if (!engine) return -1;
+  auto set = engine->process_set(id);
+  if (!set) return SetError(ErrorKind::kInvalidArgument, "no process set with id " + std::to_string(id));
+  return set->rank();
+}
+
+int hvd_process_set_size(int32_t id) {
+  auto engine = CurrentEngine();
+  if (!engine) return -1;
+  auto set = engine->process_set(id);
+  if (!set) return SetError(ErrorKind::kInvalidArgument, "no process set with id " + std::to_string(id));
+  return set->size();
+}
+
+}  // extern "C"

@@ -1,0 +1,77 @@
+/* The only surface of the engine that the Python binding (cffi) sees.
+   Plain C types; every call is safe from any thread. Integer codes for dtype,
+   op and reduce op are those of csrc/common.h. Functions that can fail return
+   a negative value (or NULL) and leave a message in hvd_last_error(). */
+#ifndef HVDLITE_C_API_H_
+#define HVDLITE_C_API_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct hvd_tensor_request {
+  int32_t op;             /* OpType */
+  const char* name;       /* NULL or "" for an automatic name */
+  int32_t dtype;          /* DataType */
+  int32_t ndim;
+  const int64_t* shape;
+  const void* input;
+  void* output;           /* allreduce, broadcast: caller-owned; others: NULL */
+  int32_t reduce_op;      /* ReduceOp */
+  double prescale;
+  double postscale;
+  int32_t root_rank;
+  const int64_t* splits;  /* alltoall splits or process-set ranks; may be NULL */
+  int32_t nsplits;
+  int32_t compression;    /* CompressionType */
+  double topk_ratio;
+  int32_t error_feedback;
+  int32_t process_set;
+} hvd_tensor_request;
+
+/* comm: the Fortran handle of an MPI communicator (mpi4py's Comm.py2f()). */
+int hvd_init(int64_t comm_fortran_handle);
+int hvd_shutdown(const char* reason);
+int hvd_is_initialized(void);
+const char* hvd_last_error(void);
+int hvd_last_error_kind(void);
+
+int hvd_rank(void);
+int hvd_size(void);
+int hvd_local_rank(void);
+int hvd_local_size(void);
+int hvd_cross_rank(void);
+int hvd_cross_size(void);
+int hvd_mpi_threads_supported(void);
+int hvd_mpi_library_version(char* buffer, int length);
+
+/* Returns a handle > 0, or the negated ErrorKind. */
+int64_t hvd_enqueue(const hvd_tensor_request* request);
+/* 1 completed, 0 pending, -1 unknown handle. */
+int hvd_poll(int64_t handle);
+/* 1 completed, 0 timed out, -1 unknown handle; timeout < 0 waits forever. */
+int hvd_wait(int64_t handle, double timeout_seconds);
+/* ErrorKind of a completed handle (0 = success); the message goes to buffer. */
+int hvd_handle_error(int64_t handle, char* buffer, int64_t length);
+/* Engine-allocated result: ownership passes to the caller (free with
+   hvd_free_output). Returns ndim, or -1. */
+int hvd_handle_take_output(int64_t handle, void** data, int64_t* nbytes, int64_t* shape,
+                           int32_t max_dims);
+int hvd_handle_received_splits(int64_t handle, int64_t* splits, int32_t count);
+int64_t hvd_handle_value(int64_t handle);
+void hvd_release(int64_t handle);
+void hvd_free_output(void* data);
+
+/* Process sets: ids, and the engine ranks of a set. */
+int hvd_process_set_ids(int32_t* ids, int32_t capacity);
+int hvd_process_set_ranks(int32_t id, int32_t* ranks, int32_t capacity);
+int hvd_process_set_rank(int32_t id);
+int hvd_process_set_size(int32_t id);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HVDLITE_C_API_H_ */

@@ -1,0 +1,366 @@
+#include "engine.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+namespace hvdlite {
+
+namespace {
+
+// How long Shutdown() lets the engine finish its last round before it stops
+// waiting on peers (one of them may be gone).
+constexpr double kShutdownGraceSeconds = 30.0;
+
+bool IsReducing(OpType op) { return op == OpType::kAllreduce || op == OpType::kReducescatter; }
+
+}  // namespace
+
+Engine::Engine(MPI_Comm user_comm, EngineOptions options)
+    : user_comm_(user_comm), options_(std::move(options)) {}
+
+Engine::~Engine() { Shutdown("the engine object was destroyed"); }
+
+Status Engine::Start(MPI_Comm comm, std::unique_ptr<Engine>* out) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) {
+    return Status::InvalidArgument(
+        "MPI is not initialised (or already finalised); import mpi4py's MPI before hvdlite.init()");
+  }
+  int provided = 0;
+  MPI_Query_thread(&provided);
+  if (provided < MPI_THREAD_MULTIPLE) {
+    return Status::InvalidArgument(
+        "MPI was initialised without MPI_THREAD_MULTIPLE; hvdlite's engine thread needs it. "
+        "Leave mpi4py.rc.thread_level at its default ('multiple')");
+  }
+  EngineOptions options;
+  Status s = EngineOptions::FromEnvironment(&options);
+  if (!s.ok()) return s;
+
+  std::unique_ptr<Engine> engine(new Engine(comm, options));
+  engine->thread_ = std::thread(&Engine::ThreadMain, engine.get());
+  {
+    std::unique_lock<std::mutex> lock(engine->state_mutex_);
+    engine->state_cv_.wait(lock, [&] { return engine->ready_; });
+    s = engine->setup_status_;
+  }
+  if (!s.ok()) {
+    engine->thread_.join();
+    return s;
+  }
+  *out = std::move(engine);
+  return Status::OK();
+}
+
+void Engine::ThreadMain() {
+  pthread_setname_np(pthread_self(), "hvdlite-engine");
+  Status s = Setup();
+  {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    ready_ = true;
+    setup_status_ = s;
+    if (!s.ok()) {
+      stopped_ = true;
+      stopped_status_ = s;
+    }
+  }
+  state_cv_.notify_all();
+  if (!s.ok()) return;
+  Loop();
+  // Communicators are freed here, on the thread that used them.
+  for (int32_t id : sets_.Ids()) sets_.Remove(id);
+}
+
+Status Engine::Setup() {
+  if (MPI_Comm_dup(user_comm_, &comm_) != MPI_SUCCESS) {
+    return Status::Error(ErrorKind::kMpi, "MPI_Comm_dup of the given communicator failed");
+  }
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &topology_.rank);
+  MPI_Comm_size(comm_, &topology_.size);
+
+  // Ranks on the same host share a processor name; local and cross ranks
+  // follow from the list of names, without extra communicators.
+  constexpr int kNameLen = MPI_MAX_PROCESSOR_NAME;
+  std::vector<char> names(static_cast<size_t>(kNameLen) * topology_.size, '\0');
+  std::vector<char> mine(kNameLen, '\0');
+  int len = 0;
+  MPI_Get_processor_name(mine.data(), &len);
+  if (MPI_Allgather(mine.data(), kNameLen, MPI_CHAR, names.data(), kNameLen, MPI_CHAR, comm_) !=
+      MPI_SUCCESS) {
+    return Status::Error(ErrorKind::kMpi, "MPI_Allgather of host names failed");
+  }
+  auto host_of = [&](int r) { return std::string(names.data() + static_cast<size_t>(r) * kNameLen); };
+  std::vector<int> local_rank_of(topology_.size);
+  std::vector<std::string> hosts;
+  for (int r = 0; r < topology_.size; ++r) {
+    int same = 0;
+    for (int p = 0; p < r; ++p) same += host_of(p) == host_of(r);
+    local_rank_of[r] = same;
+    if (std::find(hosts.begin(), hosts.end(), host_of(r)) == hosts.end()) hosts.push_back(host_of(r));
+  }
+  const int me = topology_.rank;
+  topology_.local_rank = local_rank_of[me];
+  topology_.local_size = 0;
+  topology_.cross_rank = 0;
+  topology_.cross_size = 0;
+  for (int r = 0; r < topology_.size; ++r) {
+    if (host_of(r) == host_of(me)) ++topology_.local_size;
+    if (local_rank_of[r] == local_rank_of[me]) {
+      if (r < me) ++topology_.cross_rank;
+      ++topology_.cross_size;
+    }
+  }
+
+  std::vector<int32_t> all(topology_.size);
+  for (int r = 0; r < topology_.size; ++r) all[r] = r;
+  sets_.Add(std::make_shared<ProcessSet>(sets_.NextId(), all, comm_, options_.wait, &abort_));
+  return Status::OK();
+}
+
+void Engine::Loop() {
+  using Clock = std::chrono::steady_clock;
+  const auto cycle = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double, std::milli>(options_.cycle_time_ms));
+  auto next = Clock::now();
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(state_mutex_);
+      state_cv_.wait_until(lock, next, [this] { return shutdown_requested_; });
+    }
+    next = Clock::now() + cycle;
+    for (auto& set : sets_.All()) {
+      if (!set->is_member()) continue;
+      if (!RunCycle(*set, set->id() == 0)) return;
+    }
+  }
+}
+
+bool Engine::RunCycle(ProcessSet& set, bool is_global) {
+  RequestList mine;
+  mine.requests = set.queue().PopNewRequests();
+  if (is_global) {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    mine.shutdown = shutdown_requested_;
+    mine.shutdown_reason = shutdown_reason_;
+  }
+  ResponseList responses;
+  Status s = set.controller().Negotiate(mine, &responses);
+  if (!s.ok()) {
+    Stop(s);
+    return false;
+  }
+  if (responses.shutdown) {
+    std::string text;
+    for (size_t i = 0; i < responses.shutdown_ranks.size(); ++i) {
+      if (i) text += "; ";
+      text += "rank " + std::to_string(responses.shutdown_ranks[i]) + " " +
+              responses.shutdown_reasons[i];
+    }
+    Stop(Status::Error(ErrorKind::kShutdown, "hvdlite has shut down: " + text));
+    return false;
+  }
+  for (const Response& response : responses.responses) {
+    if (response.kind == Response::Kind::kCollective &&
+        (response.op == OpType::kAddProcessSet || response.op == OpType::kRemoveProcessSet)) {
+      s = ChangeProcessSets(set, response);
+    } else {
+      s = runner_.Run(set, response);
+    }
+    if (!s.ok()) {
+      Stop(s);
+      return false;
+    }
+  }
+  return true;
+}
+
+Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {
+  TensorEntry entry;
+  if (!global.queue().Take(response.names[0], &entry)) {
+    return Status::Error(ErrorKind::kInternal, "process set request vanished from the queue");
+  }
+  if (response.op == OpType::kAddProcessSet) {
+    std::vector<int32_t> ranks(response.sizes.begin(), response.sizes.end());
+    const bool member = std::find(ranks.begin(), ranks.end(), topology_.rank) != ranks.end();
+    MPI_Comm comm = MPI_COMM_NULL;
+    // Blocking, but every rank reaches it at the same point of the same round.
+    if (MPI_Comm_split(comm_, member ? 0 : MPI_UNDEFINED, topology_.rank, &comm) != MPI_SUCCESS) {
+      Status s = Status::Error(ErrorKind::kMpi, "MPI_Comm_split for a new process set failed");
+      entry.work->Fail(s);
+      return s;
+    }
+    const int32_t id = sets_.NextId();
+    sets_.Add(std::make_shared<ProcessSet>(id, ranks, comm, options_.wait, &abort_));
+    entry.work->value = id;
+  } else {
+    const int32_t id = static_cast<int32_t>(response.sizes.at(0));
+    auto removed = sets_.Remove(id);
+    if (removed) {
+      Status gone = Status::Error(ErrorKind::kShutdown,
+                                  "process set " + std::to_string(id) + " was removed");
+      for (auto& pending : removed->queue().Close(gone)) pending.work->Fail(gone);
+    }
+  }
+  entry.work->Finish();
+  return Status::OK();
+}
+
+void Engine::Stop(const Status& reason) {
+  for (auto& set : sets_.All()) {
+    for (auto& entry : set->queue().Close(reason)) entry.work->Fail(reason);
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    stopped_ = true;
+    stopped_status_ = reason;
+  }
+  state_cv_.notify_all();
+}
+
+Status Engine::stopped_status() {
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  return stopped_ ? stopped_status_ : Status::OK();
+}
+
+void Engine::Shutdown(const std::string& reason) {
+  {
+    std::unique_lock<std::mutex> lock(state_mutex_);
+    if (!stopped_ && !shutdown_requested_) {
+      shutdown_requested_ = true;
+      shutdown_reason_ = reason;
+    }
+    state_cv_.notify_all();
+    if (!state_cv_.wait_for(lock, std::chrono::duration<double>(kShutdownGraceSeconds),
+                            [this] { return stopped_; })) {
+      abort_ = true;  // a peer is not answering: stop waiting on MPI
+    }
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+Status Engine::ValidateLocally(const EnqueueArgs& args, const ProcessSet& set) const {
+  const Request& q = args.request;
+  const std::string what = std::string(OpTypeName(q.op)) +
+                           (q.name.empty() ? std::string() : " of '" + q.name + "'");
+  for (int64_t d : q.shape) {
+    if (d < 0) return Status::InvalidArgument(what + ": negative dimension in shape " + ShapeString(q.shape));
+  }
+  if (IsReducing(q.op)) {
+    if (q.dtype == DataType::kBool) {
+      return Status::InvalidArgument(what + ": bool tensors cannot be reduced; cast to uint8 or int32 first");
+    }
+    if (static_cast<int32_t>(q.reduce_op) < 0 || static_cast<int32_t>(q.reduce_op) > 4) {
+      return Status::InvalidArgument(what + ": unknown reduce op " +
+                                     std::to_string(static_cast<int32_t>(q.reduce_op)));
+    }
+    if (!std::isfinite(q.prescale) || !std::isfinite(q.postscale)) {
+      return Status::InvalidArgument(what + ": prescale_factor and postscale_factor must be finite numbers");
+    }
+    if (q.compression.type != CompressionType::kNone) {
+      return Status::InvalidArgument(what + ": compression '" + q.compression.ToString() +
+                                     "' is not available in this engine build");
+    }
+  }
+  const int size = set.size();
+  if (q.op == OpType::kBroadcast && (q.root_rank < 0 || q.root_rank >= size)) {
+    return Status::InvalidArgument(what + ": root_rank " + std::to_string(q.root_rank) +
+                                   " is out of range; it must be in [0, " + std::to_string(size) + ")");
+  }
+  const bool needs_rows = q.op == OpType::kAllgather || q.op == OpType::kAlltoall ||
+                          q.op == OpType::kReducescatter;
+  if (needs_rows && q.shape.empty()) {
+    return Status::InvalidArgument(what + ": needs a tensor with at least one dimension");
+  }
+  if (q.op == OpType::kAlltoall) {
+    if (static_cast<int>(q.splits.size()) != size) {
+      return Status::InvalidArgument(what + ": splits has " + std::to_string(q.splits.size()) +
+                                     " entries but there are " + std::to_string(size) +
+                                     " ranks; give one count per rank");
+    }
+    int64_t total = 0;
+    for (int64_t x : q.splits) {
+      if (x < 0) return Status::InvalidArgument(what + ": splits must not be negative");
+      total += x;
+    }
+    if (total != q.shape[0]) {
+      return Status::InvalidArgument(what + ": splits sum to " + std::to_string(total) +
+                                     " but the first dimension is " + std::to_string(q.shape[0]) +
+                                     "; they must be equal");
+    }
+  }
+  if (q.op == OpType::kReducescatter && q.shape[0] < size) {
+    return Status::InvalidArgument(what + ": the first dimension (" + std::to_string(q.shape[0]) +
+                                   ") is smaller than the number of ranks (" + std::to_string(size) +
+                                   "); every rank must receive at least one row");
+  }
+  return Status::OK();
+}
+
+Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
+  Status stopped = stopped_status();
+  if (!stopped.ok()) return stopped;
+  auto set = sets_.Get(args.process_set);
+  if (!set) {
+    return Status::InvalidArgument("there is no process set with id " +
+                                   std::to_string(args.process_set) +
+                                   " (never added, or removed); add it with add_process_set()");
+  }
+  if (!set->is_member()) {
+    std::string ranks;
+    for (size_t i = 0; i < set->ranks().size(); ++i) ranks += (i ? ", " : "") + std::to_string(set->ranks()[i]);
+    return Status::InvalidArgument("rank " + std::to_string(topology_.rank) +
+                                   " is not a member of process set " + std::to_string(set->id()) +
+                                   " (ranks [" + ranks + "]); only members may submit to it");
+  }
+  Request& q = args.request;
+  if (q.op == OpType::kAlltoall && q.splits.empty() && !q.shape.empty()) {
+    // Default: equal parts, which needs a first dimension divisible by size.
+    const int64_t size = set->size();
+    if (q.shape[0] % size != 0) {
+      return Status::InvalidArgument(
+          "alltoall: the first dimension (" + std::to_string(q.shape[0]) +
+          ") is not divisible by the number of ranks (" + std::to_string(size) +
+          "); pass splits= to say how many rows go to each rank");
+    }
+    q.splits.assign(static_cast<size_t>(size), q.shape[0] / size);
+  }
+  Status s = ValidateLocally(args, *set);
+  if (!s.ok()) return s;
+  if (q.name.empty()) q.name = set->NextAutoName(q.op);
+  q.rank = set->rank();
+
+  TensorEntry entry;
+  entry.request = q;
+  entry.input = args.input;
+  entry.output = args.output;
+  entry.work = std::make_shared<Work>(q.op, q.name);
+  entry.enqueued = std::chrono::steady_clock::now();
+  auto work = entry.work;
+  s = set->queue().Add(std::move(entry));
+  if (!s.ok()) return s;
+  std::lock_guard<std::mutex> lock(handles_mutex_);
+  *handle = next_handle_++;
+  handles_[*handle] = std::move(work);
+  return Status::OK();
+}
+
+std::shared_ptr<Work> Engine::FindWork(int64_t handle) {
+  std::lock_guard<std::mutex> lock(handles_mutex_);
+  auto it = handles_.find(handle);
+  return it == handles_.end() ? nullptr : it->second;
+}
+
+void Engine::ReleaseWork(int64_t handle) {
+  std::lock_guard<std::mutex> lock(handles_mutex_);
+  handles_.erase(handle);
+}
+
+}  // namespace hvdlite

@@ -1,0 +1,93 @@
+// The one engine object of a process: owns the background thread that does
+// all of hvdlite's MPI work, the process sets, and the table of handles.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "engine_options.h"
+#include "operations.h"
+#include "process_set.h"
+#include "work.h"
+
+namespace hvdlite {
+
+// What a framework thread hands to the engine for one tensor.
+struct EnqueueArgs {
+  Request request;      // name may be empty: the engine then picks one
+  int32_t process_set = 0;
+  const void* input = nullptr;
+  void* output = nullptr;  // allreduce/broadcast: caller-owned, same shape as input
+};
+
+struct Topology {
+  int rank = 0, size = 1;
+  int local_rank = 0, local_size = 1;
+  int cross_rank = 0, cross_size = 1;
+};
+
+class Engine {
+ public:
+  // Duplicates `comm`, starts the thread and waits until it is ready.
+  static Status Start(MPI_Comm comm, std::unique_ptr<Engine>* out);
+  ~Engine();
+
+  Status Enqueue(EnqueueArgs args, int64_t* handle);
+  std::shared_ptr<Work> FindWork(int64_t handle);
+  void ReleaseWork(int64_t handle);
+
+  // Asks every rank's engine to stop (negotiated), fails what is pending and
+  // joins the thread. Safe to call more than once.
+  void Shutdown(const std::string& reason);
+  // The reason the engine stopped; OK while it runs.
+  Status stopped_status();
+
+  const Topology& topology() const { return topology_; }
+  std::shared_ptr<ProcessSet> process_set(int32_t id) { return sets_.Get(id); }
+  std::vector<int32_t> process_set_ids() { return sets_.Ids(); }
+  const EngineOptions& options() const { return options_; }
+
+ private:
+  Engine(MPI_Comm user_comm, EngineOptions options);
+
+  void ThreadMain();
+  Status Setup();
+  void Loop();
+  // One negotiation + execution round on `set`. Returns false to stop.
+  bool RunCycle(ProcessSet& set, bool is_global);
+  Status ChangeProcessSets(ProcessSet& global, const Response& response);
+  void Stop(const Status& reason);
+  Status ValidateLocally(const EnqueueArgs& args, const ProcessSet& set) const;
+
+  MPI_Comm user_comm_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  EngineOptions options_;
+  Topology topology_;
+  ProcessSetTable sets_;
+  OperationRunner runner_;
+
+  std::thread thread_;
+  std::atomic<bool> abort_{false};
+
+  std::mutex state_mutex_;
+  std::condition_variable state_cv_;
+  bool ready_ = false;
+  bool stopped_ = false;
+  Status setup_status_;
+  Status stopped_status_;
+  bool shutdown_requested_ = false;
+  std::string shutdown_reason_;
+
+  std::mutex handles_mutex_;
+  std::unordered_map<int64_t, std::shared_ptr<Work>> handles_;
+  int64_t next_handle_ = 1;
+};
+
+}  // namespace hvdlite

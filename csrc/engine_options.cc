@@ -1,0 +1,99 @@
+#include "engine_options.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+namespace hvdlite {
+
+namespace {
+
+// Returns the variable that is set (HVDLITE_ first), or nullptr.
+const char* Lookup(const std::string& suffix, std::string* used_name) {
+  for (const char* prefix : {"HVDLITE_", "HOROVOD_"}) {
+    std::string name = prefix + suffix;
+    const char* value = std::getenv(name.c_str());
+    if (value != nullptr && value[0] != '\0') {
+      *used_name = name;
+      return value;
+    }
+  }
+  return nullptr;
+}
+
+Status BadValue(const std::string& name, const char* value, const char* expected) {
+  return Status::InvalidArgument(name + "='" + value + "' is not valid: expected " + expected +
+                                 ". Fix or unset the variable and start again.");
+}
+
+Status ReadInt(const std::string& suffix, int64_t min_value, int64_t* out) {
+  std::string name;
+  const char* value = Lookup(suffix, &name);
+  if (value == nullptr) return Status::OK();
+  char* end = nullptr;
+  errno = 0;
+  long long parsed = std::strtoll(value, &end, 10);
+  if (errno != 0 || end == value || *end != '\0' || parsed < min_value) {
+    std::string expected = "an integer >= " + std::to_string(min_value);
+    return BadValue(name, value, expected.c_str());
+  }
+  *out = parsed;
+  return Status::OK();
+}
+
+Status ReadDouble(const std::string& suffix, double min_value, double* out) {
+  std::string name;
+  const char* value = Lookup(suffix, &name);
+  if (value == nullptr) return Status::OK();
+  char* end = nullptr;
+  errno = 0;
+  double parsed = std::strtod(value, &end);
+  if (errno != 0 || end == value || *end != '\0' || !std::isfinite(parsed) || parsed < min_value) {
+    std::string expected = "a number >= " + std::to_string(min_value);
+    return BadValue(name, value, expected.c_str());
+  }
+  *out = parsed;
+  return Status::OK();
+}
+
+Status ReadBool(const std::string& suffix, bool* out) {
+  std::string name;
+  const char* value = Lookup(suffix, &name);
+  if (value == nullptr) return Status::OK();
+  std::string v(value);
+  if (v == "1" || v == "true" || v == "True" || v == "yes") {
+    *out = true;
+  } else if (v == "0" || v == "false" || v == "False" || v == "no") {
+    *out = false;
+  } else {
+    return BadValue(name, value, "0 or 1");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status EngineOptions::FromEnvironment(EngineOptions* out) {
+  EngineOptions o;
+  Status s;
+  if (!(s = ReadDouble("CYCLE_TIME", 0.0, &o.cycle_time_ms)).ok()) return s;
+  if (!(s = ReadInt("FUSION_THRESHOLD", 0, &o.fusion_threshold_bytes)).ok()) return s;
+  if (!(s = ReadInt("CACHE_CAPACITY", 0, &o.cache_capacity)).ok()) return s;
+  std::string name;
+  if (const char* path = Lookup("TIMELINE", &name)) o.timeline_path = path;
+  if (!(s = ReadBool("TIMELINE_MARK_CYCLES", &o.timeline_mark_cycles)).ok()) return s;
+  bool stall_disabled = false;
+  if (!(s = ReadBool("STALL_CHECK_DISABLE", &stall_disabled)).ok()) return s;
+  o.stall_check_enabled = !stall_disabled;
+  if (!(s = ReadDouble("STALL_CHECK_TIME_SECONDS", 0.0, &o.stall_check_seconds)).ok()) return s;
+  if (!(s = ReadDouble("STALL_SHUTDOWN_TIME_SECONDS", 0.0, &o.stall_shutdown_seconds)).ok()) {
+    return s;
+  }
+  if (!(s = ReadInt("WAIT_SPIN_US", 0, &o.wait.spin_us)).ok()) return s;
+  if (!(s = ReadInt("WAIT_SLEEP_US", 1, &o.wait.sleep_us)).ok()) return s;
+  if (!(s = ReadDouble("TIMEOUT_SECONDS", 0.0, &o.wait.timeout_seconds)).ok()) return s;
+  *out = o;
+  return Status::OK();
+}
+
+}  // namespace hvdlite

@@ -1,0 +1,183 @@
+#include "message.h"
+
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+namespace hvdlite {
+
+std::string CompressionSpec::ToString() const {
+  std::ostringstream out;
+  out << CompressionName(type);
+  if (type == CompressionType::kTopK) {
+    out << "(ratio=" << topk_ratio << ", error_feedback=" << (error_feedback ? "True" : "False")
+        << ")";
+  }
+  return out.str();
+}
+
+namespace {
+
+// Little-endian fixed-width encoding; all ranks run the same build.
+class Writer {
+ public:
+  template <typename T>
+  void Put(const T& value) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&value);
+    bytes_.insert(bytes_.end(), p, p + sizeof(T));
+  }
+  void PutString(const std::string& s) {
+    Put<uint64_t>(s.size());
+    bytes_.insert(bytes_.end(), s.begin(), s.end());
+  }
+  void PutInts(const std::vector<int64_t>& v) {
+    Put<uint64_t>(v.size());
+    for (int64_t x : v) Put(x);
+  }
+  std::vector<uint8_t> Take() { return std::move(bytes_); }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
+class Reader {
+ public:
+  Reader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  template <typename T>
+  T Get() {
+    Need(sizeof(T));
+    T value;
+    std::memcpy(&value, data_ + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return value;
+  }
+  std::string GetString() {
+    auto n = Get<uint64_t>();
+    Need(n);
+    std::string s(reinterpret_cast<const char*>(data_ + pos_), n);
+    pos_ += n;
+    return s;
+  }
+  std::vector<int64_t> GetInts() {
+    auto n = Get<uint64_t>();
+    Need(n * sizeof(int64_t));
+    std::vector<int64_t> v(n);
+    for (auto& x : v) x = Get<int64_t>();
+    return v;
+  }
+
+ private:
+  void Need(size_t n) {
+    if (pos_ + n > size_) throw std::runtime_error("hvdlite: truncated negotiation message");
+  }
+  const uint8_t* data_;
+  size_t size_;
+  size_t pos_ = 0;
+};
+
+void PutCompression(Writer& w, const CompressionSpec& c) {
+  w.Put<int32_t>(static_cast<int32_t>(c.type));
+  w.Put<double>(c.topk_ratio);
+  w.Put<uint8_t>(c.error_feedback ? 1 : 0);
+}
+
+CompressionSpec GetCompression(Reader& r) {
+  CompressionSpec c;
+  c.type = static_cast<CompressionType>(r.Get<int32_t>());
+  c.topk_ratio = r.Get<double>();
+  c.error_feedback = r.Get<uint8_t>() != 0;
+  return c;
+}
+
+}  // namespace
+
+std::vector<uint8_t> Serialize(const RequestList& list) {
+  Writer w;
+  w.Put<uint8_t>(list.shutdown ? 1 : 0);
+  w.PutString(list.shutdown_reason);
+  w.Put<uint64_t>(list.requests.size());
+  for (const auto& q : list.requests) {
+    w.Put<int32_t>(q.rank);
+    w.Put<int32_t>(static_cast<int32_t>(q.op));
+    w.PutString(q.name);
+    w.Put<int32_t>(static_cast<int32_t>(q.dtype));
+    w.PutInts(q.shape);
+    w.Put<int32_t>(static_cast<int32_t>(q.reduce_op));
+    w.Put<double>(q.prescale);
+    w.Put<double>(q.postscale);
+    w.Put<int32_t>(q.root_rank);
+    w.PutInts(q.splits);
+    PutCompression(w, q.compression);
+  }
+  return w.Take();
+}
+
+RequestList DeserializeRequestList(const uint8_t* data, size_t size) {
+  Reader r(data, size);
+  RequestList list;
+  list.shutdown = r.Get<uint8_t>() != 0;
+  list.shutdown_reason = r.GetString();
+  auto n = r.Get<uint64_t>();
+  list.requests.resize(n);
+  for (auto& q : list.requests) {
+    q.rank = r.Get<int32_t>();
+    q.op = static_cast<OpType>(r.Get<int32_t>());
+    q.name = r.GetString();
+    q.dtype = static_cast<DataType>(r.Get<int32_t>());
+    q.shape = r.GetInts();
+    q.reduce_op = static_cast<ReduceOp>(r.Get<int32_t>());
+    q.prescale = r.Get<double>();
+    q.postscale = r.Get<double>();
+    q.root_rank = r.Get<int32_t>();
+    q.splits = r.GetInts();
+    q.compression = GetCompression(r);
+  }
+  return list;
+}
+
+std::vector<uint8_t> Serialize(const ResponseList& list) {
+  Writer w;
+  w.Put<uint8_t>(list.shutdown ? 1 : 0);
+  w.Put<uint64_t>(list.shutdown_ranks.size());
+  for (size_t i = 0; i < list.shutdown_ranks.size(); ++i) {
+    w.Put<int32_t>(list.shutdown_ranks[i]);
+    w.PutString(list.shutdown_reasons[i]);
+  }
+  w.Put<uint64_t>(list.responses.size());
+  for (const auto& p : list.responses) {
+    w.Put<int32_t>(static_cast<int32_t>(p.kind));
+    w.Put<int32_t>(static_cast<int32_t>(p.op));
+    w.Put<uint64_t>(p.names.size());
+    for (const auto& n : p.names) w.PutString(n);
+    w.PutString(p.error);
+    w.Put<int32_t>(static_cast<int32_t>(p.dtype));
+    w.PutInts(p.sizes);
+  }
+  return w.Take();
+}
+
+ResponseList DeserializeResponseList(const uint8_t* data, size_t size) {
+  Reader r(data, size);
+  ResponseList list;
+  list.shutdown = r.Get<uint8_t>() != 0;
+  auto ns = r.Get<uint64_t>();
+  for (uint64_t i = 0; i < ns; ++i) {
+    list.shutdown_ranks.push_back(r.Get<int32_t>());
+    list.shutdown_reasons.push_back(r.GetString());
+  }
+  auto n = r.Get<uint64_t>();
+  list.responses.resize(n);
+  for (auto& p : list.responses) {
+    p.kind = static_cast<Response::Kind>(r.Get<int32_t>());
+    p.op = static_cast<OpType>(r.Get<int32_t>());
+    auto nn = r.Get<uint64_t>();
+    p.names.resize(nn);
+    for (auto& name : p.names) name = r.GetString();
+    p.error = r.GetString();
+    p.dtype = static_cast<DataType>(r.Get<int32_t>());
+    p.sizes = r.GetInts();
+  }
+  return list;
+}
+
+}  // namespace hvdlite

@@ -1,0 +1,71 @@
+// A group of ranks with its own communicator, tensor queue and negotiation.
+// Set 0 is every rank of the engine's communicator; others are added and
+// removed collectively (negotiated on set 0), so ids agree on every rank.
+#pragma once
+
+#include <mpi.h>
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "collectives/mpi_collectives.h"
+#include "controller.h"
+#include "tensor_queue.h"
+
+namespace hvdlite {
+
+class ProcessSet {
+ public:
+  // `comm` is MPI_COMM_NULL on ranks that are not members; it is owned here.
+  ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, const WaitPolicy& wait,
+             const std::atomic<bool>* abort);
+  ~ProcessSet();
+  ProcessSet(const ProcessSet&) = delete;
+  ProcessSet& operator=(const ProcessSet&) = delete;
+
+  int32_t id() const { return id_; }
+  bool is_member() const { return comm_ != MPI_COMM_NULL; }
+  const std::vector<int32_t>& ranks() const { return ranks_; }  // engine ranks, ascending
+  int rank() const { return mpi_ ? mpi_->rank() : -1; }
+  int size() const { return static_cast<int>(ranks_.size()); }
+
+  MpiCollectives& mpi() { return *mpi_; }
+  Controller& controller() { return *controller_; }
+  TensorQueue& queue() { return queue_; }
+
+  // Name for an unnamed tensor; the same on every rank that makes the same
+  // sequence of calls.
+  std::string NextAutoName(OpType op);
+
+ private:
+  int32_t id_;
+  std::vector<int32_t> ranks_;
+  MPI_Comm comm_;
+  std::unique_ptr<MpiCollectives> mpi_;
+  std::unique_ptr<Controller> controller_;
+  TensorQueue queue_;
+  std::mutex names_mutex_;
+  std::array<int64_t, 8> auto_name_counters_{};
+};
+
+// The engine's process sets, shared between the engine thread (which adds and
+// removes them) and user threads (which enqueue into them).
+class ProcessSetTable {
+ public:
+  void Add(std::shared_ptr<ProcessSet> set);
+  std::shared_ptr<ProcessSet> Get(int32_t id);
+  std::shared_ptr<ProcessSet> Remove(int32_t id);
+  std::vector<std::shared_ptr<ProcessSet>> All();
+  std::vector<int32_t> Ids();
+  int32_t NextId();
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::shared_ptr<ProcessSet>> sets_;
+  int32_t next_id_ = 0;
+};
+
+}  // namespace hvdlite

@@ -1,0 +1,58 @@
+"""hvdlite: data-parallel training with a C++ engine over MPI and Horovod's API.
+
+    import hvdlite as hvd
+    hvd.init()
+    total = hvd.allreduce(numpy_array, op=hvd.Sum)
+
+Framework adapters: ``hvdlite.torch`` and ``hvdlite.tensorflow`` (+ ``.keras``).
+"""
+__version__ = "0.1.0"
+
+from .basics import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
+                     mpi_library_version, mpi_threads_supported, rank, shutdown, size)
+from .compression import Compression, Compressor
+from .exceptions import (HvdliteError, HvdliteShutdownError, InvalidArgumentError, MPIError,
+                         NotInitializedError, StallError, TensorMismatchError,
+                         UnsupportedDTypeError)
+from .ops import (Average, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
+                  allreduce_async, alltoall, alltoall_async, barrier, broadcast, broadcast_async,
+                  grouped_allreduce, grouped_allreduce_async, poll, reducescatter,
+                  reducescatter_async, synchronize)
+from .process_sets import (ProcessSet, add_process_set, global_process_set, remove_process_set)
+
+
+def mpi_built():
+    return True
+
+
+def mpi_enabled():
+    return True
+
+
+def gloo_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def nccl_built():
+    from . import _build_info
+    return bool(getattr(_build_info, "NCCL_BUILT", False))
+
+
+def cuda_built():
+    return nccl_built()
+
+
+def rocm_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False

@@ -1,0 +1,152 @@
+"""Loads the compiled engine and turns its handles and errors into Python.
+
+Everything here is framework-neutral: callers pass raw addresses, a dtype
+code and a shape; the adapters (NumPy, torch, TF) translate their tensors.
+"""
+import threading
+
+from . import exceptions
+
+try:
+    from ._engine import ffi, lib
+except ImportError as e:  # pragma: no cover - only on a broken install
+    raise ImportError(
+        "hvdlite's compiled engine (hvdlite._engine) could not be loaded: "
+        f"{e}. Reinstall with: pip install --no-build-isolation -e . "
+        "(after 'pip install mpich cffi setuptools wheel')") from e
+
+# Collective kinds (csrc/common.h OpType).
+ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER = 0, 1, 2, 3, 4, 5
+ADD_PROCESS_SET, REMOVE_PROCESS_SET = 6, 7
+
+# DataType codes.
+DTYPE_CODES = {
+    "uint8": 0, "int8": 1, "int32": 2, "int64": 3, "float16": 4,
+    "float32": 5, "float64": 6, "bfloat16": 7, "bool": 8,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
+
+# How often a waiting Python thread comes back from C so Ctrl-C works.
+_WAIT_SLICE_SECONDS = 0.2
+_MAX_DIMS = 32
+
+
+def last_error():
+    return exceptions.from_kind(lib.hvd_last_error_kind(),
+                                ffi.string(lib.hvd_last_error()).decode(errors="replace"))
+
+
+def check(rc):
+    if rc < 0:
+        raise last_error()
+    return rc
+
+
+class Handle:
+    """An in-flight collective. ``synchronize(handle)`` returns its result.
+
+    The handle keeps the input and output buffers alive until the engine is
+    done with them, so a caller may drop its own references.
+    """
+
+    __slots__ = ("_id", "_keep", "_finish", "_result", "_error", "_lock", "__weakref__")
+
+    def __init__(self, handle_id, keep, finish):
+        self._id = handle_id
+        self._keep = keep
+        self._finish = finish
+        self._result = None
+        self._error = None
+        self._lock = threading.Lock()
+
+    def poll(self):
+        """True once the collective has completed (successfully or not)."""
+        if self._id is None:
+            return True
+        rc = lib.hvd_poll(self._id)
+        if rc < 0:
+            raise last_error()
+        return rc == 1
+
+    def wait(self):
+        """Blocks until completion; returns the result or raises its error."""
+        with self._lock:
+            if self._id is not None:
+                while lib.hvd_wait(self._id, _WAIT_SLICE_SECONDS) == 0:
+                    pass
+                self._collect()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _collect(self):
+        msg = ffi.new("char[]", 4096)
+        kind = lib.hvd_handle_error(self._id, msg, 4096)
+        try:
+            if kind < 0:
+                self._error = last_error()
+            elif kind != 0:
+                self._error = exceptions.from_kind(kind, ffi.string(msg).decode(errors="replace"))
+            else:
+                self._result = self._finish(self._id) if self._finish else None
+        finally:
+            lib.hvd_release(self._id)
+            self._id = None
+            self._keep = None
+            self._finish = None
+
+    def __del__(self):
+        # A handle dropped before completion must not free buffers the engine
+        # still writes to: it is waited for first.
+        if self._id is not None:
+            try:
+                while lib.hvd_wait(self._id, _WAIT_SLICE_SECONDS) == 0:
+                    pass
+                lib.hvd_release(self._id)
+            except Exception:
+                pass
+
+
+def enqueue(op, *, name=None, dtype_code, shape, input_ptr=0, output_ptr=0, reduce_op=1,
+            prescale=1.0, postscale=1.0, root_rank=0, splits=None, compression=(0, 0.0, False),
+            process_set=0, keep=None, finish=None):
+    """Submits one tensor to the engine; returns a :class:`Handle` at once."""
+    req = ffi.new("hvd_tensor_request *")
+    shape_buf = ffi.new("int64_t[]", list(shape) or [0])
+    name_buf = ffi.new("char[]", name.encode()) if name else ffi.NULL
+    splits_buf = ffi.new("int64_t[]", list(splits)) if splits is not None and len(splits) else ffi.NULL
+    req.op = op
+    req.name = name_buf
+    req.dtype = dtype_code
+    req.ndim = len(shape)
+    req.shape = shape_buf
+    req.input = ffi.cast("void *", input_ptr)
+    req.output = ffi.cast("void *", output_ptr)
+    req.reduce_op = reduce_op
+    req.prescale = prescale
+    req.postscale = postscale
+    req.root_rank = root_rank
+    req.splits = splits_buf
+    req.nsplits = len(splits) if splits is not None else 0
+    req.compression, req.topk_ratio, req.error_feedback = compression[0], compression[1], int(bool(compression[2]))
+    req.process_set = process_set
+    handle_id = lib.hvd_enqueue(req)
+    if handle_id < 0:
+        raise last_error()
+    return Handle(handle_id, keep, finish)
+
+
+def take_output(handle_id):
+    """Takes the engine-allocated result: (cdata that frees itself, nbytes, shape)."""
+    data = ffi.new("void **")
+    nbytes = ffi.new("int64_t *")
+    shape = ffi.new("int64_t[]", _MAX_DIMS)
+    ndim = check(lib.hvd_handle_take_output(handle_id, data, nbytes, shape, _MAX_DIMS))
+    owned = ffi.gc(data[0], lib.hvd_free_output)
+    return owned, nbytes[0], tuple(shape[i] for i in range(ndim))
+
+
+def received_splits(handle_id, size):
+    buf = ffi.new("int64_t[]", max(size, 1))
+    n = check(lib.hvd_handle_received_splits(handle_id, buf, size))
+    return [buf[i] for i in range(min(n, size))]

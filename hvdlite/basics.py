@@ -1,0 +1,146 @@
+"""Start-up, shutdown and the rank/size queries (Horovod's ``hvd.basics``)."""
+import atexit
+import sys
+import threading
+import traceback
+
+from . import exceptions
+from ._binding import check, ffi, last_error, lib
+
+_state_lock = threading.Lock()
+_init_comm = None          # the mpi4py communicator init() was given
+_atexit_registered = False
+_exit_reason = None        # set when the process dies of an unhandled exception
+
+
+def _mpi():
+    # mpi4py initialises MPI with MPI_THREAD_MULTIPLE, which the engine needs.
+    from mpi4py import MPI
+    return MPI
+
+
+def _resolve_comm(comm):
+    MPI = _mpi()
+    if comm is None:
+        return MPI.COMM_WORLD
+    if isinstance(comm, (list, tuple)):
+        ranks = [int(r) for r in comm]
+        world = MPI.COMM_WORLD
+        if world.Get_rank() not in ranks:
+            raise exceptions.InvalidArgumentError(
+                f"init(comm={ranks}): this process is COMM_WORLD rank {world.Get_rank()}, which is "
+                "not in the list; only the listed ranks may call init() with it")
+        if len(set(ranks)) != len(ranks) or any(r < 0 or r >= world.Get_size() for r in ranks):
+            raise exceptions.InvalidArgumentError(
+                f"init(comm={ranks}): ranks must be distinct and in [0, {world.Get_size()})")
+        group = world.Get_group().Incl(ranks)
+        sub = world.Create_group(group)
+        group.Free()
+        return sub
+    if not hasattr(comm, "py2f"):
+        raise exceptions.InvalidArgumentError(
+            f"init(comm=...) takes an mpi4py communicator or a list of ranks, not {type(comm).__name__}")
+    return comm
+
+
+def init(comm=None, process_sets=None):
+    """Starts hvdlite's engine on this process (collective over ``comm``).
+
+    ``comm`` is an mpi4py communicator or a list of COMM_WORLD ranks; default
+    COMM_WORLD. ``process_sets`` is an optional list of :class:`ProcessSet` to
+    register at once. Calling init() again with the same communicator does nothing.
+    """
+    global _init_comm, _atexit_registered
+    with _state_lock:
+        if lib.hvd_is_initialized():
+            if comm is not None and _init_comm is not None and not isinstance(comm, (list, tuple)):
+                MPI = _mpi()
+                if MPI.Comm.Compare(comm, _init_comm) not in (MPI.IDENT, MPI.CONGRUENT):
+                    raise exceptions.InvalidArgumentError(
+                        "hvdlite is already initialised with a different communicator; call "
+                        "hvdlite.shutdown() before init() with another one")
+            return
+        resolved = _resolve_comm(comm)
+        check(lib.hvd_init(resolved.py2f()))
+        _init_comm = resolved
+        if not _atexit_registered:
+            # Registered after mpi4py's own exit hook, so it runs first: the
+            # engine stops before MPI is finalised.
+            atexit.register(_shutdown_at_exit)
+            _install_excepthook()
+            _atexit_registered = True
+    if process_sets:
+        from .process_sets import add_process_set
+        for ps in process_sets:
+            add_process_set(ps)
+
+
+def shutdown():
+    """Stops the engine on this rank; the other ranks' engines stop too, and
+    their pending and future collectives fail with an error naming this rank."""
+    lib.hvd_shutdown(b"called hvdlite.shutdown()")
+
+
+def is_initialized():
+    return bool(lib.hvd_is_initialized())
+
+
+def _query(fn, what):
+    value = fn()
+    if value < 0:
+        raise last_error()
+    return value
+
+
+def rank():
+    """This process's rank among all ranks of the job."""
+    return _query(lib.hvd_rank, "rank")
+
+
+def size():
+    return _query(lib.hvd_size, "size")
+
+
+def local_rank():
+    """Rank among the processes on this host."""
+    return _query(lib.hvd_local_rank, "local_rank")
+
+
+def local_size():
+    return _query(lib.hvd_local_size, "local_size")
+
+
+def cross_rank():
+    """Index of this host among the hosts (ranks with the same local rank)."""
+    return _query(lib.hvd_cross_rank, "cross_rank")
+
+
+def cross_size():
+    return _query(lib.hvd_cross_size, "cross_size")
+
+
+def mpi_threads_supported():
+    return bool(lib.hvd_mpi_threads_supported())
+
+
+def mpi_library_version():
+    buf = ffi.new("char[]", 8192)
+    lib.hvd_mpi_library_version(buf, 8192)
+    return ffi.string(buf).decode(errors="replace").strip()
+
+
+def _install_excepthook():
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        global _exit_reason
+        text = "".join(traceback.format_exception_only(exc_type, exc)).strip()
+        _exit_reason = f"exited with an unhandled exception: {text}"
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = hook
+
+
+def _shutdown_at_exit():
+    reason = _exit_reason or "exited (its Python process ended)"
+    lib.hvd_shutdown(reason.encode(errors="replace"))

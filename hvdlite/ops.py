@@ -1,0 +1,186 @@
+"""Collectives on NumPy arrays. Every call goes through the engine's queue and
+negotiation; ``*_async`` forms return a handle for :func:`synchronize`."""
+import numpy as np
+
+from . import _binding, exceptions
+from .compression import Compression, as_spec
+from .process_sets import process_set_id
+
+# Reduce ops (csrc/common.h ReduceOp).
+Average = 0
+Sum = 1
+Min = 2
+Max = 3
+Product = 4
+_OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product"}
+
+
+def _dtype_code(dtype):
+    name = np.dtype(dtype).name
+    code = _binding.DTYPE_CODES.get(name)
+    if code is None:
+        supported = ", ".join(k for k in _binding.DTYPE_CODES)
+        raise exceptions.UnsupportedDTypeError(
+            f"dtype {name} is not supported by hvdlite; use one of: {supported}")
+    return code
+
+
+def _check_array(a, what):
+    if not isinstance(a, np.ndarray):
+        raise exceptions.InvalidArgumentError(
+            f"{what} takes a numpy.ndarray, not {type(a).__name__}; the torch and TensorFlow "
+            "adapters live in hvdlite.torch and hvdlite.tensorflow")
+    if not a.flags.c_contiguous:
+        raise exceptions.InvalidArgumentError(
+            f"{what}: the array is not C-contiguous (shape {a.shape}, strides {a.strides}); "
+            "pass numpy.ascontiguousarray(a)")
+    return _dtype_code(a.dtype)
+
+
+def _check_op(op, what):
+    if op not in _OP_NAMES:
+        raise exceptions.InvalidArgumentError(
+            f"{what}: op must be one of hvdlite.Average, Sum, Min, Max, Product (got {op!r})")
+    return op
+
+
+def _addr(a):
+    return a.__array_interface__["data"][0]
+
+
+def _engine_array(dtype):
+    def finish(handle_id):
+        owned, nbytes, shape = _binding.take_output(handle_id)
+        buf = _binding.ffi.buffer(owned, nbytes)
+        return np.frombuffer(buf, dtype=dtype, count=int(np.prod(shape)) if shape else 1).reshape(shape)
+    return finish
+
+
+def synchronize(handle):
+    """Waits for an async collective and returns its result (raises its error)."""
+    if not isinstance(handle, _binding.Handle):
+        raise exceptions.InvalidArgumentError(f"synchronize() takes a handle, not {type(handle).__name__}")
+    return handle.wait()
+
+
+def poll(handle):
+    """True when the collective behind ``handle`` has completed."""
+    if not isinstance(handle, _binding.Handle):
+        raise exceptions.InvalidArgumentError(f"poll() takes a handle, not {type(handle).__name__}")
+    return handle.poll()
+
+
+def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=None, compression=Compression.none):
+    code = _check_array(tensor, "allreduce")
+    _check_op(op, "allreduce")
+    out = np.empty_like(tensor)
+    return _binding.enqueue(
+        _binding.ALLREDUCE, name=name, dtype_code=code, shape=tensor.shape,
+        input_ptr=_addr(tensor), output_ptr=_addr(out), reduce_op=op,
+        prescale=float(prescale_factor), postscale=float(postscale_factor),
+        compression=as_spec(compression), process_set=process_set_id(process_set),
+        keep=(tensor, out), finish=lambda _h: out)
+
+
+def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+              process_set=None, compression=Compression.none):
+    """Reduces ``tensor`` over all ranks; returns a new array on every rank."""
+    return synchronize(allreduce_async(tensor, op, name, prescale_factor, postscale_factor,
+                                       process_set, compression))
+
+
+def grouped_allreduce_async(tensors, op=Average, name=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=None, compression=Compression.none):
+    base = name
+    return [allreduce_async(t, op, f"{base}.{i}" if base else None, prescale_factor,
+                            postscale_factor, process_set, compression)
+            for i, t in enumerate(tensors)]
+
+
+def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=None, compression=Compression.none):
+    handles = grouped_allreduce_async(tensors, op, name, prescale_factor, postscale_factor,
+                                      process_set, compression)
+    return [synchronize(h) for h in handles]
+
+
+def allgather_async(tensor, name=None, process_set=None):
+    code = _check_array(tensor, "allgather")
+    if tensor.ndim == 0:
+        tensor = tensor.reshape(1)
+    return _binding.enqueue(
+        _binding.ALLGATHER, name=name, dtype_code=code, shape=tensor.shape,
+        input_ptr=_addr(tensor), process_set=process_set_id(process_set),
+        keep=tensor, finish=_engine_array(tensor.dtype))
+
+
+def allgather(tensor, name=None, process_set=None):
+    """Concatenates every rank's ``tensor`` along the first dimension (which may
+    differ per rank; the other dimensions must agree)."""
+    return synchronize(allgather_async(tensor, name, process_set))
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    code = _check_array(tensor, "broadcast")
+    out = np.empty_like(tensor)
+    return _binding.enqueue(
+        _binding.BROADCAST, name=name, dtype_code=code, shape=tensor.shape,
+        input_ptr=_addr(tensor), output_ptr=_addr(out), root_rank=int(root_rank),
+        process_set=process_set_id(process_set), keep=(tensor, out), finish=lambda _h: out)
+
+
+def broadcast(tensor, root_rank, name=None, process_set=None):
+    """Returns ``root_rank``'s ``tensor`` on every rank."""
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
+    code = _check_array(tensor, "alltoall")
+    if splits is not None:
+        splits = [int(s) for s in np.asarray(splits).reshape(-1)]
+    pid = process_set_id(process_set)
+    finish_data = _engine_array(tensor.dtype)
+
+    def finish(handle_id):
+        from ._binding import lib
+        n = lib.hvd_process_set_size(pid)
+        return finish_data(handle_id), np.asarray(_binding.received_splits(handle_id, n), dtype=np.int64)
+
+    return _binding.enqueue(
+        _binding.ALLTOALL, name=name, dtype_code=code, shape=tensor.shape,
+        input_ptr=_addr(tensor), splits=splits if splits is not None else None,
+        process_set=pid, keep=tensor, finish=finish)
+
+
+def alltoall(tensor, splits=None, name=None, process_set=None):
+    """Sends ``splits[i]`` rows of ``tensor`` (in order) to rank i; returns
+    (received rows concatenated in rank order, rows received from each rank).
+    Without ``splits`` the first dimension is divided equally."""
+    return synchronize(alltoall_async(tensor, splits, name, process_set))
+
+
+def reducescatter_async(tensor, op=Average, name=None, process_set=None, prescale_factor=1.0,
+                        postscale_factor=1.0, compression=Compression.none):
+    code = _check_array(tensor, "reducescatter")
+    _check_op(op, "reducescatter")
+    return _binding.enqueue(
+        _binding.REDUCESCATTER, name=name, dtype_code=code, shape=tensor.shape,
+        input_ptr=_addr(tensor), reduce_op=op, prescale=float(prescale_factor),
+        postscale=float(postscale_factor), compression=as_spec(compression),
+        process_set=process_set_id(process_set), keep=tensor, finish=_engine_array(tensor.dtype))
+
+
+def reducescatter(tensor, op=Average, name=None, process_set=None, prescale_factor=1.0,
+                  postscale_factor=1.0, compression=Compression.none):
+    """Reduces ``tensor`` over ranks and returns this rank's block of rows: the
+    first dimension is split as evenly as possible, earlier ranks taking one
+    more row when it does not divide."""
+    return synchronize(reducescatter_async(tensor, op, name, process_set, prescale_factor,
+                                           postscale_factor, compression))
+
+
+def barrier(process_set=None):
+    """Returns once every rank of the set has called barrier()."""
+    synchronize(_binding.enqueue(_binding.BARRIER, dtype_code=0, shape=[],
+                                 process_set=process_set_id(process_set)))

@@ -1,0 +1,115 @@
+"""Process sets: collectives over a subset of ranks (Horovod's API).
+
+Adding and removing a set is collective over all ranks, in the same order
+everywhere, as in Horovod."""
+import threading
+
+from . import _binding, exceptions
+from ._binding import ffi, lib
+
+
+class ProcessSet:
+    """A set of ranks. Create with ``ProcessSet([0, 2])`` and register with
+    :func:`add_process_set` (or ``init(process_sets=[...])``)."""
+
+    def __init__(self, ranks):
+        self.ranks = sorted(int(r) for r in ranks)
+        if len(set(self.ranks)) != len(self.ranks):
+            raise exceptions.InvalidArgumentError(f"process set ranks must be distinct: {ranks}")
+        self.process_set_id = None
+
+    def _require_id(self):
+        if self.process_set_id is None:
+            raise exceptions.InvalidArgumentError(
+                f"process set {self.ranks} is not registered; call hvdlite.add_process_set() first")
+        return self.process_set_id
+
+    def size(self):
+        return len(self.ranks)
+
+    def rank(self):
+        """This process's rank within the set, or -1 when not a member."""
+        return lib.hvd_process_set_rank(self._require_id())
+
+    def included(self):
+        from .basics import rank
+        return rank() in self.ranks
+
+    def __repr__(self):
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+class _GlobalProcessSet(ProcessSet):
+    def __init__(self):
+        self.process_set_id = 0
+
+    @property
+    def ranks(self):
+        from .basics import size
+        return list(range(size()))
+
+    def size(self):
+        from .basics import size
+        return size()
+
+    def included(self):
+        return True
+
+
+global_process_set = _GlobalProcessSet()
+_registry_lock = threading.Lock()
+
+
+def process_set_id(process_set):
+    """Accepts a ProcessSet, an id, or None (= global)."""
+    if process_set is None:
+        return 0
+    if isinstance(process_set, ProcessSet):
+        return process_set._require_id()
+    if isinstance(process_set, int):
+        return process_set
+    raise exceptions.InvalidArgumentError(
+        f"process_set must be a ProcessSet or an int id, not {type(process_set).__name__}")
+
+
+def add_process_set(process_set):
+    """Registers a set on every rank (all ranks must call this in the same order)."""
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.process_set_id is not None:
+        raise exceptions.InvalidArgumentError(f"{process_set!r} is already registered")
+    from .basics import size
+    n = size()
+    bad = [r for r in process_set.ranks if r < 0 or r >= n]
+    if bad or not process_set.ranks:
+        raise exceptions.InvalidArgumentError(
+            f"process set ranks must be a non-empty list in [0, {n}); got {process_set.ranks}")
+    with _registry_lock:
+        handle = _binding.enqueue(
+            _binding.ADD_PROCESS_SET, dtype_code=0, shape=[], splits=process_set.ranks,
+            finish=lambda h: lib.hvd_handle_value(h))
+        process_set.process_set_id = int(handle.wait())
+    return process_set
+
+
+def remove_process_set(process_set):
+    """Unregisters a set on every rank; its pending collectives fail."""
+    pid = process_set_id(process_set)
+    if pid == 0:
+        raise exceptions.InvalidArgumentError("the global process set cannot be removed")
+    handle = _binding.enqueue(_binding.REMOVE_PROCESS_SET, dtype_code=0, shape=[], splits=[pid])
+    handle.wait()
+    if isinstance(process_set, ProcessSet):
+        process_set.process_set_id = None
+    return True
+
+
+def get_process_set_ids_and_ranks():
+    ids = ffi.new("int32_t[]", 1024)
+    n = _binding.check(lib.hvd_process_set_ids(ids, 1024))
+    out = {}
+    for i in range(min(n, 1024)):
+        ranks = ffi.new("int32_t[]", 65536)
+        m = _binding.check(lib.hvd_process_set_ranks(ids[i], ranks, 65536))
+        out[ids[i]] = [ranks[j] for j in range(min(m, 65536))]
+    return out

@@ -1,0 +1,46 @@
+"""hvdrun's tuning flags -> the HVDLITE_* variables every rank reads at hvdlite.init()."""
+
+import os
+
+
+def engine_env(opts):
+    """Return {NAME: value} for the engine settings given on the command line.
+
+    Only flags the user gave are turned into variables, so a value already in the
+    environment (or the engine's default) is not overridden by an hvdrun default.
+    """
+    env = {}
+    if opts.fusion_threshold_mb is not None:
+        env["HVDLITE_FUSION_THRESHOLD"] = str(int(opts.fusion_threshold_mb * 1024 * 1024))
+    if opts.cycle_time_ms is not None:
+        env["HVDLITE_CYCLE_TIME"] = repr(float(opts.cycle_time_ms))
+    if opts.cache_capacity is not None:
+        env["HVDLITE_CACHE_CAPACITY"] = str(opts.cache_capacity)
+    if opts.timeline_filename is not None:
+        # Ranks start in other working directories on other hosts: make it absolute.
+        env["HVDLITE_TIMELINE"] = os.path.abspath(opts.timeline_filename)
+    if opts.no_stall_check:
+        env["HVDLITE_STALL_CHECK_DISABLE"] = "1"
+    if opts.stall_check_warning_time_seconds is not None:
+        env["HVDLITE_STALL_CHECK_TIME_SECONDS"] = str(opts.stall_check_warning_time_seconds)
+    if opts.stall_check_shutdown_time_seconds is not None:
+        env["HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"] = str(opts.stall_check_shutdown_time_seconds)
+    return env
+
+
+def user_env(items, environ=None):
+    """``--env NAME=VALUE`` / ``--env NAME`` (value taken from hvdrun's environment)."""
+    environ = os.environ if environ is None else environ
+    env = {}
+    for item in items or ():
+        name, sep, value = item.partition("=")
+        if not name or not (name[0].isalpha() or name[0] == "_") or \
+                not all(c.isalnum() or c == "_" for c in name):
+            raise ValueError("--env %s: %r is not a valid variable name" % (item, name))
+        if not sep:
+            if name not in environ:
+                raise ValueError("--env %s: %s is not set in hvdrun's environment "
+                                 "(use --env %s=VALUE)" % (item, name, name))
+            value = environ[name]
+        env[name] = value
+    return env

@@ -1,0 +1,390 @@
+"""Fake SSH hosts on one machine, for hvdrun's multi-host tests (root only).
+
+Each host is a network namespace with its own hostname (UTS namespace), its own
+/etc/hosts (mount namespace) and a real sshd, wired by a veth pair to a bridge
+that lives in a separate "switch" namespace.  The root namespace gets only an
+``unreachable`` route for the test subnet, so a connection that escapes the
+namespaces by mistake fails at once instead of leaving the machine.
+
+Layout of one host k::
+
+    anchor process (sleep)  -- holds the host's UTS + mount namespaces, so sshd
+                               can be stopped and started again without losing
+                               the hostname or the private /etc/hosts
+    sshd listener           -- started with nsenter into the anchor's namespaces
+    eth0 <veth> v<k> in <prefix>-sw, enslaved to br0
+
+Everything is named after a prefix that contains the pytest process id, so two
+test runs at once do not collide, and ``cleanup_stale()`` can remove what a
+killed run left behind.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+SSHD = "/usr/sbin/sshd"
+NS_PREFIX = "hvdl"          # namespaces are called hvdl<pid>-n<k> and hvdl<pid>-sw
+SUBNETS = ["10.79.%d" % i for i in range(0, 250)]
+
+# What CI must install for these tests (printed when something is missing).
+INSTALL_HINT = ("apt-get update && apt-get install -y --no-install-recommends "
+                "openssh-server openssh-client iproute2 util-linux")
+
+
+def _run(args, check=True, **kw):
+    """Run a short setup command; raise with its stderr on failure."""
+    p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    if check and p.returncode != 0:
+        raise RuntimeError("%s failed (%d): %s" % (" ".join(args), p.returncode, p.stderr.strip()))
+    return p
+
+
+def missing_requirements():
+    """Return a list of reasons these hosts cannot be made here ([] = all fine)."""
+    reasons = []
+    if os.geteuid() != 0:
+        reasons.append("not root")
+    for tool in ("ip", "nsenter", "unshare", "ssh", "ssh-keygen", "tc"):
+        if shutil.which(tool) is None:
+            reasons.append("missing %s" % tool)
+    if not os.path.exists(SSHD):
+        reasons.append("missing %s" % SSHD)
+    if not reasons:
+        probe = "hvdlprobe%d" % os.getpid()
+        p = _run(["ip", "netns", "add", probe], check=False)
+        if p.returncode != 0:
+            reasons.append("cannot create network namespaces: %s" % p.stderr.strip())
+        else:
+            _run(["ip", "netns", "del", probe], check=False)
+    return reasons
+
+
+def _netns_list():
+    p = _run(["ip", "netns", "list"], check=False)
+    return [line.split()[0] for line in p.stdout.splitlines() if line.strip()]
+
+
+def _netns_pids(ns):
+    p = _run(["ip", "netns", "pids", ns], check=False)
+    return [int(x) for x in p.stdout.split()]
+
+
+def _kill_namespaces(names):
+    """SIGTERM, then SIGKILL, every process living in the given namespaces, then delete them."""
+    def pids():
+        return sorted({pid for ns in names for pid in _netns_pids(ns)})
+    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
+        for pid in pids():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + wait
+        while pids() and time.time() < deadline:
+            time.sleep(0.05)
+    for ns in names:
+        _run(["ip", "netns", "del", ns], check=False)
+
+
+def cleanup_stale():
+    """Remove namespaces and guard routes left by test runs whose process is gone."""
+    stale = {}
+    for ns in _netns_list():
+        if not ns.startswith(NS_PREFIX) or "-" not in ns:
+            continue
+        tag = ns[len(NS_PREFIX):].split("-", 1)[0]
+        if tag.isdigit() and not os.path.exists("/proc/%s" % tag):
+            stale.setdefault(tag, []).append(ns)
+    for names in stale.values():
+        _kill_namespaces(names)
+
+
+class NetnsHosts:
+    """N SSH hosts in network namespaces.  Use ``up()`` / ``down()`` (or ``with``)."""
+
+    def __init__(self, count=2, prefix=None):
+        self.count = count
+        self.prefix = prefix or "%s%d" % (NS_PREFIX, os.getpid())
+        self.scratch = None
+        self.net = None
+        self.anchors = {}          # k -> Popen of the anchor process
+        self.guard_route = None
+
+    # ---- names -------------------------------------------------------------
+    def name(self, k):
+        """Hostname of host k (1-based).  Short and fixed: it is private to our UTS namespaces."""
+        return "hvdl-n%d" % k
+
+    @property
+    def names(self):
+        return [self.name(k) for k in range(1, self.count + 1)]
+
+    def netns(self, k):
+        return "%s-n%d" % (self.prefix, k)
+
+    @property
+    def switch_ns(self):
+        return "%s-sw" % self.prefix
+
+    def addr(self, k):
+        return "%s.%d" % (self.net, 10 + k)
+
+    @property
+    def key(self):
+        """The private key every host accepts (pass it to hvdrun with -i)."""
+        return os.path.join(self.scratch, "ssh", "id_ed25519")
+
+    @property
+    def wrong_key(self):
+        """A valid key that no host accepts."""
+        return os.path.join(self.scratch, "ssh", "wrong_ed25519")
+
+    @property
+    def bin_dir(self):
+        """Put this first in PATH: its ``ssh`` uses the hosts' ssh config."""
+        return os.path.join(self.scratch, "bin")
+
+    def sshd_pidfile(self, k):
+        return os.path.join(self.scratch, "run", "sshd-%d.pid" % k)
+
+    def sshd_pid(self, k):
+        try:
+            with open(self.sshd_pidfile(k)) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    # ---- running things "on" a host ---------------------------------------------
+    def on_host(self, k, argv, cwd=None):
+        """argv that runs ``argv`` inside host k (net + uts + mount namespaces)."""
+        return ["nsenter", "--target", str(self.anchors[k].pid), "--net", "--uts", "--mount",
+                "--wd=%s" % (cwd or os.getcwd()), "--"] + list(argv)
+
+    def pids(self, k):
+        """Processes living in host k's network namespace, minus the anchor and the sshd listener."""
+        keep = {self.anchors[k].pid, self.sshd_pid(k)}
+        return [p for p in _netns_pids(self.netns(k)) if p not in keep]
+
+    def link_bytes(self, k):
+        """(rx_bytes, tx_bytes) of host k's eth0: proof that traffic crossed the test network."""
+        base = "/sys/class/net/eth0/statistics/"
+        p = _run(self.on_host(k, ["cat", base + "rx_bytes", base + "tx_bytes"]))
+        rx, tx = p.stdout.split()
+        return int(rx), int(tx)
+
+    # ---- failure injection -----------------------------------------------------
+    def stop_sshd(self, k):
+        pid = self.sshd_pid(k)
+        if pid:
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.time() + 3
+            while os.path.exists("/proc/%d" % pid) and time.time() < deadline:
+                time.sleep(0.02)
+        os.unlink(self.sshd_pidfile(k))
+
+    def start_sshd(self, k):
+        pidfile = self.sshd_pidfile(k)
+        if os.path.exists(pidfile):
+            os.unlink(pidfile)
+        _run(self.on_host(k, [SSHD, "-f", os.path.join(self.scratch, "ssh", "sshd_config"),
+                              "-o", "ListenAddress=%s" % self.addr(k),
+                              "-o", "PidFile=%s" % pidfile,
+                              "-E", os.path.join(self.scratch, "log", "sshd-%d.log" % k)], cwd="/"))
+        deadline = time.time() + 5
+        while self.sshd_pid(k) is None:
+            if time.time() > deadline:
+                raise RuntimeError("sshd on %s did not write its pid file" % self.name(k))
+            time.sleep(0.02)
+
+    def set_link(self, k, up):
+        _run(["ip", "-n", self.netns(k), "link", "set", "eth0", "up" if up else "down"])
+
+    def set_silent(self, k, silent):
+        """Drop every packet host k receives (a host that never answers)."""
+        if silent:
+            _run(["tc", "-n", self.netns(k), "qdisc", "add", "dev", "eth0", "root",
+                  "netem", "loss", "100%"])
+        else:
+            _run(["tc", "-n", self.netns(k), "qdisc", "del", "dev", "eth0", "root"], check=False)
+
+    def ssh(self, k_from, host, *command, timeout=10):
+        """Run a command on ``host`` over ssh from host k_from; return CompletedProcess."""
+        argv = [os.path.join(self.bin_dir, "ssh"), "-i", self.key, host] + list(command)
+        return subprocess.run(self.on_host(k_from, argv, cwd="/"), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, timeout=timeout)
+
+    # ---- set up / tear down ------------------------------------------------------
+    def __enter__(self):
+        self.up()
+        return self
+
+    def __exit__(self, *exc):
+        self.down()
+
+    def up(self):
+        reasons = missing_requirements()
+        if reasons:
+            raise RuntimeError("cannot make test hosts: %s (install: %s)"
+                               % ("; ".join(reasons), INSTALL_HINT))
+        cleanup_stale()
+        self.scratch = tempfile.mkdtemp(prefix="hvdl-hosts-")
+        try:
+            self._write_files_and_keys()
+            self._make_network()
+            for k in range(1, self.count + 1):
+                self._start_anchor(k)
+            with ThreadPoolExecutor(self.count) as pool:
+                list(pool.map(self.start_sshd, range(1, self.count + 1)))
+            self._wait_until_reachable()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def down(self):
+        names = [ns for ns in _netns_list() if ns.startswith(self.prefix + "-")]
+        _kill_namespaces(names)
+        for a in self.anchors.values():   # reap our own children
+            try:
+                a.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+        self.anchors = {}
+        if self.guard_route:
+            _run(["ip", "route", "del", "unreachable", self.guard_route], check=False)
+            self.guard_route = None
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+
+    def _write_files_and_keys(self):
+        s = self.scratch
+        for d in ("ssh", "run", "log", "etc", "bin"):
+            os.makedirs(os.path.join(s, d), mode=0o700, exist_ok=True)
+        ssh_dir = os.path.join(s, "ssh")
+        for key, comment in (("id_ed25519", "hvdl-test"), ("wrong_ed25519", "hvdl-wrong"),
+                             ("host_ed25519", "hvdl-host")):
+            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment,
+                  "-f", os.path.join(ssh_dir, key)])
+        shutil.copy(os.path.join(ssh_dir, "id_ed25519.pub"), os.path.join(ssh_dir, "authorized_keys"))
+        os.makedirs("/run/sshd", exist_ok=True)     # sshd's compiled-in privilege separation dir
+        os.chmod("/run/sshd", 0o755)
+        with open(os.path.join(ssh_dir, "sshd_config"), "w") as f:
+            f.write("\n".join([
+                "Port 22",
+                "HostKey %s/host_ed25519" % ssh_dir,
+                "AuthorizedKeysFile %s/authorized_keys" % ssh_dir,
+                "PermitRootLogin prohibit-password",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",              # pam_loginuid fails in containers
+                "StrictModes no",         # the scratch dir is under /tmp
+                "UseDNS no",
+                "PrintMotd no",
+                "PrintLastLog no",
+                "MaxStartups 200",
+                "MaxSessions 200",
+                "LogLevel ERROR",
+                ""]))
+        # Client side: a known_hosts file that lists every host, strict checking, no
+        # default identity: tests pass the key with hvdrun's -i.
+        with open(os.path.join(ssh_dir, "host_ed25519.pub")) as f:
+            host_key = " ".join(f.read().split()[:2])
+        patterns = ",".join(self.names)
+        with open(os.path.join(ssh_dir, "known_hosts"), "w") as f:
+            f.write("%s %s\n" % (patterns, host_key))
+        with open(os.path.join(ssh_dir, "config"), "w") as f:
+            f.write("\n".join([
+                "Host *",
+                "    User root",
+                "    IdentitiesOnly yes",
+                "    IdentityFile none",
+                "    UserKnownHostsFile %s/known_hosts" % ssh_dir,
+                "    GlobalKnownHostsFile /dev/null",
+                "    StrictHostKeyChecking yes",
+                "    CheckHostIP no",
+                "    PasswordAuthentication no",
+                "    KbdInteractiveAuthentication no",
+                "    GSSAPIAuthentication no",
+                "    LogLevel ERROR",
+                ""]))
+        wrapper = os.path.join(self.bin_dir, "ssh")
+        with open(wrapper, "w") as f:
+            f.write('#!/bin/sh\nexec %s -F %s "$@"\n'
+                    % (shutil.which("ssh"), os.path.join(ssh_dir, "config")))
+        os.chmod(wrapper, 0o755)
+
+    def _make_network(self):
+        # Pick a /24 nobody routes yet; the guard route doubles as our claim on it.
+        for net in SUBNETS:
+            p = _run(["ip", "route", "add", "unreachable", net + ".0/24"], check=False)
+            if p.returncode == 0:
+                self.net, self.guard_route = net, net + ".0/24"
+                break
+        else:
+            raise RuntimeError("no free 10.79.x.0/24 subnet for the test hosts")
+        with open(os.path.join(self.scratch, "etc", "hosts"), "w") as f:
+            f.write("127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n")
+            for k in range(1, self.count + 1):
+                f.write("%s %s\n" % (self.addr(k), self.name(k)))
+        sw = self.switch_ns
+        _run(["ip", "netns", "add", sw])
+        _run(["ip", "-n", sw, "link", "set", "lo", "up"])
+        _run(["ip", "-n", sw, "link", "add", "br0", "type", "bridge"])
+        _run(["ip", "-n", sw, "link", "set", "br0", "up"])
+        for k in range(1, self.count + 1):
+            ns = self.netns(k)
+            _run(["ip", "netns", "add", ns])
+            _run(["ip", "link", "add", "eth0", "netns", ns, "type", "veth",
+                  "peer", "name", "v%d" % k, "netns", sw])
+            _run(["ip", "-n", sw, "link", "set", "v%d" % k, "master", "br0", "up"])
+            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            _run(["ip", "-n", ns, "addr", "add", "%s/24" % self.addr(k), "dev", "eth0"])
+            _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+
+    def _start_anchor(self, k):
+        script = 'hostname "$1" && mount --bind "$2" /etc/hosts && exec sleep infinity'
+        self.anchors[k] = subprocess.Popen(
+            ["ip", "netns", "exec", self.netns(k), "unshare", "--uts", "--mount",
+             "--propagation", "private", "sh", "-c", script, "sh", self.name(k),
+             os.path.join(self.scratch, "etc", "hosts")],
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        # ip, unshare and sh all exec, so the pid becomes sleep once the namespace is ready.
+        deadline = time.time() + 5
+        while True:
+            try:
+                with open("/proc/%d/comm" % self.anchors[k].pid) as f:
+                    if f.read().strip() == "sleep":
+                        return
+            except OSError:
+                pass
+            if self.anchors[k].poll() is not None or time.time() > deadline:
+                raise RuntimeError("could not set up host %s" % self.name(k))
+            time.sleep(0.01)
+
+    def _wait_until_reachable(self):
+        def check(k):
+            deadline = time.time() + 10
+            while True:
+                p = self.ssh(1, self.name(k), "hostname")
+                if p.returncode == 0 and p.stdout.strip() == self.name(k):
+                    return
+                if time.time() > deadline:
+                    raise RuntimeError("host %s not reachable over ssh: %s"
+                                       % (self.name(k), p.stderr.strip()))
+                time.sleep(0.1)
+        with ThreadPoolExecutor(self.count) as pool:
+            list(pool.map(check, range(1, self.count + 1)))
+
+
+if __name__ == "__main__":      # manual use: python tests/hosts_fixture.py [N] -> shell on host 1
+    import sys
+    with NetnsHosts(int(sys.argv[1]) if len(sys.argv) > 1 else 2) as h:
+        print("hosts %s up; key %s; PATH=%s:$PATH" % (" ".join(h.names), h.key, h.bin_dir))
+        subprocess.call(h.on_host(1, [os.environ.get("SHELL", "/bin/bash")]))
