@@ -56,3 +56,24 @@ def ddl_built():
 
 def ccl_built():
     return False
+
+
+def DistributedOptimizer(optimizer, *args, **kwargs):
+    """Wraps a framework optimizer so gradients are averaged across ranks.
+
+    A ``torch.optim.Optimizer`` goes to :func:`hvdlite.torch.DistributedOptimizer`,
+    a Keras optimizer to :func:`hvdlite.tensorflow.keras.DistributedOptimizer`.
+    The adapter is imported only here, so ``import hvdlite`` stays light.
+    """
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(optimizer, torch.optim.Optimizer):
+        from .torch import DistributedOptimizer as torch_optimizer
+        return torch_optimizer(optimizer, *args, **kwargs)
+    keras = sys.modules.get("keras")
+    if keras is not None and isinstance(optimizer, keras.optimizers.Optimizer):
+        from .tensorflow.keras import DistributedOptimizer as keras_optimizer
+        return keras_optimizer(optimizer, *args, **kwargs)
+    raise InvalidArgumentError(
+        f"hvdlite.DistributedOptimizer() wraps a torch.optim.Optimizer or a Keras optimizer, "
+        f"not {type(optimizer).__module__}.{type(optimizer).__name__}")
