@@ -1,0 +1,286 @@
+"""Run one job: check hosts, start the MPI launcher, relay output, stop it cleanly.
+
+hvdrun does not start ranks itself; MPI's launcher does.  What hvdrun adds is
+bookkeeping the launchers lack: it knows from the rank wrappers' reports which
+rank ended how, so it can stop the whole job as soon as one rank fails (hydra
+keeps waiting for the others), name that rank and its host, and return its exit
+code.
+
+Stopping uses the launcher's own machinery first, then force:
+  1. one signal to mpiexec/mpirun (SIGTERM after a rank failure, or the signal
+     the user sent); the launcher forwards it to every rank on every host;
+  2. after ESCALATE_S, or at a second Ctrl-C: SIGKILL to the launcher's process
+     group.  Its remote proxies lose their connection and kill their ranks, and
+     each rank wrapper's child dies with its parent (PR_SET_PDEATHSIG);
+  3. after GIVE_UP_S hvdrun stops waiting and exits.
+"""
+
+import os
+import selectors
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from .mpi_command import LaunchSpec, build_command, interface_env
+from .mpi_detect import MpiNotFound, detect_mpi
+from .output import Echo, LineSplitter, RankFiles, parse_report
+from .ssh_check import SshOptions, check_hosts
+
+ESCALATE_S = 3.0
+GIVE_UP_S = 6.0
+_PR_SET_PDEATHSIG = 1
+
+EXIT_LAUNCH_ERROR = 1           # hvdrun could not start the job (SSH check, no MPI, ...)
+
+
+def log(msg):
+    sys.stderr.write("hvdrun: %s\n" % msg)
+    sys.stderr.flush()
+
+
+def _signal_name(num):
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return "signal %d" % num
+
+
+def _launcher_setup():
+    """In mpiexec's child before exec: die if hvdrun dies (even by SIGKILL)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def expected_hosts(hosts, np):
+    """rank -> host the launcher will put it on (both fill hosts slot by slot, in order)."""
+    where = {}
+    rank = 0
+    for h in hosts or ():
+        for _ in range(h.slots):
+            if rank < np:
+                where[rank] = h.name
+                rank += 1
+    return where
+
+
+class Job:
+    def __init__(self, opts):
+        self.opts = opts
+        self.np = opts.np
+        self.started = {}           # rank -> host, from the wrappers' "start" reports
+        self.exits = {}             # rank -> (code, host)
+        self.first_failure = None   # (rank, host, code, signal)
+        self.stop_reason = None     # why hvdrun began stopping the job
+        self.user_signal = None
+        self.stop_at = None
+        self.killed_at = None
+        self.proc = None
+
+    # ---- preparation ------------------------------------------------------------
+    def _ssh_options(self):
+        ssh = shutil.which("ssh")
+        if ssh is None:
+            raise LaunchError("ssh is not on PATH; install an SSH client (openssh-client)")
+        return SshOptions(ssh, self.opts.ssh_port, self.opts.ssh_identity_file,
+                          self.opts.ssh_connect_timeout)
+
+    def _check_hosts(self, ssh):
+        start = time.monotonic()
+        results = check_hosts([h.name for h in self.opts.hosts], ssh, python=sys.executable)
+        if self.opts.verbose:
+            for r in results:
+                log("ssh check %s: %s (%.2f s)" % (r.host, "local" if r.local else
+                                                    ("ok" if r.ok else r.reason), r.seconds))
+        bad = [r for r in results if not r.ok]
+        for r in bad:
+            log("cannot use host %s: %s" % (r.host, r.reason))
+        if bad:
+            raise LaunchError("%d of %d hosts failed the SSH check in %.1f s; nothing was started"
+                              % (len(bad), len(results), time.monotonic() - start))
+
+    # ---- running ----------------------------------------------------------------
+    def run(self):
+        try:
+            mpi = detect_mpi(with_version=self.opts.verbose)
+        except MpiNotFound as e:
+            log(str(e))
+            return EXIT_LAUNCH_ERROR
+        with tempfile.TemporaryDirectory(prefix="hvdrun-") as tmp:
+            try:
+                argv, launcher_env = self._prepare(mpi, tmp)
+            except LaunchError as e:
+                log(str(e))
+                return EXIT_LAUNCH_ERROR
+            if self.opts.verbose:
+                log("MPI: %s, %s (%s)" % (mpi.version or mpi.flavour, mpi.mpiexec, mpi.source))
+                for k, v in sorted(launcher_env.items()):
+                    log("launcher environment: %s=%s" % (k, v))
+                log("running: %s" % " ".join(shlex.quote(a) for a in argv))
+            return self._supervise(argv, launcher_env)
+
+    def _prepare(self, mpi, tmp):
+        opts = self.opts
+        ssh_script = None
+        if opts.hosts:
+            ssh = self._ssh_options()
+            self._check_hosts(ssh)
+            ssh_script = os.path.join(tmp, "ssh")
+            with open(ssh_script, "w") as f:
+                f.write(ssh.wrapper_script())
+            os.chmod(ssh_script, 0o700)
+        env = dict(opts.rank_env)
+        env.update(interface_env(opts.network_interfaces, os.environ))
+        spec = LaunchSpec(self.np, opts.command, sys.executable, hosts=opts.hosts,
+                          ssh_script=ssh_script, interfaces=opts.network_interfaces,
+                          env=env, mpi_args=opts.mpi_args)
+        return build_command(mpi, spec)
+
+    def _supervise(self, argv, launcher_env):
+        env = dict(os.environ)
+        env.update(launcher_env)
+        files = RankFiles(self.opts.output_filename) if self.opts.output_filename else None
+        try:
+            # Own session: a Ctrl-C in the terminal reaches hvdrun only, and hvdrun
+            # decides how to stop the job (instead of every rank getting SIGINT at once).
+            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         env=env, start_new_session=True,
+                                         preexec_fn=_launcher_setup)
+        except OSError as e:
+            log("cannot run %s: %s" % (argv[0], e.strerror))
+            return EXIT_LAUNCH_ERROR
+        old_handlers = {s: signal.signal(s, self._on_signal)
+                        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            self._pump(files)
+        finally:
+            for s, h in old_handlers.items():
+                signal.signal(s, h)
+            if files:
+                files.close()
+        return self._exit_code()
+
+    def _on_signal(self, sig, _frame):
+        if self.user_signal is None:
+            self.user_signal = sig
+            self._begin_stop("stopped by %s" % _signal_name(sig), sig)
+        else:
+            self._kill_group()          # second Ctrl-C: no more waiting
+
+    def _begin_stop(self, reason, sig=signal.SIGTERM):
+        if self.stop_at is not None:
+            return
+        self.stop_reason = reason
+        self.stop_at = time.monotonic()
+        try:
+            self.proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    def _kill_group(self):
+        if self.killed_at is None:
+            self.killed_at = time.monotonic()
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _pump(self, files):
+        out, err = Echo(1), Echo(2)
+        sel = selectors.DefaultSelector()
+        streams = {self.proc.stdout: (LineSplitter(), out), self.proc.stderr: (LineSplitter(), err)}
+        for pipe in streams:
+            os.set_blocking(pipe.fileno(), False)
+            sel.register(pipe, selectors.EVENT_READ)
+        begun = time.monotonic()
+        while streams:
+            for key, _ in sel.select(timeout=0.1):
+                splitter, echo = streams[key.fileobj]
+                try:
+                    data = os.read(key.fileobj.fileno(), 65536)
+                except BlockingIOError:
+                    continue
+                lines = splitter.feed(data) if data else splitter.rest()
+                for line in lines:
+                    self._line(line, echo, files)
+                if not data:
+                    sel.unregister(key.fileobj)
+                    del streams[key.fileobj]
+            now = time.monotonic()
+            if self.stop_at is None and len(self.started) < self.np and \
+                    now - begun > self.opts.start_timeout:
+                self._start_timed_out()
+            if self.stop_at is not None and now - self.stop_at > ESCALATE_S:
+                self._kill_group()
+            if self.killed_at is not None and now - self.killed_at > GIVE_UP_S - ESCALATE_S:
+                break               # something holds the pipes open; do not hang
+        try:
+            self.proc.wait(timeout=max(0.1, GIVE_UP_S - (time.monotonic() - (self.stop_at or time.monotonic()))))
+        except subprocess.TimeoutExpired:
+            self._kill_group()
+            self.proc.wait()
+
+    def _line(self, line, echo, files):
+        report = parse_report(line)
+        if report is None:
+            echo.write(line)
+            if files:
+                files.write(line)
+            return
+        rank, host = report.get("rank"), report.get("host")
+        if report.get("event") == "start":
+            self.started[rank] = host
+        elif report.get("event") == "exit":
+            code = report.get("code", 1)
+            self.exits[rank] = (code, host)
+            if code != 0 and self.first_failure is None and self.stop_at is None:
+                self.first_failure = (rank, host, code, report.get("signal"))
+                self._begin_stop("rank %s failed" % rank)
+
+    def _start_timed_out(self):
+        missing = sorted(set(range(self.np)) - set(self.started))
+        where = expected_hosts(self.opts.hosts, self.np)
+        on = sorted({where[r] for r in missing if r in where})
+        log("%d of %d ranks did not start within %g s (--start-timeout): rank%s %s%s"
+            % (len(missing), self.np, self.opts.start_timeout, "s" if len(missing) > 1 else "",
+               ", ".join(map(str, missing)), (" (on %s)" % ", ".join(on)) if on else ""))
+        if on:
+            log("check that %s can connect back to this host (firewall, --network-interface)"
+                % ", ".join(on))
+        self._begin_stop("start timeout")
+
+    def _exit_code(self):
+        rc = self.proc.returncode
+        if self.first_failure is not None:
+            rank, host, code, sig = self.first_failure
+            how = ("was killed by %s" % _signal_name(sig)) if sig else ("exited with code %d" % code)
+            others = "; hvdrun stopped the other ranks" if self.np > 1 else ""
+            log("rank %s on host %s %s%s" % (rank, host, how, others))
+            return code
+        if self.user_signal is not None:
+            log("job %s; all ranks were stopped" % self.stop_reason)
+            return 128 + self.user_signal
+        if self.stop_reason == "start timeout":
+            return EXIT_LAUNCH_ERROR
+        if rc != 0:
+            if rc < 0:
+                log("%s was killed by %s" % (os.path.basename(self.proc.args[0]), _signal_name(-rc)))
+                return 128 - rc
+            log("%s exited with code %d without any rank reporting a failure (see its messages above)"
+                % (os.path.basename(self.proc.args[0]), rc))
+            return rc
+        return 0
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def run_job(opts):
+    return Job(opts).run()

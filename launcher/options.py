@@ -1,0 +1,165 @@
+"""hvdrun's command line.  Flags keep horovodrun's names where horovodrun has them."""
+
+import argparse
+import os
+import shlex
+import sys
+
+from . import __version__
+from .engine_env import engine_env, user_env
+from .hosts import HostsError, describe, parse_hostfile, parse_hosts_arg, slurm_np, total_slots
+
+EPILOG = """\
+examples:
+  hvdrun -np 2 python train.py                      # two ranks on this machine
+  hvdrun -np 8 -H node1:4,node2:4 python train.py   # two hosts over SSH
+  hvdrun --hostfile hosts.txt python train.py       # lines 'node1 slots=4'
+  hvdrun --check-build                              # what this install supports
+see docs/launcher.md for SLURM, Kubernetes and troubleshooting"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # One clear line instead of the full usage block, which buries the message.
+        self.exit(2, "hvdrun: error: %s\n(see hvdrun --help)\n" % message)
+
+
+def build_parser():
+    p = _Parser(
+        prog="hvdrun", allow_abbrev=False, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Launch an hvdlite (Horovod-style) training script on one or more hosts "
+                    "through the installed MPI's launcher.")
+    p.add_argument("-v", "--version", action="store_true",
+                   help="print hvdrun's version and exit")
+    p.add_argument("-cb", "--check-build", action="store_true",
+                   help="show frameworks, MPI, GPU support and compressors of this install, and exit")
+    p.add_argument("-np", "--num-proc", dest="np", type=int, metavar="N",
+                   help="number of ranks (default: all slots of -H/--hostfile, or $SLURM_NTASKS)")
+
+    g = p.add_argument_group("hosts")
+    g.add_argument("-H", "--hosts", dest="hosts_text", metavar="HOST[:SLOTS],...",
+                   help="hosts and their slots, e.g. node1:4,node2:4 (slots default to 1); "
+                        "without -H/--hostfile ranks run on this machine")
+    g.add_argument("-hostfile", "--hostfile", metavar="FILE",
+                   help="file with one host per line: 'host slots=N' or 'host:N'")
+    g.add_argument("-p", "--ssh-port", type=int, metavar="PORT", help="SSH port of every host")
+    g.add_argument("-i", "--ssh-identity-file", metavar="FILE", help="SSH private key to use")
+    g.add_argument("--ssh-connect-timeout", type=float, default=3.0, metavar="SECONDS",
+                   help="give up on a host that does not answer within this time (default 3)")
+    g.add_argument("--start-timeout", type=float, metavar="SECONDS",
+                   default=float(os.environ.get("HOROVOD_START_TIMEOUT", 30)),
+                   help="stop if not every rank has started within this time (default 30)")
+    g.add_argument("--network-interface", "--network-interfaces", dest="network_interface",
+                   metavar="NIC[,NIC]", help="network interface(s) for MPI and its launcher, e.g. eth0")
+
+    g = p.add_argument_group("ranks' environment and output")
+    g.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="set NAME in every rank (VALUE defaults to hvdrun's own); repeatable")
+    g.add_argument("--output-filename", metavar="DIR",
+                   help="also write each rank's output to DIR/rank.N/stdout and stderr")
+    g.add_argument("--verbose", action="store_true",
+                   help="print the SSH checks and the MPI command hvdrun runs")
+    g.add_argument("--mpi-args", default="", metavar='"ARGS"',
+                   help="extra arguments for mpiexec/mpirun, as one quoted string")
+
+    g = p.add_argument_group("engine settings (become HVDLITE_* variables in every rank)")
+    g.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
+                   help="fuse tensors into buffers up to this size (HVDLITE_FUSION_THRESHOLD)")
+    g.add_argument("--cycle-time-ms", type=float, metavar="MS",
+                   help="engine cycle time (HVDLITE_CYCLE_TIME)")
+    g.add_argument("--cache-capacity", type=int, metavar="N",
+                   help="response cache entries (HVDLITE_CACHE_CAPACITY)")
+    g.add_argument("--timeline-filename", metavar="FILE",
+                   help="write a Chrome trace timeline; %%r becomes the rank (HVDLITE_TIMELINE)")
+    g.add_argument("--no-stall-check", action="store_true",
+                   help="disable the stall check (HVDLITE_STALL_CHECK_DISABLE=1)")
+    g.add_argument("--stall-check-warning-time-seconds", type=int, metavar="S",
+                   help="warn about ranks that stall longer (HVDLITE_STALL_CHECK_TIME_SECONDS)")
+    g.add_argument("--stall-check-shutdown-time-seconds", type=int, metavar="S",
+                   help="stop the job after a stall this long (HVDLITE_STALL_SHUTDOWN_TIME_SECONDS)")
+
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
+                   help="the program every rank runs, e.g. python train.py --epochs 3")
+    return p
+
+
+def parse_args(argv=None):
+    """Parse and validate; on a user error print a clear message and exit with 2."""
+    parser = build_parser()
+    opts = parser.parse_args(argv)
+    if opts.version or opts.check_build:
+        return opts
+    if opts.command and opts.command[0] == "--":
+        opts.command = opts.command[1:]
+    if not opts.command:
+        parser.error("no command given (e.g. hvdrun -np 2 python train.py)")
+
+    return _validate(parser, opts)
+
+
+def _validate(parser, opts):
+    opts.hosts = None
+    hosts_text = opts.hosts_text
+    if opts.hostfile and hosts_text:
+        parser.error("give -H or --hostfile, not both")
+    try:
+        if hosts_text is not None:
+            opts.hosts = parse_hosts_arg(hosts_text)
+        elif opts.hostfile:
+            opts.hosts = parse_hostfile(opts.hostfile)
+    except HostsError as e:
+        parser.error(str(e))
+
+    if opts.np is None:
+        if opts.hosts:
+            opts.np = total_slots(opts.hosts)
+        else:
+            opts.np = slurm_np()
+            if opts.np is None:
+                parser.error("-np is required when no -H/--hostfile is given")
+    if opts.np < 1:
+        parser.error("-np must be at least 1, got %d" % opts.np)
+    if opts.hosts and opts.np > total_slots(opts.hosts):
+        parser.error("-np %d is more than the %d slots of %s (%s); add slots or lower -np"
+                     % (opts.np, total_slots(opts.hosts),
+                        "-H" if hosts_text is not None else "hostfile", describe(opts.hosts)))
+
+    if opts.ssh_identity_file:
+        if not os.path.isfile(opts.ssh_identity_file):
+            parser.error("-i %s: no such key file" % opts.ssh_identity_file)
+        opts.ssh_identity_file = os.path.abspath(opts.ssh_identity_file)
+    if opts.ssh_port is not None and not 0 < opts.ssh_port < 65536:
+        parser.error("-p %d: not a TCP port" % opts.ssh_port)
+    if opts.ssh_connect_timeout <= 0:
+        parser.error("--ssh-connect-timeout must be positive")
+    if opts.start_timeout <= 0:
+        parser.error("--start-timeout must be positive")
+    if opts.fusion_threshold_mb is not None and opts.fusion_threshold_mb < 0:
+        parser.error("--fusion-threshold-mb must not be negative")
+    if opts.cycle_time_ms is not None and opts.cycle_time_ms <= 0:
+        parser.error("--cycle-time-ms must be positive")
+    if opts.cache_capacity is not None and opts.cache_capacity < 0:
+        parser.error("--cache-capacity must not be negative")
+
+    opts.network_interfaces = []
+    if opts.network_interface is not None:
+        opts.network_interfaces = [n.strip() for n in opts.network_interface.split(",") if n.strip()]
+        if not opts.network_interfaces:
+            parser.error("--network-interface: no interface name given")
+    try:
+        opts.mpi_args = shlex.split(opts.mpi_args)
+    except ValueError as e:
+        parser.error("--mpi-args: %s" % e)
+    try:
+        opts.rank_env = user_env(opts.env)
+    except ValueError as e:
+        parser.error(str(e))
+    opts.rank_env.update(engine_env(opts))
+    if opts.output_filename:
+        opts.output_filename = os.path.abspath(opts.output_filename)
+    return opts
+
+
+def version_text():
+    return "hvdrun (hvdlite) %s, Python %s" % (__version__, sys.version.split()[0])
