@@ -70,7 +70,7 @@ std::shared_ptr<Engine> CurrentEngine(bool quiet = false) {
   std::lock_guard<std::mutex> lock(runtime().mutex);
   if (!runtime().engine || runtime().shut_down_locally) {
     if (!quiet) {
-      SetError(ErrorKind::kInvalidArgument,
+      SetError(ErrorKind::kNotInitialized,
                runtime().shut_down_locally
                    ? "hvdlite has been shut down on this rank; call hvdlite.init() again first"
                    : "hvdlite is not initialised; call hvdlite.init() first");

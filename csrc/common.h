@@ -56,6 +56,7 @@ enum class ErrorKind : int32_t {
   kMpi = 4,              // an MPI call failed
   kStall = 5,            // the stall inspector gave up waiting
   kInternal = 6,
+  kNotInitialized = 7,   // no engine: init() not called, or shutdown() was
 };
 
 bool IsValidDataType(int32_t value);

@@ -41,6 +41,7 @@ _BY_KIND = {
     4: MPIError,
     5: StallError,
     6: HvdliteError,
+    7: NotInitializedError,
 }
 
 

@@ -26,6 +26,10 @@ def _dtype_code(dtype):
 
 
 def _check_array(a, what):
+    if isinstance(a, np.generic):  # a NumPy scalar travels as a 0-d array
+        raise exceptions.InvalidArgumentError(
+            f"{what} takes a numpy.ndarray, not the scalar {type(a).__name__}; "
+            "wrap it with numpy.asarray(x)")
     if not isinstance(a, np.ndarray):
         raise exceptions.InvalidArgumentError(
             f"{what} takes a numpy.ndarray, not {type(a).__name__}; the torch and TensorFlow "
