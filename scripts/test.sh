@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs hvdlite with every framework into ./.venv and runs the whole test
+# suite. Tests that need torch, TensorFlow or MPI fail (not skip) here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q mpich mpi4py cffi setuptools wheel numpy
+# torch==2.13.0 is the CPU build; an unpinned torch pulls several GB of CUDA.
+.venv/bin/pip install -q torch==2.13.0 tensorflow-cpu scikit-learn matplotlib pytest
+.venv/bin/pip install -q --no-build-isolation --no-cache-dir -e '.[test]'
+export HVDLITE_TEST_REQUIRE_ALL=1
+exec .venv/bin/python -m pytest -q tests "$@"
