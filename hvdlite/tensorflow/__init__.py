@@ -1,0 +1,121 @@
+"""hvdlite for TensorFlow 2 (and Keras 3): Horovod's ``horovod.tensorflow`` API.
+
+    import tensorflow as tf
+    import hvdlite.tensorflow as hvd
+
+    hvd.init(intra_op_threads="auto")
+    ...
+    with tf.GradientTape() as tape:
+        loss = ...
+    tape = hvd.DistributedGradientTape(tape)
+    grads = tape.gradient(loss, model.trainable_variables)
+
+Collectives take tf.Tensor / tf.Variable and work eagerly and inside
+tf.function (not inside XLA: jit_compile=True raises a clear error).
+"""
+import os
+import warnings
+
+import tensorflow as tf
+
+from .. import basics as _basics
+from ..basics import (cross_rank, cross_size, is_initialized, local_rank, local_size,
+                      mpi_library_version, mpi_threads_supported, rank, shutdown, size)
+from ..compression import Compression, Compressor
+from ..exceptions import (HvdliteError, HvdliteShutdownError, InvalidArgumentError, MPIError,
+                          NotInitializedError, StallError, TensorMismatchError,
+                          UnsupportedDTypeError)
+from ..process_sets import (ProcessSet, add_process_set, global_process_set,
+                            remove_process_set)
+from .. import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
+                mpi_enabled, nccl_built, rocm_built)
+from .functions import allgather_object, broadcast_object, broadcast_variables
+from .gradient_tape import DistributedGradientTape
+from .mpi_ops import (Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier,
+                      broadcast, grouped_allgather, grouped_allreduce, grouped_reducescatter,
+                      join, local_rank_op, local_size_op, process_set_included_op, rank_op,
+                      reducescatter, size_op)
+
+Adasum = None  # Horovod's Adasum is not available in hvdlite; passing op=Adasum raises.
+
+_THREAD_ENV = {"intra": "HVDLITE_TF_INTRA_OP_THREADS", "inter": "HVDLITE_TF_INTER_OP_THREADS"}
+
+
+def _thread_count(value, kind):
+    if value is None:
+        value = os.environ.get(_THREAD_ENV[kind]) or None
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return max(1, (cores or 1) // max(1, local_size()))
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(
+            f"init({kind}_op_threads=...) takes a positive int or 'auto', not {value!r}") from None
+    if n < 1:
+        raise InvalidArgumentError(f"init({kind}_op_threads=...) must be >= 1, got {n}")
+    return n
+
+
+def _set_threads(intra, inter):
+    setters = ((intra, tf.config.threading.set_intra_op_parallelism_threads,
+                tf.config.threading.get_intra_op_parallelism_threads, "intra_op_threads",
+                "TF_NUM_INTRAOP_THREADS"),
+               (inter, tf.config.threading.set_inter_op_parallelism_threads,
+                tf.config.threading.get_inter_op_parallelism_threads, "inter_op_threads",
+                "TF_NUM_INTEROP_THREADS"))
+    for value, setter, getter, label, env in setters:
+        if value is None:
+            continue
+        if getter() == value:
+            continue
+        try:
+            setter(value)
+        except RuntimeError:
+            warnings.warn(
+                f"hvdlite.tensorflow.init({label}={value}): TensorFlow has already started, so its "
+                f"thread pools cannot change any more (now {getter() or 'default'}). Call init() "
+                f"before any TF op, or set {env} in the environment.", RuntimeWarning, stacklevel=3)
+
+
+def init(comm=None, process_sets=None, intra_op_threads=None, inter_op_threads=None):
+    """Starts hvdlite (see :func:`hvdlite.init`) and optionally sizes
+    TensorFlow's thread pools for this rank.
+
+    ``intra_op_threads`` / ``inter_op_threads``: an int, or ``"auto"`` =
+    usable cores // ranks on this host, so ranks sharing a machine do not
+    fight for cores. Defaults come from ``HVDLITE_TF_INTRA_OP_THREADS`` /
+    ``HVDLITE_TF_INTER_OP_THREADS``; unset leaves TF's own choice (which
+    also honours ``TF_NUM_INTRAOP_THREADS``). Takes effect only before TF runs
+    its first op; later a RuntimeWarning says so.
+    """
+    _basics.init(comm, process_sets)
+    _set_threads(_thread_count(intra_op_threads, "intra"), _thread_count(inter_op_threads, "inter"))
+
+
+def DistributedOptimizer(optimizer, *args, **kwargs):
+    """Wraps a Keras 3 optimizer (see :func:`hvdlite.tensorflow.keras.DistributedOptimizer`).
+
+    TF1-style ``tf.compat.v1.train.Optimizer`` objects are not supported; use a
+    Keras optimizer, or DistributedGradientTape in a custom loop."""
+    from .keras import DistributedOptimizer as keras_optimizer
+    return keras_optimizer(optimizer, *args, **kwargs)
+
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "mpi_threads_supported", "mpi_library_version",
+    "mpi_built", "mpi_enabled", "gloo_built", "gloo_enabled", "nccl_built", "cuda_built",
+    "rocm_built", "ddl_built", "ccl_built",
+    "Average", "Sum", "Min", "Max", "Product", "Compression", "Compressor",
+    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
+    "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
+    "broadcast_variables", "broadcast_object", "allgather_object",
+    "DistributedGradientTape", "DistributedOptimizer",
+    "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
+    "size_op", "rank_op", "local_rank_op", "local_size_op", "process_set_included_op",
+    "HvdliteError", "InvalidArgumentError", "NotInitializedError", "TensorMismatchError",
+    "HvdliteShutdownError", "MPIError", "StallError", "UnsupportedDTypeError",
+]

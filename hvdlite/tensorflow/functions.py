@@ -1,0 +1,177 @@
+"""Variables and Python objects across ranks: broadcast_variables,
+broadcast_object, allgather_object, and the cross-rank consistency check the
+gradient reducers run once per gradient signature."""
+import hashlib
+import io
+import pickle
+import threading
+
+import numpy as np
+import tensorflow as tf
+
+from .. import exceptions
+from .. import ops as np_ops
+from ..process_sets import global_process_set, process_set_id
+from . import mpi_ops
+
+
+def _pickler():
+    try:
+        import cloudpickle
+        return cloudpickle
+    except ImportError:
+        return pickle
+
+
+def _dumps(obj):
+    buf = io.BytesIO()
+    _pickler().dump(obj, buf)
+    return np.frombuffer(buf.getvalue(), dtype=np.uint8)
+
+
+def _object_collective_guard(what):
+    mpi_ops._require_init(what)
+    if not tf.executing_eagerly():
+        raise exceptions.InvalidArgumentError(
+            f"hvdlite.tensorflow.{what} moves Python objects and runs eagerly only; call it "
+            "outside tf.function")
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
+    """Returns ``root_rank``'s picklable ``obj`` on every rank (eager only)."""
+    _object_collective_guard("broadcast_object")
+    pset = process_set_id(process_set)
+    prefix = f"{name}." if name else None
+    me = process_set_rank(pset)  # root_rank counts within the process set
+    payload = _dumps(obj) if me == int(root_rank) else np.zeros(0, np.uint8)
+    length = np.array([payload.size], dtype=np.int64)
+    length = np_ops.broadcast(length, root_rank, name=prefix and prefix + "len", process_set=pset)
+    if me != int(root_rank):
+        payload = np.zeros(int(length[0]), dtype=np.uint8)
+    data = np_ops.broadcast(payload, root_rank, name=prefix and prefix + "data", process_set=pset)
+    if me == int(root_rank):
+        return obj
+    return pickle.loads(data.tobytes())
+
+
+def allgather_object(obj, session=None, name=None, process_set=global_process_set):
+    """Returns the list of every rank's picklable ``obj``, in rank order (eager only)."""
+    _object_collective_guard("allgather_object")
+    pset = process_set_id(process_set)
+    prefix = f"{name}." if name else None
+    payload = _dumps(obj)
+    sizes = np_ops.allgather(np.array([payload.size], dtype=np.int64),
+                             name=prefix and prefix + "len", process_set=pset)
+    data = np_ops.allgather(payload, name=prefix and prefix + "data", process_set=pset)
+    out, pos = [], 0
+    for n in sizes:
+        out.append(pickle.loads(data[pos:pos + int(n)].tobytes()))
+        pos += int(n)
+    return out
+
+
+def process_set_rank(pset):
+    from .._binding import lib
+    return lib.hvd_process_set_rank(pset)
+
+
+# --------------------------------------------------------------------------
+# Cross-rank consistency of tensor lists
+# --------------------------------------------------------------------------
+
+_checked = set()
+_checked_lock = threading.Lock()
+
+
+def _describe(entries, limit=6):
+    shown = ", ".join(f"{n} {s} {d}" for n, s, d in entries[:limit])
+    more = f", ... ({len(entries)} in all)" if len(entries) > limit else ""
+    return f"[{shown}{more}]"
+
+
+def check_same_on_all_ranks(entries, what, pset=0, once_key=None):
+    """Raises InvalidArgumentError on every rank when ``entries`` (a list of
+    (name, shape, dtype) tuples) differ across the ranks of ``pset``.
+
+    With ``once_key``, a given signature is checked only the first time this
+    process sees it (the check is a collective: ranks running the same program
+    reach it at the same point). Works eagerly and while tracing."""
+    entries = [(str(n), tuple(s) if s is not None else None, str(d)) for n, s, d in entries]
+    if once_key is not None:
+        digest = hashlib.sha1(repr((once_key, entries)).encode()).hexdigest()
+        with _checked_lock:
+            if digest in _checked:
+                return
+            _checked.add(digest)
+    payload = _dumps(entries)
+    sizes = np_ops.allgather(np.array([payload.size], dtype=np.int64), process_set=pset)
+    data = np_ops.allgather(payload, process_set=pset)
+    lists, pos = [], 0
+    for n in sizes:
+        lists.append(pickle.loads(data[pos:pos + int(n)].tobytes()))
+        pos += int(n)
+    reference = lists[0]
+    for r, other in enumerate(lists[1:], start=1):
+        if other == reference:
+            continue
+        detail = ""
+        if len(other) != len(reference):
+            detail = f"rank 0 has {len(reference)}, rank {r} has {len(other)}; "
+        for i, (a, b) in enumerate(zip(reference, other)):
+            if a != b:
+                detail += f"first difference at position {i}: rank 0 {a}, rank {r} {b}; "
+                break
+        raise exceptions.InvalidArgumentError(
+            f"{what}: the ranks do not pass the same variables/tensors ({detail}"
+            f"rank 0: {_describe(reference)}; rank {r}: {_describe(other)}). Every rank must "
+            "build the same model and pass the same list in the same order.")
+
+
+def _variable_name(v, i):
+    for attr in ("path", "name"):
+        n = getattr(v, attr, None)
+        if isinstance(n, str) and n:
+            return n[:-2] if n.endswith(":0") else n
+    return f"#{i}"
+
+
+def broadcast_variables(variables, root_rank, process_set=global_process_set, name=None):
+    """Assigns ``root_rank``'s values to ``variables`` on every rank.
+
+    Takes tf.Variable or Keras Variable objects (a list, or any nest). Eagerly
+    the ranks first check that they pass the same list (names, shapes,
+    dtypes) and raise a clear error when they do not. Inside tf.function the
+    broadcast is one graph node followed by the assignments; the returned
+    group op is the last of them."""
+    flat = tf.nest.flatten(variables)
+    for v in flat:
+        if not (isinstance(v, tf.Variable) or (mpi_ops._keras_variable_class() is not None
+                                               and isinstance(v, mpi_ops._keras_variable_class()))):
+            raise exceptions.InvalidArgumentError(
+                "hvdlite.tensorflow.broadcast_variables takes tf.Variable or keras.Variable "
+                f"objects, not {type(v).__module__}.{type(v).__name__}")
+    mpi_ops._require_init("broadcast_variables")
+    pset = process_set_id(process_set)
+    if tf.executing_eagerly():
+        check_same_on_all_ranks(
+            [(_variable_name(v, i), v.shape.as_list() if hasattr(v.shape, "as_list") else list(v.shape),
+              _dtype_name(v)) for i, v in enumerate(flat)],
+            "hvdlite.tensorflow.broadcast_variables", pset)
+    base = name or ("broadcast_variables" if tf.executing_eagerly()
+                    else mpi_ops.graph_name("broadcast_variables"))
+    values = [tf.convert_to_tensor(v) for v in flat]
+    jobs = []
+    for i, (v, t) in enumerate(zip(flat, values)):
+        mpi_ops._dtype_code(t.dtype, "broadcast_variables")
+        jobs.append(mpi_ops._Broadcast(f"{base}.{i}.{_variable_name(v, i)}", t.dtype, t.shape,
+                                       root_rank, pset))
+    results = mpi_ops.run_group(jobs, values, "broadcast_variables")
+    assigns = [v.assign(r) for v, r in zip(flat, results)]
+    if tf.executing_eagerly():
+        return None
+    return tf.group(*[a for a in assigns if a is not None]) if assigns else tf.no_op()
+
+
+def _dtype_name(v):
+    d = v.dtype
+    return d.name if hasattr(d, "name") else str(d)
