@@ -1,0 +1,55 @@
+"""Horovod's torch API on hvdlite's engine.
+
+Change ``import horovod.torch as hvd`` to ``import hvdlite.torch as hvd``::
+
+    import hvdlite.torch as hvd
+    hvd.init()
+    model = ...
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+See docs/torch.md.
+"""
+import hvdlite as _hvdlite
+from hvdlite import (HvdliteError, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                     gloo_built, gloo_enabled, init, is_initialized, local_rank, local_size,
+                     mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                     rocm_built, shutdown, size)
+from hvdlite.compression import Compression, Compressor
+from hvdlite.process_sets import (ProcessSet, add_process_set, global_process_set,
+                                  remove_process_set)
+
+from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                        broadcast_parameters)
+from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async,
+                      allreduce, allreduce_, allreduce_async, allreduce_async_, alltoall,
+                      alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
+                      broadcast_async_, grouped_allgather, grouped_allgather_async,
+                      grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                      grouped_allreduce_async_, grouped_reducescatter,
+                      grouped_reducescatter_async, join, poll, reducescatter,
+                      reducescatter_async, start_timeline, stop_timeline, synchronize)
+from .optimizer import DistributedOptimizer, OptimizerMisuseError
+from .sync_batch_norm import SyncBatchNorm
+
+HorovodInternalError = HvdliteError  # the name Horovod scripts catch
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+    "cross_size", "cross_rank", "mpi_threads_supported", "mpi_built", "mpi_enabled",
+    "gloo_built", "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "ddl_built",
+    "ccl_built",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
+    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall",
+    "alltoall_async", "reducescatter", "reducescatter_async", "grouped_reducescatter",
+    "grouped_reducescatter_async", "join", "barrier", "poll", "synchronize",
+    "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
+    "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression", "Compressor",
+    "DistributedOptimizer", "OptimizerMisuseError", "broadcast_parameters",
+    "broadcast_optimizer_state", "broadcast_object", "allgather_object", "SyncBatchNorm",
+    "start_timeline", "stop_timeline", "HvdliteError", "HorovodInternalError",
+]

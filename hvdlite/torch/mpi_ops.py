@@ -1,0 +1,696 @@
+"""Horovod's collectives on torch tensors.
+
+Every call hands the tensor's address, dtype and shape to the engine; nothing
+is negotiated, fused or compressed in Python. Contiguous CPU tensors travel
+without copies: allreduce and broadcast write straight into the output (or,
+for the ``*_`` in-place forms, into the tensor itself); allgather, alltoall and
+reducescatter results live in engine-allocated memory that the returned tensor
+wraps.
+
+The synchronous out-of-place forms are autograd functions, so a tensor that
+requires grad gets a gradient through them, with the same rules as Horovod:
+
+=================  =========================================================
+collective         backward
+=================  =========================================================
+allreduce          allreduce of the gradient with the same op and factors
+allgather          allreduce (Average) of the gradient, then this rank's rows
+broadcast          allreduce (Average) of the gradient, zero off the root
+alltoall           alltoall of the gradient back along the received splits
+reducescatter      allgather of the gradient (divided by the set size for
+                   Average)
+=================  =========================================================
+"""
+import torch
+
+import hvdlite
+from hvdlite import _binding, exceptions
+from hvdlite.compression import Compression, as_spec
+from hvdlite.process_sets import ProcessSet, global_process_set, process_set_id
+
+# Reduce ops (the engine's codes). Adasum is named so that scripts which
+# mention it import, but it is not implemented.
+Average = hvdlite.Average
+Sum = hvdlite.Sum
+Min = hvdlite.Min
+Max = hvdlite.Max
+Product = hvdlite.Product
+Adasum = 5
+_OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product"}
+
+_DTYPE_CODES = {
+    torch.uint8: _binding.DTYPE_CODES["uint8"],
+    torch.int8: _binding.DTYPE_CODES["int8"],
+    torch.int32: _binding.DTYPE_CODES["int32"],
+    torch.int64: _binding.DTYPE_CODES["int64"],
+    torch.float16: _binding.DTYPE_CODES["float16"],
+    torch.float32: _binding.DTYPE_CODES["float32"],
+    torch.float64: _binding.DTYPE_CODES["float64"],
+    torch.bfloat16: _binding.DTYPE_CODES["bfloat16"],
+    torch.bool: _binding.DTYPE_CODES["bool"],
+}
+
+
+# ---------------------------------------------------------------- checks
+
+def _dtype_code(tensor, what):
+    code = _DTYPE_CODES.get(tensor.dtype)
+    if code is None:
+        names = ", ".join(str(d).replace("torch.", "") for d in _DTYPE_CODES)
+        raise exceptions.UnsupportedDTypeError(
+            f"{what}: dtype {str(tensor.dtype).replace('torch.', '')} is not supported by hvdlite; "
+            f"use one of: {names}")
+    return code
+
+
+def _check_tensor(tensor, what):
+    """Returns the engine dtype code, or raises a clear error."""
+    if not isinstance(tensor, torch.Tensor):
+        raise exceptions.InvalidArgumentError(
+            f"{what} takes a torch.Tensor, not {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        raise exceptions.InvalidArgumentError(
+            f"{what}: the tensor is on {tensor.device}, but hvdlite was built without GPU support "
+            "(hvdlite.torch.cuda_built() is False); move it to the CPU with tensor.cpu() or build "
+            "hvdlite with NCCL")
+    if tensor.layout != torch.strided:
+        raise exceptions.InvalidArgumentError(
+            f"{what}: {tensor.layout} tensors are not supported; pass a dense tensor "
+            "(tensor.to_dense()); DistributedOptimizer handles sparse gradients itself")
+    return _dtype_code(tensor, what)
+
+
+def _resolve_op(op, average, what):
+    if average is not None:
+        if op is not None:
+            raise exceptions.InvalidArgumentError(
+                f"{what}: pass op= or the deprecated average=, not both")
+        op = Average if average else Sum
+    if op is None:
+        op = Average
+    if op == Adasum:
+        raise NotImplementedError(
+            f"{what}: Adasum is not implemented in hvdlite; use op=hvdlite.torch.Average")
+    if op not in _OP_NAMES:
+        raise exceptions.InvalidArgumentError(
+            f"{what}: op must be one of Average, Sum, Min, Max, Product (got {op!r})")
+    return op
+
+
+def _set_root(root_rank, process_set, what):
+    """Horovod's root_rank is a global rank; the engine wants the position in the set."""
+    try:
+        root_rank = int(root_rank)
+    except (TypeError, ValueError):
+        raise exceptions.InvalidArgumentError(
+            f"{what}: root_rank must be an int, not {root_rank!r}") from None
+    pid = process_set_id(process_set)
+    if pid == 0:
+        return root_rank
+    ranks = _set_ranks(process_set)
+    if root_rank not in ranks:
+        raise exceptions.InvalidArgumentError(
+            f"{what}: root_rank {root_rank} is not a member of process set {ranks}; "
+            "root_rank is a global rank, as in Horovod")
+    return ranks.index(root_rank)
+
+
+def _set_ranks(process_set):
+    if isinstance(process_set, ProcessSet) and process_set.process_set_id != 0:
+        return list(process_set.ranks)
+    pid = process_set_id(process_set)
+    if pid == 0:
+        return list(range(hvdlite.size()))
+    from hvdlite.process_sets import get_process_set_ids_and_ranks
+    return get_process_set_ids_and_ranks().get(pid, [])
+
+
+def _set_size(process_set):
+    pid = process_set_id(process_set)
+    if pid == 0:
+        return hvdlite.size()
+    return _binding.check(_binding.lib.hvd_process_set_size(pid))
+
+
+def _set_rank(process_set):
+    pid = process_set_id(process_set)
+    if pid == 0:
+        return hvdlite.rank()
+    return _binding.lib.hvd_process_set_rank(pid)
+
+
+def _engine_tensor(dtype):
+    """finish= callback: wraps the engine-allocated result without a copy."""
+    def finish(handle_id):
+        owned, nbytes, shape = _binding.take_output(handle_id)
+        return _wrap(owned, nbytes, shape, dtype)
+    return finish
+
+
+def _wrap(owned, nbytes, shape, dtype):
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    # torch.frombuffer keeps the buffer alive, which keeps the engine's memory.
+    flat = torch.frombuffer(_binding.ffi.buffer(owned, nbytes), dtype=dtype)
+    return flat.view(shape)
+
+
+# ---------------------------------------------------------------- handles
+
+class _GroupHandle:
+    """One handle for a grouped collective: done when every member is."""
+
+    __slots__ = ("handles", "combine", "_done", "_result")
+
+    def __init__(self, handles, combine=list):
+        self.handles = handles
+        self.combine = combine
+        self._done = False
+        self._result = None
+
+    def poll(self):
+        return all(h.poll() for h in self.handles)
+
+    def wait(self):
+        if not self._done:
+            results, first_error = [], None
+            for h in self.handles:  # wait for all, so no buffer is left in flight
+                try:
+                    results.append(h.wait())
+                except exceptions.HvdliteError as e:
+                    first_error = first_error or e
+                    results.append(None)
+            if first_error is not None:
+                raise first_error
+            self._result = self.combine(results)
+            self._done = True
+        return self._result
+
+
+def _check_handle(handle, what):
+    if not isinstance(handle, (_binding.Handle, _GroupHandle)):
+        raise exceptions.InvalidArgumentError(
+            f"{what}() takes a handle returned by an *_async collective, not {type(handle).__name__}")
+
+
+def poll(handle):
+    """True once the collective behind ``handle`` has completed; then
+    :func:`synchronize` returns without blocking."""
+    _check_handle(handle, "poll")
+    return handle.poll()
+
+
+def synchronize(handle):
+    """Waits for an async collective and returns its result (a tensor, a list
+    of tensors for grouped forms, or (tensor, received_splits) for alltoall).
+    Raises the collective's error, an :class:`hvdlite.HvdliteError`."""
+    _check_handle(handle, "synchronize")
+    return handle.wait()
+
+
+# ---------------------------------------------------------------- allreduce
+
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set,
+                     compression, what):
+    code = _check_tensor(tensor, what)
+    op = _resolve_op(op, None, what)
+    spec = as_spec(compression)
+    pid = process_set_id(process_set)
+    inplace = output is tensor
+    if tensor.is_contiguous():
+        src = tensor
+    else:
+        src = tensor.contiguous()
+        if inplace:
+            output = src
+    if output is None or not output.is_contiguous():
+        work = torch.empty_like(src, memory_format=torch.contiguous_format)
+    else:
+        work = output
+    target = tensor if inplace else output
+
+    def finish(_handle_id):
+        if target is not None and target is not work:
+            with torch.no_grad():
+                target.copy_(work)
+            return target
+        return work
+
+    return _binding.enqueue(
+        _binding.ALLREDUCE, name=name, dtype_code=code, shape=tuple(src.shape),
+        input_ptr=src.data_ptr(), output_ptr=work.data_ptr(), reduce_op=op,
+        prescale=float(prescale_factor), postscale=float(postscale_factor), compression=spec,
+        process_set=pid, keep=(tensor, src, work), finish=finish)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set,
+                    compression=Compression.none):
+    """Starts reducing ``tensor`` over the ranks of ``process_set``; returns a
+    handle for :func:`synchronize`, which returns a new tensor. ``tensor`` must
+    not be modified until then."""
+    op = _resolve_op(op, average, "allreduce_async")
+    return _allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor,
+                            process_set, compression, "allreduce_async")
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set,
+                     compression=Compression.none):
+    """In-place form of :func:`allreduce_async`: ``synchronize`` returns ``tensor``
+    itself, holding the result."""
+    op = _resolve_op(op, average, "allreduce_async_")
+    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor,
+                            process_set, compression, "allreduce_async_")
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set, compression=Compression.none):
+    """Reduces ``tensor`` in place over all ranks and returns it."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set, compression))
+
+
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set, compression):
+        ctx.args = (op, prescale_factor, postscale_factor, process_set)
+        return synchronize(_allreduce_async(tensor, None, name, op, prescale_factor,
+                                            postscale_factor, process_set, compression,
+                                            "allreduce"))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        op, pre, post, ps = ctx.args
+        grad = allreduce(grad_output, op=op, prescale_factor=pre, postscale_factor=post,
+                         process_set=ps)
+        return grad, None, None, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Reduces ``tensor`` over the ranks of ``process_set`` (default: all) with
+    ``op`` (Average, Sum, Min, Max, Product) and returns a new tensor of the same
+    shape, dtype and device; ``tensor`` is not modified. ``compression``
+    (Compression.none, .fp16, .topk(ratio)) runs inside the engine.
+    Differentiable: the gradient is the allreduce of the output's gradient."""
+    op = _resolve_op(op, average, "allreduce")
+    return _Allreduce.apply(tensor, name, op, prescale_factor, postscale_factor, process_set,
+                            compression)
+
+
+def _group_names(name, n):
+    return [f"{name}.{i}" if name else None for i in range(n)]
+
+
+def _check_group(tensors, what):
+    if isinstance(tensors, torch.Tensor) or not hasattr(tensors, "__iter__"):
+        raise exceptions.InvalidArgumentError(f"{what} takes a list of tensors")
+    return list(tensors)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set,
+                            compression=Compression.none):
+    """Starts allreduce of every tensor in the list (``name`` is a base name);
+    one handle, whose ``synchronize`` returns the list of results."""
+    tensors = _check_group(tensors, "grouped_allreduce_async")
+    op = _resolve_op(op, average, "grouped_allreduce_async")
+    handles = [_allreduce_async(t, None, n, op, prescale_factor, postscale_factor, process_set,
+                                compression, "grouped_allreduce_async")
+               for t, n in zip(tensors, _group_names(name, len(tensors)))]
+    return _GroupHandle(handles)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set,
+                             compression=Compression.none):
+    """In-place form of :func:`grouped_allreduce_async`."""
+    tensors = _check_group(tensors, "grouped_allreduce_async_")
+    op = _resolve_op(op, average, "grouped_allreduce_async_")
+    handles = [_allreduce_async(t, t, n, op, prescale_factor, postscale_factor, process_set,
+                                compression, "grouped_allreduce_async_")
+               for t, n in zip(tensors, _group_names(name, len(tensors)))]
+    return _GroupHandle(handles)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set,
+                       compression=Compression.none):
+    """Reduces every tensor in the list in place; returns the list."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set, compression))
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, compression,
+                *tensors):
+        ctx.args = (op, prescale_factor, postscale_factor, process_set)
+        handles = [_allreduce_async(t, None, n, op, prescale_factor, postscale_factor,
+                                    process_set, compression, "grouped_allreduce")
+                   for t, n in zip(tensors, _group_names(name, len(tensors)))]
+        return tuple(synchronize(_GroupHandle(handles)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, pre, post, ps = ctx.args
+        reduced = grouped_allreduce(list(grads), op=op, prescale_factor=pre,
+                                    postscale_factor=post, process_set=ps)
+        return (None,) * 6 + tuple(reduced)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """:func:`allreduce` of every tensor in the list; returns a list of new tensors."""
+    tensors = _check_group(tensors, "grouped_allreduce")
+    op = _resolve_op(op, average, "grouped_allreduce")
+    if not tensors:
+        return []
+    return list(_GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set,
+                                        compression, *tensors))
+
+
+# ---------------------------------------------------------------- allgather
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Starts an allgather; ``synchronize`` returns the concatenation along
+    dimension 0 of every rank's tensor (first dimensions may differ)."""
+    code = _check_tensor(tensor, "allgather_async")
+    src = tensor.contiguous()
+    if src.dim() == 0:
+        src = src.reshape(1)
+    return _binding.enqueue(
+        _binding.ALLGATHER, name=name, dtype_code=code, shape=tuple(src.shape),
+        input_ptr=src.data_ptr(), process_set=process_set_id(process_set),
+        keep=(tensor, src), finish=_engine_tensor(tensor.dtype))
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        ctx.rows = tensor.shape[0] if tensor.dim() else 1
+        ctx.shape = tensor.shape
+        ctx.process_set = process_set
+        return synchronize(allgather_async(tensor, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        ps = ctx.process_set
+        reduced = allreduce(grad_output, op=Average, process_set=ps)
+        rows = synchronize(allgather_async(torch.tensor([ctx.rows], dtype=torch.int64),
+                                           process_set=ps))
+        offset = int(rows[:_set_rank(ps)].sum())
+        return reduced.narrow(0, offset, ctx.rows).reshape(ctx.shape), None, None
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Concatenates every rank's ``tensor`` along dimension 0; the other
+    dimensions must agree. Returns a new tensor; differentiable."""
+    _check_tensor(tensor, "allgather")
+    return _Allgather.apply(tensor, name, process_set)
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Starts an allgather of every tensor in the list; one handle."""
+    tensors = _check_group(tensors, "grouped_allgather_async")
+    return _GroupHandle([allgather_async(t, n, process_set)
+                         for t, n in zip(tensors, _group_names(name, len(tensors)))])
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.rows = [t.shape[0] if t.dim() else 1 for t in tensors]
+        ctx.shapes = [t.shape for t in tensors]
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ps = ctx.process_set
+        reduced = grouped_allreduce(list(grads), op=Average, process_set=ps)
+        rows = synchronize(allgather_async(torch.tensor(ctx.rows, dtype=torch.int64).reshape(1, -1),
+                                           process_set=ps))
+        offsets = rows[:_set_rank(ps)].sum(dim=0)
+        return (None, None) + tuple(g.narrow(0, int(o), n).reshape(shape) for g, o, n, shape
+                                    in zip(reduced, offsets, ctx.rows, ctx.shapes))
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """:func:`allgather` of every tensor in the list; returns a list."""
+    tensors = _check_group(tensors, "grouped_allgather")
+    if not tensors:
+        return []
+    for t in tensors:
+        _check_tensor(t, "grouped_allgather")
+    return list(_GroupedAllgather.apply(name, process_set, *tensors))
+
+
+# ---------------------------------------------------------------- broadcast
+
+def _broadcast_async(tensor, inplace, root_rank, name, process_set, what):
+    code = _check_tensor(tensor, what)
+    root = _set_root(root_rank, process_set, what)
+    src = tensor if tensor.is_contiguous() else tensor.contiguous()
+    work = src if inplace else torch.empty_like(src, memory_format=torch.contiguous_format)
+
+    def finish(_handle_id):
+        if inplace and work is not tensor:
+            with torch.no_grad():
+                tensor.copy_(work)
+            return tensor
+        return work
+
+    return _binding.enqueue(
+        _binding.BROADCAST, name=name, dtype_code=code, shape=tuple(src.shape),
+        input_ptr=src.data_ptr(), output_ptr=work.data_ptr(), root_rank=root,
+        process_set=process_set_id(process_set), keep=(tensor, src, work), finish=finish)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts a broadcast of ``root_rank``'s tensor (a global rank);
+    ``synchronize`` returns a new tensor."""
+    return _broadcast_async(tensor, False, root_rank, name, process_set, "broadcast_async")
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In-place form of :func:`broadcast_async`: non-root ranks' ``tensor`` is overwritten."""
+    return _broadcast_async(tensor, True, root_rank, name, process_set, "broadcast_async_")
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """Overwrites ``tensor`` with ``root_rank``'s value on every rank; returns it."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank = root_rank
+        ctx.process_set = process_set
+        return synchronize(_broadcast_async(tensor, False, root_rank, name, process_set,
+                                            "broadcast"))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output, op=Average, process_set=ctx.process_set)
+        if hvdlite.rank() != ctx.root_rank:
+            grad = grad * 0
+        return grad, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """Returns ``root_rank``'s ``tensor`` on every rank (``root_rank`` is a global
+    rank, also with a process set); ``tensor`` is not modified. Differentiable."""
+    _check_tensor(tensor, "broadcast")
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
+
+
+# ---------------------------------------------------------------- alltoall
+
+def _splits_list(splits, what):
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        splits = splits.detach().cpu().reshape(-1).tolist()
+    try:
+        return [int(s) for s in splits]
+    except (TypeError, ValueError):
+        raise exceptions.InvalidArgumentError(
+            f"{what}: splits must be a list or tensor of ints, not {splits!r}") from None
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Starts an alltoall; ``synchronize`` returns (received rows, int32 tensor
+    of rows received from each rank)."""
+    code = _check_tensor(tensor, "alltoall_async")
+    split_list = _splits_list(splits, "alltoall_async")
+    src = tensor.contiguous()
+    pid = process_set_id(process_set)
+    data = _engine_tensor(tensor.dtype)
+
+    def finish(handle_id):
+        received = _binding.received_splits(handle_id, _binding.lib.hvd_process_set_size(pid))
+        return data(handle_id), torch.tensor(received, dtype=torch.int32)
+
+    return _binding.enqueue(
+        _binding.ALLTOALL, name=name, dtype_code=code, shape=tuple(src.shape),
+        input_ptr=src.data_ptr(), splits=split_list, process_set=pid, keep=(tensor, src),
+        finish=finish)
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.received = received
+        ctx.process_set = process_set
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad_output, _grad_splits):
+        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received,
+                                             process_set=ctx.process_set))
+        return grad, None, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Sends ``splits[i]`` rows of ``tensor`` (in order) to rank i and returns
+    the rows received, concatenated in rank order. Without ``splits`` the first
+    dimension is divided equally and only the tensor is returned; with
+    ``splits`` it returns (tensor, int32 tensor of rows received from each
+    rank), as Horovod does. Differentiable."""
+    _check_tensor(tensor, "alltoall")
+    split_list = _splits_list(splits, "alltoall")
+    output, received = _Alltoall.apply(tensor, split_list, name, process_set)
+    return output if splits is None else (output, received)
+
+
+# ---------------------------------------------------------------- reducescatter
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0, compression=Compression.none):
+    """Starts a reducescatter; ``synchronize`` returns this rank's block of rows."""
+    code = _check_tensor(tensor, "reducescatter_async")
+    op = _resolve_op(op, None, "reducescatter_async")
+    src = tensor.contiguous()
+    return _binding.enqueue(
+        _binding.REDUCESCATTER, name=name, dtype_code=code, shape=tuple(src.shape),
+        input_ptr=src.data_ptr(), reduce_op=op, prescale=float(prescale_factor),
+        postscale=float(postscale_factor), compression=as_spec(compression),
+        process_set=process_set_id(process_set), keep=(tensor, src),
+        finish=_engine_tensor(tensor.dtype))
+
+
+def _reducescatter_grad(grad, op, pre, post, ps):
+    gathered = allgather(grad.contiguous(), process_set=ps)
+    factor = pre * post / (_set_size(ps) if op == Average else 1)
+    return gathered * factor if factor != 1 else gathered
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor,
+                compression):
+        ctx.args = (op, prescale_factor, postscale_factor, process_set)
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                               postscale_factor, compression))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        op, pre, post, ps = ctx.args
+        return _reducescatter_grad(grad_output, op, pre, post, ps), None, None, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces ``tensor`` over the ranks and returns this rank's block of rows
+    of the result: dimension 0 is split as evenly as possible, earlier ranks
+    taking one more row when it does not divide. Differentiable."""
+    op = _resolve_op(op, None, "reducescatter")
+    _check_tensor(tensor, "reducescatter")
+    return _Reducescatter.apply(tensor, name, op, process_set, prescale_factor, postscale_factor,
+                                compression)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0,
+                                compression=Compression.none):
+    tensors = _check_group(tensors, "grouped_reducescatter_async")
+    return _GroupHandle([reducescatter_async(t, n, op, process_set, prescale_factor,
+                                             postscale_factor, compression)
+                         for t, n in zip(tensors, _group_names(name, len(tensors)))])
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, compression,
+                *tensors):
+        ctx.args = (op, prescale_factor, postscale_factor, process_set)
+        return tuple(synchronize(grouped_reducescatter_async(
+            list(tensors), name, op, process_set, prescale_factor, postscale_factor, compression)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, pre, post, ps = ctx.args
+        return (None,) * 6 + tuple(_reducescatter_grad(g, op, pre, post, ps) for g in grads)
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """:func:`reducescatter` of every tensor in the list; returns a list."""
+    tensors = _check_group(tensors, "grouped_reducescatter")
+    op = _resolve_op(op, None, "grouped_reducescatter")
+    if not tensors:
+        return []
+    for t in tensors:
+        _check_tensor(t, "grouped_reducescatter")
+    return list(_GroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                            postscale_factor, compression, *tensors))
+
+
+# ---------------------------------------------------------------- control
+
+def barrier(process_set=global_process_set):
+    """Returns once every rank of the set has called barrier()."""
+    hvdlite.barrier(process_set=process_set)
+
+
+def join(device=-1, process_set=None):
+    """Tells the other ranks this rank has run out of data: until every rank
+    has joined, this rank takes part in their allreduces with zeros. Blocks
+    until all ranks have joined and returns the rank that joined last.
+    ``device`` is accepted for Horovod compatibility (CPU only)."""
+    if device not in (-1, None) and not hvdlite.cuda_built():
+        raise exceptions.InvalidArgumentError(
+            f"join(device={device}): hvdlite was built without GPU support; use device=-1")
+    engine_join = getattr(hvdlite, "join", None)
+    if engine_join is None:
+        raise NotImplementedError(
+            "join() needs hvdlite.join() from the engine, which this build does not have yet")
+    if process_set is None:
+        return int(engine_join())
+    return int(engine_join(process_set=process_set))
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing a Chrome-trace timeline (rank 0 writes the file)."""
+    fn = getattr(hvdlite, "start_timeline", None)
+    if fn is None:
+        raise NotImplementedError(
+            "start_timeline() needs hvdlite.start_timeline() from the engine, which this build "
+            "does not have yet; set HVDLITE_TIMELINE=<file> before starting instead")
+    return fn(file_path, mark_cycles=mark_cycles)
+
+
+def stop_timeline():
+    """Stops the timeline started by :func:`start_timeline` and closes the file."""
+    fn = getattr(hvdlite, "stop_timeline", None)
+    if fn is None:
+        raise NotImplementedError(
+            "stop_timeline() needs hvdlite.stop_timeline() from the engine, which this build "
+            "does not have yet")
+    return fn()

@@ -1,0 +1,453 @@
+"""DistributedOptimizer: averages gradients across ranks while backward runs.
+
+Each parameter gets a post-accumulate-grad hook. When its gradient is final
+for this step, the hook hands ``p.grad`` (in place, no copy) to the engine,
+so the reduction of late layers runs while autograd is still computing the
+early ones. ``step()`` then waits only for the reductions that have not
+finished yet. Fusion, negotiation and compression all happen in the engine.
+"""
+import warnings
+from contextlib import contextmanager
+
+import torch
+
+import hvdlite
+from hvdlite import exceptions
+from hvdlite.compression import Compression, as_spec
+from hvdlite.process_sets import global_process_set, process_set_id
+
+from . import mpi_ops
+from .mpi_ops import Adasum, Average, _DTYPE_CODES, _binding, _resolve_op
+
+
+class OptimizerMisuseError(exceptions.HvdliteError, AssertionError):
+    """The training loop used DistributedOptimizer in a way that would give
+    wrong or rank-divergent results (e.g. more backward passes than declared,
+    or zero_grad() while reductions are in flight). It is also an
+    AssertionError, which is what Horovod raises in these cases."""
+
+
+def _find_duplicates(names):
+    seen, dups = set(), []
+    for n in names:
+        if n in seen and n not in dups:
+            dups.append(n)
+        seen.add(n)
+    return dups
+
+
+def _split_evenly(items, n):
+    n = max(1, min(n, len(items))) if items else 1
+    base, extra = divmod(len(items), n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + base + (1 if i < extra else 0)
+        if end > start:
+            out.append(tuple(items[start:end]))
+        start = end
+    return out
+
+
+class _DistributedOptimizer:
+    """Mixin placed in front of the wrapped optimizer's class (see
+    :func:`DistributedOptimizer`). ``super()`` reaches the real optimizer."""
+
+    # -------------------------------------------------------------- setup
+    def _hvd_setup(self, named_parameters, compression, backward_passes_per_step, op,
+                   gradient_predivide_factor, groups, sparse_as_dense, process_set):
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [(f"allreduce.noname.{i}.{j}", p)
+                                for i, group in enumerate(self.param_groups)
+                                for j, p in enumerate(group["params"])]
+        if any(not isinstance(item, tuple) or len(item) != 2 for item in named_parameters):
+            raise exceptions.InvalidArgumentError(
+                "named_parameters must be a sequence of (name, parameter) tuples, usually "
+                "model.named_parameters()")
+        dups = _find_duplicates([name for name, _ in named_parameters])
+        if dups:
+            raise exceptions.InvalidArgumentError(
+                "parameter names in named_parameters must be unique; duplicates: " + ", ".join(dups))
+        named_ids = {id(p) for _, p in named_parameters}
+        unnamed = [p for group in self.param_groups for p in group["params"]
+                   if id(p) not in named_ids]
+        if unnamed:
+            shapes = ", ".join(str(tuple(p.shape)) for p in unnamed[:5])
+            raise exceptions.InvalidArgumentError(
+                f"named_parameters was given, but {len(unnamed)} parameter(s) of the optimizer are "
+                f"not in it (shapes {shapes}); pass model.named_parameters() of the model that "
+                "owns every optimized parameter")
+        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+            raise exceptions.InvalidArgumentError(
+                f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
+
+        self._hvd_names = {p: name for name, p in named_parameters}
+        self._hvd_compression = compression
+        self._hvd_spec = as_spec(compression)
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self.process_set = process_set
+        self._hvd_pid = process_set_id(process_set)
+        self._allreduce_delay = {p: backward_passes_per_step for _, p in named_parameters}
+        self._handles = {}          # param or group tuple -> (handle or None, ctx)
+        self._hook_handles = []
+        self._requires_update = set()
+        self._synchronized = False
+        self._should_synchronize = True
+        self._groups = groups
+        self._p_to_group = {}
+        self._group_counts = {}
+        self._hooked = False
+        member = process_set.included() if hasattr(process_set, "included") else True
+        if member and mpi_ops._set_size(process_set) > 1:
+            self._register_hooks()
+
+    def _register_hooks(self):
+        params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        if self._groups is not None:
+            # Group membership must be the same everywhere: order by rank 0's names.
+            from .functions import broadcast_object
+            order = broadcast_object([self._hvd_names[p] for p in params], root_rank=0,
+                                     name="DistributedOptimizer.groups",
+                                     process_set=self.process_set)
+            position = {name: i for i, name in enumerate(order)}
+            params.sort(key=lambda p: position.get(self._hvd_names[p], len(position)))
+            if isinstance(self._groups, int):
+                p_groups = _split_evenly(params, self._groups)
+            else:
+                wanted = {id(p) for p in params}
+                p_groups, seen = [], set()
+                for g in self._groups:
+                    members = tuple(p for p in g if id(p) in wanted)
+                    if members:
+                        p_groups.append(members)
+                    seen.update(id(p) for p in members)
+                p_groups += [(p,) for p in params if id(p) not in seen]
+            for g in p_groups:
+                for p in g:
+                    self._p_to_group[p] = g
+                self._group_counts[g] = 0
+        for p in params:
+            self._requires_update.add(p)
+            self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+        self._hooked = True
+
+    # -------------------------------------------------------------- hooks
+    def _make_hook(self, p):
+        def hook(_param):
+            if self._allreduce_delay[p] <= 0:
+                raise OptimizerMisuseError(
+                    f"the gradient of '{self._hvd_names[p]}' was computed more than "
+                    f"backward_passes_per_step={self.backward_passes_per_step} times before "
+                    "step(); call optimizer.step() (or synchronize()) after every "
+                    f"{self.backward_passes_per_step} backward pass(es), or raise "
+                    "backward_passes_per_step to accumulate more gradients locally")
+            if p.grad is not None and p.grad.requires_grad:
+                raise OptimizerMisuseError(
+                    f"the gradient of '{self._hvd_names[p]}' requires grad (backward with "
+                    "create_graph=True); DistributedOptimizer cannot reduce such gradients")
+            self._allreduce_delay[p] -= 1
+            handle, ctx = None, None
+            if self._allreduce_delay[p] == 0:
+                if self._groups is not None:
+                    group = self._p_to_group[p]
+                    self._group_counts[group] += 1
+                    if self._group_counts[group] == len(group):
+                        for gp in group:
+                            self._handles.pop(gp, None)
+                        self._handles[group] = ([self._allreduce_grad_async(gp) for gp in group],
+                                                None)
+                        self._group_counts[group] = 0
+                        return
+                else:
+                    handle, ctx = self._allreduce_grad_async(p)
+            self._handles[p] = (handle, ctx)
+        return hook
+
+    def _scales(self):
+        if self.op == Average and self.gradient_predivide_factor != 1.0:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _allreduce_grad_async(self, p):
+        if p.grad is None:
+            # This rank did not use p, but another rank may have: every rank
+            # must submit the same names, so reduce zeros (as Horovod does).
+            p.grad = torch.zeros_like(p)
+        name = self._hvd_names[p]
+        grad = p.grad
+        if grad.is_sparse:
+            if self.sparse_as_dense:
+                dense = grad.to_dense()
+                return self._enqueue_dense(dense, name), ("dense_to_sparse", dense)
+            return self._sparse_allreduce_async(grad, name), ("sparse", None)
+        return self._enqueue_dense(grad, name), None
+
+    def _enqueue_dense(self, grad, name):
+        pre, post = self._scales()
+        if not grad.is_contiguous() and grad.device.type == "cpu" and \
+                grad.dtype in _DTYPE_CODES and _is_dense_block(grad):
+            # e.g. channels_last parameters: the gradient is one dense block in
+            # another order. Allreduce is elementwise and every rank has the
+            # same layout, so reduce the block in place as a flat buffer.
+            flat = grad.as_strided((grad.numel(),), (1,))
+            return mpi_ops._allreduce_async(flat, flat, name, self.op, pre, post,
+                                            self.process_set, self._hvd_compression,
+                                            "DistributedOptimizer")
+        return mpi_ops._allreduce_async(grad, grad, name, self.op, pre, post, self.process_set,
+                                        self._hvd_compression, "DistributedOptimizer")
+
+    def _sparse_allreduce_async(self, grad, name):
+        grad = grad.coalesce()
+        indices_h = mpi_ops.allgather_async(grad.indices().t().contiguous(),
+                                            name=f"{name}.indices", process_set=self.process_set)
+        values_h = mpi_ops.allgather_async(grad.values().contiguous(), name=f"{name}.values",
+                                           process_set=self.process_set)
+        shape, op, n = grad.shape, self.op, mpi_ops._set_size(self.process_set)
+        return mpi_ops._GroupHandle(
+            [indices_h, values_h],
+            combine=lambda r: torch.sparse_coo_tensor(
+                r[0].t(), r[1] / n if op == Average else r[1], shape).coalesce())
+
+    # -------------------------------------------------------------- sync
+    def synchronize(self):
+        """Waits until every gradient has been reduced (starting the reductions
+        that have not started: parameters whose hook did not fire on this rank
+        reduce zeros). Call it before gradient clipping or GradScaler.unscale_,
+        then ``step()`` inside :meth:`skip_synchronize`."""
+        if not self._hooked:
+            self._synchronized = True
+            return
+        started = set()
+        for key in self._handles:
+            started.update(key if isinstance(key, tuple) else (key,))
+        try:
+            for p in self._requires_update:
+                if p not in started:
+                    self._handles[p] = self._allreduce_grad_async(p)
+            for key, (handle, ctx) in list(self._handles.items()):
+                if handle is None:
+                    self._handles[key] = self._allreduce_grad_async(key)
+            first_error = None
+            for key, (handle, ctx) in self._handles.items():
+                try:
+                    if isinstance(key, tuple):
+                        for gp, (h, gctx) in zip(key, handle):
+                            self._finish(gp, h, gctx)
+                    else:
+                        self._finish(key, handle, ctx)
+                except exceptions.HvdliteError as e:
+                    first_error = first_error or e
+            if first_error is not None:
+                raise first_error
+        finally:
+            self._handles.clear()
+            for p in self._allreduce_delay:
+                self._allreduce_delay[p] = self.backward_passes_per_step
+            for g in self._group_counts:
+                self._group_counts[g] = 0
+        self._synchronized = True
+
+    @staticmethod
+    def _finish(p, handle, ctx):
+        out = handle.wait()
+        if ctx is None:
+            return  # reduced in place into p.grad
+        kind, dense = ctx
+        if kind == "dense_to_sparse":
+            p.grad = dense.to_sparse()
+        else:
+            p.grad = out
+
+    @contextmanager
+    def skip_synchronize(self):
+        """Inside this block ``step()`` does not synchronize; use after an
+        explicit :meth:`synchronize`::
+
+            optimizer.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        """
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None, **kwargs):
+        if closure is not None and self._hooked:
+            # The closure runs backward inside step(): reduce after it.
+            user_closure = closure
+
+            def closure():
+                with torch.enable_grad():
+                    loss = user_closure()
+                self.synchronize()
+                return loss
+            if self._should_synchronize and self._handles:
+                self.synchronize()
+        elif self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "optimizer.step() was called after optimizer.synchronize() outside "
+                    "optimizer.skip_synchronize(); the gradients are reduced again, which is "
+                    "slower. Wrap step() in `with optimizer.skip_synchronize():`", stacklevel=2)
+            self.synchronize()
+        self._synchronized = False
+        if closure is None:
+            return super().step(**kwargs)
+        return super().step(closure, **kwargs)
+
+    def zero_grad(self, set_to_none=True):
+        if self._handles:
+            raise OptimizerMisuseError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(): the gradients are still being "
+                "reduced (or accumulated over backward_passes_per_step). Call zero_grad() "
+                "before backward() or after step()")
+        return super().zero_grad(set_to_none=set_to_none)
+
+    def _hvd_reset(self):
+        self._handles.clear()
+        self._synchronized = False
+        self._should_synchronize = True
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        for g in self._group_counts:
+            self._group_counts[g] = 0
+
+    def load_state_dict(self, state_dict):
+        self._hvd_reset()
+        return super().load_state_dict(state_dict)
+
+    def set_backward_passes_per_step(self, passes):
+        if not isinstance(passes, int) or passes < 1:
+            raise exceptions.InvalidArgumentError(
+                f"backward_passes_per_step must be an int >= 1, got {passes!r}")
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    def remove_hooks(self):
+        """Detaches the gradient hooks (the optimizer then no longer reduces)."""
+        for h in self._hook_handles:
+            h.remove()
+        self._hook_handles = []
+        self._hooked = False
+
+
+# torch.optim.Optimizer wraps a class's step() for profiling and step hooks
+# the first time an instance is built; the wrapped optimizer's own step()
+# (reached through super()) already is, so ours must not be wrapped again.
+_DistributedOptimizer.step.hooked = True
+
+
+def _is_dense_block(t):
+    # Non-overlapping and dense: the strides are a permutation of a
+    # contiguous layout's.
+    dims = sorted((s, n) for s, n in zip(t.stride(), t.shape) if n != 1)
+    expected = 1
+    for stride, n in dims:
+        if stride != expected:
+            return False
+        expected *= n
+    return True
+
+
+_CLASSES = {}
+
+
+def _distributed_class(base):
+    cls = _CLASSES.get(base)
+    if cls is None:
+        cls = type(base.__name__, (_DistributedOptimizer, base),
+                   {"__module__": __name__, "__qualname__": base.__qualname__,
+                    "__doc__": base.__doc__})
+        _CLASSES[base] = cls
+    return cls
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set):
+    """Wraps a ``torch.optim`` optimizer so that gradients are averaged over
+    the ranks of ``process_set`` before each ``step()``.
+
+    The result is an instance of the optimizer's own class (``isinstance``,
+    ``state_dict``, LR schedulers and GradScaler work as before) that shares
+    its parameter groups, state and hyperparameters.
+
+    Arguments:
+        optimizer: any ``torch.optim.Optimizer``.
+        named_parameters: ``model.named_parameters()``; the names key the
+            reductions, so they must be the same on every rank. Without it,
+            names are made from the parameter's position in its group.
+        compression: ``Compression.none`` (default), ``Compression.fp16``, or
+            ``Compression.topk(ratio, error_feedback=True)``; runs in the engine.
+        backward_passes_per_step: reduce once every k backward passes
+            (gradient accumulation); ``step()`` after each k.
+        op: ``Average`` (default) or ``Sum`` (or Min/Max/Product).
+        gradient_predivide_factor: with Average, divide by f before the sum
+            and by size/f after it (for fp16 range).
+        num_groups / groups: reduce parameters in groups (an int, or a list
+            of lists of parameters); a group starts when all its gradients
+            are ready. The engine fuses across groups anyway.
+        sparse_as_dense: reduce sparse gradients as dense tensors instead of
+            allgathering their indices and values.
+        process_set: reduce only over these ranks.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise exceptions.InvalidArgumentError(
+            "DistributedOptimizer() wraps a torch.optim.Optimizer, not "
+            f"{type(optimizer).__module__}.{type(optimizer).__name__}")
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise exceptions.InvalidArgumentError(
+            "this optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
+    if op == Adasum:
+        raise NotImplementedError("DistributedOptimizer: Adasum is not implemented in hvdlite; "
+                                  "use op=hvdlite.torch.Average")
+    op = _resolve_op(op, None, "DistributedOptimizer")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise exceptions.InvalidArgumentError(
+            "gradient_predivide_factor is only meaningful with op=Average")
+    if not gradient_predivide_factor or gradient_predivide_factor != gradient_predivide_factor:
+        raise exceptions.InvalidArgumentError(
+            f"gradient_predivide_factor must be a non-zero number, got {gradient_predivide_factor!r}")
+    if num_groups:
+        warnings.warn("num_groups is deprecated (as in Horovod); use groups=", DeprecationWarning,
+                      stacklevel=2)
+        if groups is None:
+            groups = num_groups
+    if groups is not None:
+        if isinstance(groups, bool) or not isinstance(groups, (int, list)) or \
+                (isinstance(groups, int) and groups <= 0):
+            raise exceptions.InvalidArgumentError(
+                "groups must be a positive int or a list of lists of parameters")
+        if isinstance(groups, list):
+            seen = set()
+            for g in groups:
+                for p in g:
+                    if not isinstance(p, torch.Tensor):
+                        raise exceptions.InvalidArgumentError("groups must contain torch tensors")
+                    if id(p) in seen:
+                        raise exceptions.InvalidArgumentError(
+                            "a parameter may appear in only one group")
+                    seen.add(id(p))
+    as_spec(compression)  # clear error for a bad compression argument
+    if process_set is None:
+        process_set = global_process_set
+    cls = _distributed_class(type(optimizer))
+    wrapped = cls.__new__(cls)
+    # Share the optimizer's groups, state and settings. Instance attributes
+    # that shadow our methods (an LR scheduler patches ``opt.step``) are left
+    # behind, or step() would bypass the reduction.
+    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items()
+                             if not callable(getattr(_DistributedOptimizer, k, None))})
+    wrapped._hvd_setup(named_parameters, compression, backward_passes_per_step, op,
+                       gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    return wrapped
