@@ -1,0 +1,419 @@
+"""Reads, merges and summarises hvdlite timeline files (Chrome trace event JSON).
+
+Each rank writes its own file (``HVDLITE_TIMELINE=/tmp/tl-%r.json``) in the
+JSON array format: ``[`` and then one event per line, the closing ``]`` only
+after a clean stop. ``merge`` joins the per-rank files into one trace with a
+process per rank on a common clock; ``stragglers`` says which rank keeps the
+others waiting in negotiation.
+
+    python -m hvdlite.timeline merge -o merged.json /tmp/tl-0.json /tmp/tl-1.json
+    python -m hvdlite.timeline merge -o merged.json '/tmp/tl-%r.json' --ranks 4
+    python -m hvdlite.timeline merge -o merged.json '/tmp/tl-*.json'
+    python -m hvdlite.timeline summarize merged.json
+    python -m hvdlite.timeline stragglers merged.json
+
+Only the standard library is used, so the tool runs where the trace is
+looked at, not only where hvdlite is installed (``python timeline.py ...``).
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+
+__all__ = ["load", "merge", "summarize", "stragglers"]
+
+# Phase names that mean "this rank is ready and waits for the others".
+NEGOTIATE_PREFIX = "NEGOTIATE"
+LAG_COUNTER = "negotiate lateness (ms)"
+_META_PROCESS = ("process_name", "process_sort_index", "process_labels")
+
+
+def _load(path):
+    """Returns (events, truncated) for a per-rank or merged trace file.
+
+    A file cut by a kill is an array without its ``]``, maybe ending in half
+    an event: every whole event up to the cut is kept.
+    """
+    with open(path, "rb") as f:
+        text = f.read().decode("utf-8", errors="replace")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        return list(data.get("traceEvents", [])), False
+    if isinstance(data, list):
+        return data, False
+    start = text.find("[")
+    if start < 0 or text[:start].strip():
+        raise ValueError(f"{path}: not a Chrome trace (expected a JSON array or object)")
+    decoder = json.JSONDecoder()
+    events, pos, n = [], start + 1, len(text)
+    while True:
+        while pos < n and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= n or text[pos] == "]":
+            break
+        try:
+            event, pos = decoder.raw_decode(text, pos)
+        except ValueError:
+            break  # the partial last event of a killed writer
+        if isinstance(event, dict):
+            events.append(event)
+    return events, True
+
+
+def load(path):
+    """The list of trace events in ``path``; tolerates a missing final ``]``
+    and a trailing partial event (a rank killed while writing)."""
+    return _load(path)[0]
+
+
+def _file_rank(events, default):
+    counts = {}
+    for e in events:
+        pid = e.get("pid")
+        if isinstance(pid, int):
+            counts[pid] = counts.get(pid, 0) + 1
+    if not counts:
+        return default
+    return max(counts, key=lambda p: (counts[p], -p))
+
+
+def _pid_key(pid):
+    # Ranks in numeric order; anything else (a foreign trace's pids) after them.
+    return (0, pid, "") if isinstance(pid, int) else (1, 0, str(pid))
+
+
+def _natural_key(path):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path)]
+
+
+def expand_inputs(inputs, ranks=None):
+    """Paths from the command line: plain paths, glob patterns, or one
+    ``%r`` pattern with ``ranks``."""
+    paths = []
+    for item in inputs:
+        if "%r" in item:
+            if ranks is None:
+                raise ValueError(f"{item!r} has %r: give the number of ranks with --ranks N")
+            paths.extend(item.replace("%r", str(r)) for r in range(ranks))
+        elif any(c in item for c in "*?["):
+            found = sorted(glob.glob(item), key=_natural_key)
+            if not found:
+                raise ValueError(f"no file matches {item!r}")
+            paths.extend(found)
+        else:
+            paths.append(item)
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if missing:
+        raise ValueError("missing timeline file(s): " + ", ".join(missing))
+    return paths
+
+
+class _Rank:
+    """One process of the trace: its pid (rank), label, events, origin."""
+
+    def __init__(self, pid, label, events, truncated, path):
+        self.pid, self.label, self.events = pid, label, events
+        self.truncated, self.path = truncated, path
+
+
+def _per_rank(paths):
+    """[_Rank], one per process found; a merged file contributes one per pid
+    in it. Two files claiming the same rank (say two runs' rank-0 files) are
+    both kept under distinct pids and labelled with their file names."""
+    out, used = [], set()
+    for i, path in enumerate(paths):
+        events, truncated = _load(path)
+        pids = {e.get("pid") for e in events if "pid" in e}
+        if len(pids) > 1:  # already merged: split it back into its ranks
+            groups = {}
+            for e in events:
+                groups.setdefault(e.get("pid"), []).append(e)
+            for pid in sorted(groups, key=_pid_key):
+                label = next((str((e.get("args") or {}).get("name")) for e in groups[pid]
+                              if e.get("ph") == "M" and e.get("name") == "process_name"),
+                             f"rank {pid}")
+                out.append(_Rank(pid, label, groups[pid], truncated, path))
+                used.add(pid)
+            continue
+        rank = _file_rank(events, i)
+        label = f"rank {rank}"
+        if rank in used:
+            label = f"rank {rank} ({os.path.basename(path)})"
+            rank = max([r for r in used if isinstance(r, int)] + [len(paths) - 1]) + 1
+        used.add(rank)
+        out.append(_Rank(rank, label, events, truncated, path))
+    return out
+
+
+def _rows(events):
+    """tid -> row (tensor) name, from thread_name metadata."""
+    names = {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            names[e.get("tid")] = (e.get("args") or {}).get("name", str(e.get("tid")))
+    return names
+
+
+def _negotiate_begins(ranked):
+    """{tensor: [(ts, rank)]} for the Begin of each NEGOTIATE* phase."""
+    begins = {}
+    for r in ranked:
+        names = _rows(r.events)
+        for e in r.events:
+            if e.get("ph") == "B" and str(e.get("name", "")).startswith(NEGOTIATE_PREFIX):
+                tensor = names.get(e.get("tid"), str(e.get("tid")))
+                begins.setdefault(tensor, []).append((e["ts"], r.pid))
+    return begins
+
+
+def _rounds(begins, nranks):
+    """Splits one tensor's NEGOTIATE begins (all ranks) into rounds: a rank
+    cannot negotiate a tensor again before every rank negotiated it once
+    (the collective needs them all), so a rank seen twice opens a new round.
+    Yields complete rounds as {rank: ts}."""
+    current = {}
+    for ts, rank in sorted(begins):
+        if rank in current:
+            if len(current) == nranks:
+                yield current
+            current = {}
+        current[rank] = ts
+    if len(current) == nranks:
+        yield current
+
+
+def merge(paths, out_path, lag_counters=True):
+    """Joins per-rank timeline files into one Chrome trace written to
+    ``out_path`` and returns its ``otherData``. Every input becomes a process
+    (pid = rank, named "rank N", sorted by rank); rows per tensor are kept;
+    timestamps (system-clock microseconds) are shifted so the earliest event
+    is at 0. Rows a kill left open are closed at the file's last event. With
+    ``lag_counters``, a counter track per rank shows how late it entered each
+    NEGOTIATE compared with the first rank: a straggler's graph stands out."""
+    ranked = _per_rank(paths)
+    all_ts = [e["ts"] for r in ranked for e in r.events
+              if e.get("ph") != "M" and isinstance(e.get("ts"), (int, float))]
+    t0 = min(all_ts) if all_ts else 0
+    out_events, files = [], []
+    for r in ranked:
+        rank, events, truncated, path = r.pid, r.events, r.truncated, r.path
+        out_events.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
+                           "args": {"name": r.label}})
+        out_events.append({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0,
+                           "args": {"sort_index": rank if isinstance(rank, int) else 1 << 30}})
+        depth, last_ts, count = {}, None, 0
+        for e in events:
+            if e.get("ph") == "M" and e.get("name") in _META_PROCESS:
+                continue
+            e = dict(e)
+            e["pid"] = rank
+            if "ts" in e and isinstance(e["ts"], (int, float)):
+                e["ts"] = e["ts"] - t0
+                last_ts = e["ts"] if last_ts is None else max(last_ts, e["ts"])
+            if e.get("ph") == "B":
+                depth[e.get("tid")] = depth.get(e.get("tid"), 0) + 1
+            elif e.get("ph") == "E":
+                depth[e.get("tid")] = depth.get(e.get("tid"), 0) - 1
+            if e.get("ph") != "M":
+                count += 1
+            out_events.append(e)
+        cut_rows = 0
+        for tid, d in depth.items():
+            for _ in range(max(d, 0)):
+                out_events.append({"ph": "E", "pid": rank, "tid": tid, "ts": last_ts or 0,
+                                   "args": {"unfinished": True}})
+                cut_rows += 1
+        if truncated and last_ts is not None:
+            out_events.append({"name": "TRACE_CUT", "ph": "i", "s": "p", "pid": rank, "tid": 0,
+                               "ts": last_ts,
+                               "args": {"note": "this rank's file ends here without its closing "
+                                                "bracket: the process was killed or is still "
+                                                "running", "open_phases_closed": cut_rows}})
+        files.append({"path": path, "rank": rank, "events": count, "truncated": truncated,
+                      "open_phases_closed": cut_rows})
+
+    nranks = len(ranked)
+    rounds_total = 0
+    if lag_counters and nranks > 1:
+        for tensor, begins in _negotiate_begins(ranked).items():
+            for rnd in _rounds(begins, nranks):
+                first = min(rnd.values())
+                rounds_total += 1
+                for rank, ts in rnd.items():
+                    out_events.append({"name": LAG_COUNTER, "ph": "C", "pid": rank, "ts": ts - t0,
+                                       "args": {"ms": round((ts - first) / 1000.0, 3)}})
+
+    other = {
+        "tool": "hvdlite.timeline merge",
+        "clock": "system_clock microseconds since the UNIX epoch, anchored when each rank started "
+                 "its timeline; ranks on one host share it, across hosts it is as good as NTP",
+        "epoch_offset_us": t0,
+        "ranks": nranks,
+        "negotiation_rounds": rounds_total,
+        "files": files,
+    }
+    _write_trace(out_events, other, out_path)
+    return other
+
+
+def _write_trace(events, other, out_path):
+    # One event per line: diffable, greppable, and no giant single string.
+    tmp = out_path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write('{"traceEvents": [\n')
+        for i, e in enumerate(events):
+            if i:
+                f.write(",\n")
+            f.write(json.dumps(e, separators=(",", ":"), ensure_ascii=False))
+        f.write('\n],\n"displayTimeUnit": "ms",\n"otherData": ')
+        f.write(json.dumps(other, ensure_ascii=False))
+        f.write("}\n")
+    os.replace(tmp, out_path)
+
+
+def summarize(paths):
+    """Time per phase, per rank and tensor, from B/E pairs (instant events
+    are counted). Returns {rank: {"phases": {phase: {"total_us", "count"}},
+    "tensors": {tensor: {phase: total_us}}, "truncated": bool}}. ``paths`` is
+    one file (per-rank or merged) or a list of them."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    result = {}
+    for r in _per_rank(list(paths)):
+        rank, events, truncated = r.pid, r.events, r.truncated
+        names = _rows(events)
+        stacks, phases, tensors = {}, {}, {}
+        for e in events:
+            ph, tid = e.get("ph"), e.get("tid")
+            if ph == "B":
+                stacks.setdefault(tid, []).append((e.get("name", ""), e.get("ts", 0)))
+            elif ph == "E" and stacks.get(tid):
+                name, ts = stacks[tid].pop()
+                dur = e.get("ts", ts) - ts
+                p = phases.setdefault(name, {"total_us": 0, "count": 0})
+                p["total_us"] += dur
+                p["count"] += 1
+                t = tensors.setdefault(names.get(tid, str(tid)), {})
+                t[name] = t.get(name, 0) + dur
+            elif ph in ("i", "I"):
+                p = phases.setdefault(e.get("name", ""), {"total_us": 0, "count": 0})
+                p["count"] += 1
+        result[rank] = {"phases": phases, "tensors": tensors, "truncated": truncated}
+    return result
+
+
+def stragglers(paths):
+    """Who enters negotiation last. ``paths``: one merged file or the
+    per-rank files. Returns {"ranks": {rank: {"last": n, "lag_ms_total": x}},
+    "tensors": {tensor: {"rounds", "last_rank", "last_count", "mean_lag_ms",
+    "max_lag_ms"}}}, where a round is one negotiation of the tensor by all
+    ranks and lag is the last rank's entry minus the first rank's."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    ranked = _per_rank(list(paths))
+    nranks = len(ranked)
+    ranks = {r.pid: {"last": 0, "lag_ms_total": 0.0} for r in ranked}
+    tensors = {}
+    if nranks < 2:
+        return {"ranks": ranks, "tensors": tensors}
+    for tensor, begins in _negotiate_begins(ranked).items():
+        last_by, lags = {}, []
+        for rnd in _rounds(begins, nranks):
+            last = max(rnd, key=lambda r: (rnd[r], str(r)))
+            lag = (rnd[last] - min(rnd.values())) / 1000.0
+            last_by[last] = last_by.get(last, 0) + 1
+            lags.append(lag)
+            ranks[last]["last"] += 1
+            ranks[last]["lag_ms_total"] += lag
+        if lags:
+            top = max(last_by, key=lambda r: (last_by[r], str(r)))
+            tensors[tensor] = {"rounds": len(lags), "last_rank": top, "last_count": last_by[top],
+                               "mean_lag_ms": sum(lags) / len(lags), "max_lag_ms": max(lags)}
+    return {"ranks": ranks, "tensors": tensors}
+
+
+def _print_summary(paths, top):
+    summary = summarize(paths)
+    for rank in sorted(summary, key=_pid_key):
+        s = summary[rank]
+        cut = " (file cut: killed?)" if s["truncated"] else ""
+        print(f"rank {rank}{cut}")
+        print(f"  {'phase':<32}{'count':>10}{'total ms':>12}{'mean us':>10}")
+        for name, p in sorted(s["phases"].items(), key=lambda kv: -kv[1]["total_us"]):
+            mean = p["total_us"] / p["count"] if p["count"] else 0
+            print(f"  {name:<32}{p['count']:>10}{p['total_us'] / 1000:>12.3f}{mean:>10.1f}")
+        busiest = sorted(s["tensors"].items(), key=lambda kv: -sum(kv[1].values()))[:top]
+        if busiest:
+            print(f"  top {len(busiest)} tensors by total time (ms):")
+            for tensor, by_phase in busiest:
+                parts = ", ".join(f"{k} {v / 1000:.3f}" for k, v in
+                                  sorted(by_phase.items(), key=lambda kv: -kv[1]))
+                print(f"    {tensor}: {parts}")
+
+
+def _print_stragglers(paths, top):
+    s = stragglers(paths)
+    if len(s["ranks"]) < 2:
+        print("need at least two ranks (a merged file or several per-rank files)")
+        return
+    if not s["tensors"]:
+        print(f"no complete {NEGOTIATE_PREFIX}* rounds found")
+        return
+    total = sum(r["last"] for r in s["ranks"].values())
+    print("rank   last to negotiate     mean lag ms")
+    for rank, r in sorted(s["ranks"].items(), key=lambda kv: -kv[1]["last"]):
+        mean = r["lag_ms_total"] / r["last"] if r["last"] else 0.0
+        print(f"{rank!s:<6} {r['last']:>6} of {total:<6} {100.0 * r['last'] / total:5.1f}%"
+              f"  {mean:>10.3f}")
+    print()
+    print(f"{'tensor':<48} {'last rank':>9} {'of rounds':>10} {'mean lag ms':>12} {'max lag ms':>11}")
+    rows = sorted(s["tensors"].items(), key=lambda kv: -kv[1]["mean_lag_ms"])
+    for tensor, t in rows[:top]:
+        print(f"{tensor[:48]:<48} {t['last_rank']!s:>9} {t['last_count']:>5}/{t['rounds']:<4}"
+              f" {t['mean_lag_ms']:>12.3f} {t['max_lag_ms']:>11.3f}")
+    if len(rows) > top:
+        print(f"... {len(rows) - top} more tensors (--top N)")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m hvdlite.timeline",
+                                     description="Merge and inspect hvdlite timelines.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("merge", help="join per-rank files into one trace")
+    m.add_argument("-o", "--output", required=True, help="merged trace to write")
+    m.add_argument("--ranks", type=int, help="number of ranks, for a %%r pattern")
+    m.add_argument("--no-lag-counters", action="store_true",
+                   help="leave out the per-rank 'negotiate lateness' counter tracks")
+    m.add_argument("inputs", nargs="+", help="files, glob patterns, or a %%r pattern")
+    for name, help_text in (("summarize", "time per phase and per tensor"),
+                            ("stragglers", "which rank enters negotiation last, per tensor")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--ranks", type=int, help="number of ranks, for a %%r pattern")
+        p.add_argument("--top", type=int, default=20, help="tensors to list (default 20)")
+        p.add_argument("inputs", nargs="+", help="a merged file, or per-rank files / patterns")
+    args = parser.parse_args(argv)
+    try:
+        paths = expand_inputs(args.inputs, args.ranks)
+        if args.command == "merge":
+            other = merge(paths, args.output, lag_counters=not args.no_lag_counters)
+            cut = [f["path"] for f in other["files"] if f["truncated"]]
+            print(f"wrote {args.output}: {other['ranks']} rank(s), "
+                  f"{sum(f['events'] for f in other['files'])} events"
+                  + (f"; cut by a kill: {', '.join(cut)}" if cut else ""))
+        elif args.command == "summarize":
+            _print_summary(paths, args.top)
+        else:
+            _print_stragglers(paths, args.top)
+    except (OSError, ValueError) as e:
+        print(f"hvdlite.timeline: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
