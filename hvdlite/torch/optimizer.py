@@ -210,7 +210,8 @@ class _DistributedOptimizer:
         return mpi_ops._GroupHandle(
             [indices_h, values_h],
             combine=lambda r: torch.sparse_coo_tensor(
-                r[0].t(), r[1] / n if op == Average else r[1], shape).coalesce())
+                r[0].t(), r[1] / n if op == Average else r[1], shape,
+                check_invariants=False).coalesce())
 
     # -------------------------------------------------------------- sync
     def synchronize(self):
