@@ -100,13 +100,20 @@ ENGINE_SOURCES = [
     "controller.cc",
     "engine.cc",
     "engine_options.cc",
+    "fusion_buffer.cc",
     "message.cc",
     "operations.cc",
     "process_set.cc",
+    "response_cache.cc",
     "scale.cc",
     "tensor_queue.cc",
+    "timeline.cc",
     "work.cc",
     "collectives/mpi_collectives.cc",
+    "compressors/error_feedback.cc",
+    "compressors/fp16.cc",
+    "compressors/registry.cc",
+    "compressors/topk.cc",
 ]
 
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "engine.h"
 
@@ -292,6 +293,47 @@ int hvd_process_set_size(int32_t id) {
   auto set = engine->process_set(id);
   if (!set) return SetError(ErrorKind::kInvalidArgument, "no process set with id " + std::to_string(id));
   return set->size();
+}
+
+int hvd_engine_stats(int64_t* values, int32_t capacity) {
+  auto engine = CurrentEngine();
+  if (!engine) return -1;
+  auto& st = engine->stats();
+  std::vector<int64_t> all;
+#define HVDLITE_STAT_VALUE(name) all.push_back(st.name.load(std::memory_order_relaxed));
+  HVDLITE_STATS_FIELDS(HVDLITE_STAT_VALUE)
+#undef HVDLITE_STAT_VALUE
+  const int n = std::min<int>(capacity, static_cast<int>(all.size()));
+  std::copy(all.begin(), all.begin() + n, values);
+  return static_cast<int>(all.size());
+}
+
+const char* hvd_engine_stats_names(void) {
+#define HVDLITE_STAT_NAME(name) #name ","
+  static const char* names = HVDLITE_STATS_FIELDS(HVDLITE_STAT_NAME);
+#undef HVDLITE_STAT_NAME
+  return names;
+}
+
+int hvd_reset_compression_state(void) {
+  auto engine = CurrentEngine();
+  if (!engine) return -t_last_error_kind;
+  engine->ResetCompressionState();
+  return 0;
+}
+
+int hvd_start_timeline(const char* path) {
+  auto engine = CurrentEngine();
+  if (!engine) return -t_last_error_kind;
+  Status s = engine->StartTimeline(path ? path : "");
+  return s.ok() ? 0 : SetError(s);
+}
+
+int hvd_stop_timeline(void) {
+  auto engine = CurrentEngine();
+  if (!engine) return -t_last_error_kind;
+  engine->StopTimeline();
+  return 0;
 }
 
 }  // extern "C"

@@ -70,6 +70,15 @@ int hvd_process_set_ranks(int32_t id, int32_t* ranks, int32_t capacity);
 int hvd_process_set_rank(int32_t id);
 int hvd_process_set_size(int32_t id);
 
+/* Engine counters, in the order of hvd_engine_stats_names() (comma-separated).
+   Returns how many values exist. */
+int hvd_engine_stats(int64_t* values, int32_t capacity);
+const char* hvd_engine_stats_names(void);
+int hvd_reset_compression_state(void);
+/* Timeline: "%r" in the path becomes the rank; without it only rank 0 writes. */
+int hvd_start_timeline(const char* path);
+int hvd_stop_timeline(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,7 +1,10 @@
 #include "controller.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <map>
 #include <sstream>
+#include <unordered_set>
 
 namespace hvdlite {
 
@@ -53,13 +56,73 @@ std::string Num(double v) {
 
 }  // namespace
 
-Status Controller::Negotiate(const RequestList& mine, ResponseList* out) {
-  *out = ResponseList();
-  const bool quiet = mine.requests.empty() && !mine.shutdown;
-  uint64_t word = quiet ? kQuietBit : 0;
-  Status s = mpi_->BitwiseAnd(&word, 1);
-  if (!s.ok() || (word & kQuietBit)) return s;
+Controller::Controller(MpiCollectives* mpi, const EngineOptions& options, EngineStats* stats)
+    : mpi_(mpi),
+      options_(options),
+      stats_(stats),
+      cache_(options.cache_capacity),
+      last_stall_check_(Clock::now()) {}
 
+Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
+                             const std::string& shutdown_reason, ResponseList* out) {
+  *out = ResponseList();
+  ++tick_;
+  const auto now = Clock::now();
+  RequestList mine;
+  mine.shutdown = shutdown;
+  mine.shutdown_reason = shutdown_reason;
+  mine.requests.swap(retry_);
+  for (auto& q : new_requests) {
+    const int slot = cache_.Lookup(q);
+    if (slot >= 0 && !cached_waiting_.count(slot)) {
+      cached_waiting_[slot] = CachedWait{std::move(q), now};
+    } else {
+      mine.requests.push_back(std::move(q));
+    }
+  }
+  // A cached tensor that other ranks do not submit would wait silently; after
+  // a while it goes to the coordinator, whose stall inspector can name the
+  // missing ranks (this also drops the slot everywhere).
+  double demote_after = 0;
+  if (options_.stall_check_enabled && options_.stall_check_seconds > 0) {
+    demote_after = options_.stall_check_seconds / 2;
+  }
+  if (options_.stall_shutdown_seconds > 0) {
+    const double half = options_.stall_shutdown_seconds / 2;
+    demote_after = demote_after > 0 ? std::min(demote_after, half) : half;
+  }
+  if (demote_after > 0) {
+    for (auto it = cached_waiting_.begin(); it != cached_waiting_.end();) {
+      if (std::chrono::duration<double>(now - it->second.since).count() > demote_after) {
+        mine.requests.push_back(std::move(it->second.request));
+        it = cached_waiting_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  if (mpi_->rank() == kCoordinator && stall_shutdown_.empty()) stall_shutdown_ = InspectStalls();
+
+  const bool quiet = mine.requests.empty() && !mine.shutdown && stall_shutdown_.empty();
+  const int slots = cache_.num_slots();
+  std::vector<uint64_t> bits(1 + (slots + 63) / 64, 0);
+  bits[0] = quiet ? kQuietBit : 0;
+  for (const auto& kv : cached_waiting_) bits[1 + kv.first / 64] |= uint64_t{1} << (kv.first % 64);
+  Status s = mpi_->BitwiseAnd(bits.data(), static_cast<int>(bits.size()));
+  if (!s.ok()) return s;
+  stats_->Add(stats_->cycles, 1);
+
+  // Slots ready on every rank run first, in slot order: the same on all ranks.
+  for (int slot = 0; slot < slots; ++slot) {
+    if (!(bits[1 + slot / 64] & (uint64_t{1} << (slot % 64)))) continue;
+    out->responses.push_back(cache_.response(slot));
+    cache_.Touch(slot, tick_);
+    cached_waiting_.erase(slot);
+    stats_->Add(stats_->cache_hits, 1);
+  }
+  if (bits[0] & kQuietBit) return Status::OK();
+
+  for (const auto& q : mine.requests) sent_[q.name] = q;
   std::vector<std::vector<uint8_t>> gathered;
   s = mpi_->GatherBytes(Serialize(mine), kCoordinator, &gathered);
   if (!s.ok()) return s;
@@ -72,8 +135,85 @@ Status Controller::Negotiate(const RequestList& mine, ResponseList* out) {
   }
   s = mpi_->BroadcastBytes(&reply, kCoordinator);
   if (!s.ok()) return s;
-  *out = DeserializeResponseList(reply.data(), reply.size());
+  ResponseList slow = DeserializeResponseList(reply.data(), reply.size());
+  stats_->Add(stats_->negotiations, 1);
+
+  for (const auto& name : slow.invalidated) ForgetCached(name);
+  for (auto& response : slow.responses) {
+    const std::string& name = response.names.at(0);
+    auto mine_it = sent_.find(name);
+    const bool cacheable = response.kind == Response::Kind::kCollective &&
+                           response.op != OpType::kAddProcessSet &&
+                           response.op != OpType::kRemoveProcessSet && mine_it != sent_.end();
+    if (cacheable && cache_.enabled()) {
+      std::string evicted;
+      cache_.Put(response, mine_it->second, tick_, &evicted);
+      if (!evicted.empty()) ForgetCached(evicted);
+      stats_->Add(stats_->cache_misses, 1);
+    }
+    if (mine_it != sent_.end()) sent_.erase(mine_it);
+    out->responses.push_back(std::move(response));
+  }
+  out->shutdown = slow.shutdown;
+  out->shutdown_ranks = std::move(slow.shutdown_ranks);
+  out->shutdown_reasons = std::move(slow.shutdown_reasons);
+  out->stall_error = std::move(slow.stall_error);
   return Status::OK();
+}
+
+void Controller::ForgetCached(const std::string& name) {
+  const int slot = cache_.SlotOf(name);
+  if (slot < 0) return;
+  auto it = cached_waiting_.find(slot);
+  if (it != cached_waiting_.end()) {
+    retry_.push_back(std::move(it->second.request));
+    cached_waiting_.erase(it);
+  }
+  cache_.Erase(name);
+}
+
+std::string Controller::InspectStalls() {
+  const auto now = Clock::now();
+  if (std::chrono::duration<double>(now - last_stall_check_).count() < 1.0) return "";
+  last_stall_check_ = now;
+  std::string give_up;
+  for (auto& kv : table_) {
+    Pending& p = kv.second;
+    const double age = std::chrono::duration<double>(now - p.first_seen).count();
+    auto describe = [&] {
+      std::string have, missing;
+      for (size_t r = 0; r < p.present.size(); ++r) {
+        std::string& dst = p.present[r] ? have : missing;
+        dst += (dst.empty() ? "" : ", ") + std::to_string(r);
+      }
+      const Request* any = nullptr;
+      for (size_t r = 0; r < p.present.size() && !any; ++r) {
+        if (p.present[r]) any = &p.by_rank[r];
+      }
+      char seconds[32];
+      std::snprintf(seconds, sizeof(seconds), "%.1f", age);
+      return "tensor '" + kv.first + "' (" + (any ? OpTypeName(any->op) : "?") +
+             ") has waited " + seconds + " s: submitted by ranks [" + have +
+             "] but not by ranks [" + missing + "]";
+    };
+    if (options_.stall_check_enabled && options_.stall_check_seconds > 0 && !p.warned &&
+        age >= options_.stall_check_seconds) {
+      p.warned = true;
+      stats_->Add(stats_->stall_warnings, 1);
+      std::fprintf(stderr,
+                   "[hvdlite] WARNING stall inspector: %s. A rank may be stuck, or ranks call "
+                   "collectives in different sequences or with different names.\n",
+                   describe().c_str());
+      std::fflush(stderr);
+    }
+    if (options_.stall_shutdown_seconds > 0 && age >= options_.stall_shutdown_seconds &&
+        give_up.empty()) {
+      give_up = "stall inspector stopped hvdlite (HVDLITE_STALL_SHUTDOWN_TIME_SECONDS=" +
+                std::to_string(static_cast<int64_t>(options_.stall_shutdown_seconds)) +
+                "): " + describe();
+    }
+  }
+  return give_up;
 }
 
 ResponseList Controller::Coordinate(const std::vector<RequestList>& all) {
@@ -86,12 +226,22 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& all) {
       result.shutdown_reasons.push_back(all[r].shutdown_reason);
     }
   }
+  if (!stall_shutdown_.empty()) {
+    result.stall_error = stall_shutdown_;
+    result.shutdown = true;
+  }
   if (result.shutdown) return result;
 
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = Clock::now();
   std::vector<std::string> ready;
+  std::unordered_set<std::string> invalidated;
   for (int r = 0; r < size; ++r) {
     for (const Request& q : all[r].requests) {
+      // An uncached request for a cached name means its metadata changed on
+      // that rank (or it waited too long): the slot is dropped everywhere.
+      if (cache_.SlotOf(q.name) >= 0 && invalidated.insert(q.name).second) {
+        result.invalidated.push_back(q.name);
+      }
       auto it = table_.find(q.name);
       if (it == table_.end()) {
         Pending p;
@@ -215,23 +365,6 @@ Response Controller::Decide(const Pending& pending) const {
       break;
   }
   return response;
-}
-
-std::vector<Controller::Stalled> Controller::StalledTensors(double min_age_seconds) const {
-  std::vector<Stalled> out;
-  const auto now = std::chrono::steady_clock::now();
-  for (const auto& kv : table_) {
-    double age = std::chrono::duration<double>(now - kv.second.first_seen).count();
-    if (age < min_age_seconds) continue;
-    Stalled s;
-    s.name = kv.first;
-    s.seconds = age;
-    for (size_t r = 0; r < kv.second.present.size(); ++r) {
-      if (!kv.second.present[r]) s.missing_ranks.push_back(static_cast<int32_t>(r));
-    }
-    out.push_back(std::move(s));
-  }
-  return out;
 }
 
 }  // namespace hvdlite

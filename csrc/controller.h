@@ -1,51 +1,68 @@
 // Negotiation for one process set: which tensors are ready on every rank, in
 // what order, and whether their metadata agree. Rank 0 of the set is the
-// coordinator; each round costs one small bitwise-AND allreduce, plus a
-// gather/broadcast only when some rank has something new to say.
+// coordinator. Each round costs one small bitwise-AND allreduce; it carries a
+// "quiet" flag and one bit per response-cache slot, so tensors seen before
+// are agreed on without the coordinator. Only when some rank has something
+// new does the round add a gather to the coordinator and a broadcast back.
 #pragma once
 
 #include <chrono>
-#include <functional>
+#include <map>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "collectives/mpi_collectives.h"
+#include "engine_options.h"
+#include "engine_stats.h"
 #include "message.h"
+#include "response_cache.h"
 #include "status.h"
 
 namespace hvdlite {
 
 class Controller {
  public:
-  explicit Controller(MpiCollectives* mpi) : mpi_(mpi) {}
+  Controller(MpiCollectives* mpi, const EngineOptions& options, EngineStats* stats);
 
-  // One round: every rank of the set calls it with what it has to say and
-  // gets the same ordered response list back.
-  Status Negotiate(const RequestList& mine, ResponseList* out);
-
-  // Coordinator only: names waiting on some ranks for longer than `age`,
-  // with the ranks that have not submitted them.
-  struct Stalled {
-    std::string name;
-    std::vector<int32_t> missing_ranks;
-    double seconds = 0.0;
-  };
-  std::vector<Stalled> StalledTensors(double min_age_seconds) const;
+  // One round, collective over the set. `shutdown` (with its reason) asks all
+  // ranks to stop. `out` gets the same ordered responses on every rank.
+  Status Negotiate(std::vector<Request> new_requests, bool shutdown,
+                   const std::string& shutdown_reason, ResponseList* out);
 
  private:
-  struct Pending {
+  using Clock = std::chrono::steady_clock;
+  struct Pending {  // coordinator: one name, waiting for all ranks
     std::vector<Request> by_rank;
     std::vector<bool> present;
     int count = 0;
-    std::chrono::steady_clock::time_point first_seen;
+    Clock::time_point first_seen;
+    bool warned = false;
+  };
+  struct CachedWait {  // this rank: a request waiting for its cache bit everywhere
+    Request request;
+    Clock::time_point since;
   };
 
   ResponseList Coordinate(const std::vector<RequestList>& all);
   Response Decide(const Pending& pending) const;
+  // Coordinator: warns about tensors missing on some ranks; returns a
+  // message when the stall shutdown time has passed.
+  std::string InspectStalls();
+  void ForgetCached(const std::string& name);
 
   MpiCollectives* mpi_;
+  EngineOptions options_;
+  EngineStats* stats_;
+  ResponseCache cache_;
+  uint64_t tick_ = 0;
+  std::map<int, CachedWait> cached_waiting_;        // by slot
+  std::vector<Request> retry_;                      // to send uncached next round
+  std::unordered_map<std::string, Request> sent_;   // sent to the coordinator, unanswered
   std::unordered_map<std::string, Pending> table_;  // coordinator state
+  Clock::time_point last_stall_check_;
+  std::string stall_shutdown_;                      // coordinator: pending stall error
 };
 
 }  // namespace hvdlite

@@ -21,7 +21,18 @@ bool IsReducing(OpType op) { return op == OpType::kAllreduce || op == OpType::kR
 }  // namespace
 
 Engine::Engine(MPI_Comm user_comm, EngineOptions options)
-    : user_comm_(user_comm), options_(std::move(options)) {}
+    : user_comm_(user_comm),
+      options_(std::move(options)),
+      runner_(options_, &stats_, &timeline_) {}
+
+Status Engine::StartTimeline(const std::string& path) {
+  // Without %r in the path only rank 0 writes, as Horovod does; with it,
+  // every rank writes its own file for `python -m hvdlite.timeline merge`.
+  if (path.find("%r") == std::string::npos && topology_.rank != 0) return Status::OK();
+  return timeline_.Start(path, topology_.rank);
+}
+
+void Engine::StopTimeline() { timeline_.Stop(); }
 
 Engine::~Engine() { Shutdown("the engine object was destroyed"); }
 
@@ -121,7 +132,11 @@ Status Engine::Setup() {
 
   std::vector<int32_t> all(topology_.size);
   for (int r = 0; r < topology_.size; ++r) all[r] = r;
-  sets_.Add(std::make_shared<ProcessSet>(sets_.NextId(), all, comm_, options_.wait, &abort_));
+  sets_.Add(std::make_shared<ProcessSet>(sets_.NextId(), all, comm_, options_, &stats_, &abort_));
+  if (!options_.timeline_path.empty()) {
+    Status s = StartTimeline(options_.timeline_path);
+    if (!s.ok()) return s;
+  }
   return Status::OK();
 }
 
@@ -144,17 +159,27 @@ void Engine::Loop() {
 }
 
 bool Engine::RunCycle(ProcessSet& set, bool is_global) {
-  RequestList mine;
-  mine.requests = set.queue().PopNewRequests();
+  if (reset_compression_.exchange(false)) runner_.ResetCompression();
+  std::vector<Request> requests = set.queue().PopNewRequests();
+  bool shutdown = false;
+  std::string reason;
   if (is_global) {
     std::lock_guard<std::mutex> lock(state_mutex_);
-    mine.shutdown = shutdown_requested_;
-    mine.shutdown_reason = shutdown_reason_;
+    shutdown = shutdown_requested_;
+    reason = shutdown_reason_;
+    if (timeline_.active() && options_.timeline_mark_cycles) timeline_.MarkCycle();
+  }
+  if (timeline_.active()) {
+    for (const auto& q : requests) timeline_.Begin(q.name, "NEGOTIATE");
   }
   ResponseList responses;
-  Status s = set.controller().Negotiate(mine, &responses);
+  Status s = set.controller().Negotiate(std::move(requests), shutdown, reason, &responses);
   if (!s.ok()) {
     Stop(s);
+    return false;
+  }
+  if (!responses.stall_error.empty()) {
+    Stop(Status::Error(ErrorKind::kStall, responses.stall_error));
     return false;
   }
   if (responses.shutdown) {
@@ -167,19 +192,38 @@ bool Engine::RunCycle(ProcessSet& set, bool is_global) {
     Stop(Status::Error(ErrorKind::kShutdown, "hvdlite has shut down: " + text));
     return false;
   }
-  for (const Response& response : responses.responses) {
-    if (response.kind == Response::Kind::kCollective &&
-        (response.op == OpType::kAddProcessSet || response.op == OpType::kRemoveProcessSet)) {
-      s = ChangeProcessSets(set, response);
-    } else {
-      s = runner_.Run(set, response);
-    }
-    if (!s.ok()) {
-      Stop(s);
-      return false;
+  if (timeline_.active()) {
+    for (const auto& r : responses.responses) {
+      for (const auto& name : r.names) {
+        timeline_.End(name, "NEGOTIATE");
+        timeline_.Begin(name, "QUEUE");  // agreed; waiting for its turn on the wire
+      }
     }
   }
-  return true;
+  // Process-set changes run alone, in order; everything else goes to the
+  // runner, which fuses what it can.
+  std::vector<Response> batch;
+  auto flush = [&]() -> bool {
+    if (batch.empty()) return true;
+    Status r = runner_.RunAll(set, batch);
+    batch.clear();
+    if (!r.ok()) Stop(r);
+    return r.ok();
+  };
+  for (auto& response : responses.responses) {
+    if (response.kind == Response::Kind::kCollective &&
+        (response.op == OpType::kAddProcessSet || response.op == OpType::kRemoveProcessSet)) {
+      if (!flush()) return false;
+      s = ChangeProcessSets(set, response);
+      if (!s.ok()) {
+        Stop(s);
+        return false;
+      }
+    } else {
+      batch.push_back(std::move(response));
+    }
+  }
+  return flush();
 }
 
 Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {
@@ -198,7 +242,7 @@ Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {
       return s;
     }
     const int32_t id = sets_.NextId();
-    sets_.Add(std::make_shared<ProcessSet>(id, ranks, comm, options_.wait, &abort_));
+    sets_.Add(std::make_shared<ProcessSet>(id, ranks, comm, options_, &stats_, &abort_));
     entry.work->value = id;
   } else {
     const int32_t id = static_cast<int32_t>(response.sizes.at(0));
@@ -244,6 +288,7 @@ void Engine::Shutdown(const std::string& reason) {
     }
   }
   if (thread_.joinable()) thread_.join();
+  timeline_.Stop();
 }
 
 Status Engine::ValidateLocally(const EnqueueArgs& args, const ProcessSet& set) const {
@@ -264,9 +309,27 @@ Status Engine::ValidateLocally(const EnqueueArgs& args, const ProcessSet& set) c
     if (!std::isfinite(q.prescale) || !std::isfinite(q.postscale)) {
       return Status::InvalidArgument(what + ": prescale_factor and postscale_factor must be finite numbers");
     }
-    if (q.compression.type != CompressionType::kNone) {
-      return Status::InvalidArgument(what + ": compression '" + q.compression.ToString() +
-                                     "' is not available in this engine build");
+    const auto& c = q.compression;
+    if (c.type == CompressionType::kTopK) {
+      if (!(c.topk_ratio > 0.0 && c.topk_ratio <= 1.0)) {
+        return Status::InvalidArgument(what + ": top-k ratio must be in (0, 1], got " +
+                                       std::to_string(c.topk_ratio));
+      }
+      if (q.dtype != DataType::kFloat32) {
+        return Status::InvalidArgument(what + ": top-k compression needs float32 tensors, not " +
+                                       DataTypeName(q.dtype) +
+                                       "; cast to float32 or use Compression.none / fp16");
+      }
+    }
+    if (c.type != CompressionType::kNone && q.reduce_op != ReduceOp::kSum &&
+        q.reduce_op != ReduceOp::kAverage) {
+      return Status::InvalidArgument(what + ": compression works with Sum and Average, not " +
+                                     ReduceOpName(q.reduce_op));
+    }
+    if (c.type != CompressionType::kNone && q.dtype == DataType::kFloat32 &&
+        NumElements(q.shape) > INT32_MAX) {
+      return Status::InvalidArgument(what + ": compressed reductions of more than 2^31-1 "
+                                     "elements are not supported; use Compression.none");
     }
   }
   const int size = set.size();

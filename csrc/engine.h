@@ -13,8 +13,10 @@
 #include <unordered_map>
 
 #include "engine_options.h"
+#include "engine_stats.h"
 #include "operations.h"
 #include "process_set.h"
+#include "timeline.h"
 #include "work.h"
 
 namespace hvdlite {
@@ -53,6 +55,12 @@ class Engine {
   std::shared_ptr<ProcessSet> process_set(int32_t id) { return sets_.Get(id); }
   std::vector<int32_t> process_set_ids() { return sets_.Ids(); }
   const EngineOptions& options() const { return options_; }
+  EngineStats& stats() { return stats_; }
+  // Runtime timeline control; the file is written by this rank.
+  Status StartTimeline(const std::string& path);
+  void StopTimeline();
+  // Clears error-feedback residuals (applied by the engine thread).
+  void ResetCompressionState() { reset_compression_ = true; }
 
  private:
   Engine(MPI_Comm user_comm, EngineOptions options);
@@ -70,8 +78,11 @@ class Engine {
   MPI_Comm comm_ = MPI_COMM_NULL;
   EngineOptions options_;
   Topology topology_;
+  EngineStats stats_;
+  Timeline timeline_;
   ProcessSetTable sets_;
   OperationRunner runner_;
+  std::atomic<bool> reset_compression_{false};
 
   std::thread thread_;
   std::atomic<bool> abort_{false};

@@ -143,6 +143,9 @@ std::vector<uint8_t> Serialize(const ResponseList& list) {
     w.Put<int32_t>(list.shutdown_ranks[i]);
     w.PutString(list.shutdown_reasons[i]);
   }
+  w.PutString(list.stall_error);
+  w.Put<uint64_t>(list.invalidated.size());
+  for (const auto& n : list.invalidated) w.PutString(n);
   w.Put<uint64_t>(list.responses.size());
   for (const auto& p : list.responses) {
     w.Put<int32_t>(static_cast<int32_t>(p.kind));
@@ -165,6 +168,9 @@ ResponseList DeserializeResponseList(const uint8_t* data, size_t size) {
     list.shutdown_ranks.push_back(r.Get<int32_t>());
     list.shutdown_reasons.push_back(r.GetString());
   }
+  list.stall_error = r.GetString();
+  auto ni = r.Get<uint64_t>();
+  for (uint64_t i = 0; i < ni; ++i) list.invalidated.push_back(r.GetString());
   auto n = r.Get<uint64_t>();
   list.responses.resize(n);
   for (auto& p : list.responses) {

@@ -62,6 +62,10 @@ struct ResponseList {
   bool shutdown = false;
   std::vector<int32_t> shutdown_ranks;
   std::vector<std::string> shutdown_reasons;
+  // Cached names whose metadata changed on some rank: every rank drops them.
+  std::vector<std::string> invalidated;
+  // Set when the stall inspector gives up: every rank stops with this error.
+  std::string stall_error;
 };
 
 std::vector<uint8_t> Serialize(const RequestList& list);

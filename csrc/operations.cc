@@ -1,10 +1,16 @@
 #include "operations.h"
 
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
 #include "scale.h"
 
 namespace hvdlite {
 
 namespace {
+
+constexpr int64_t kCopyChunkBytes = 1 << 20;  // MPI progress between chunks
 
 bool Is16BitFloat(DataType dtype) {
   return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
@@ -23,46 +29,375 @@ int64_t RowElements(const std::vector<int64_t>& shape) {
   return n;
 }
 
-Status OutOfMemory(const TensorEntry& e, size_t bytes) {
-  return Status::Error(ErrorKind::kInternal, "could not allocate " + std::to_string(bytes) +
-                                                 " bytes for the result of '" +
-                                                 e.request.name + "'");
+Status OutOfMemory(const std::string& what, size_t bytes) {
+  return Status::Error(ErrorKind::kInternal,
+                       "could not allocate " + std::to_string(bytes) + " bytes for " + what);
+}
+
+// Only float32 tensors are compressed; fp16 compression of other float types
+// sends them as they are (validation refuses top-k on them earlier).
+CompressionSpec Effective(const Request& q) {
+  return q.dtype == DataType::kFloat32 ? q.compression : CompressionSpec();
+}
+
+const char* WirePhase(const Compressor* c) {
+  return c && c->wire() == Compressor::Wire::kAllgather ? "MPI_ALLGATHER" : "MPI_ALLREDUCE";
+}
+
+std::vector<Segment> One(const TensorEntry& e, int64_t count) {
+  return {Segment{e.request.name, 0, count}};
 }
 
 }  // namespace
 
-Status OperationRunner::Run(ProcessSet& set, const Response& response) {
-  Status fatal;
-  for (const auto& name : response.names) {
-    TensorEntry entry;
-    if (!set.queue().Take(name, &entry)) {
-      return Status::Error(ErrorKind::kInternal,
-                           "negotiated tensor '" + name + "' is not in this rank's queue");
+struct OperationRunner::Bucket {
+  std::vector<TensorEntry*> entries;
+  std::vector<int64_t> offsets;  // elements (staged dense) or bytes (wire form)
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  Compressor* compressor = nullptr;
+  bool direct = false;  // one tensor straight from its own buffers
+  int slot = 0;
+  int64_t count = 0;     // elements
+  size_t wire_bytes = 0;  // per rank
+  uint8_t* staged = nullptr;
+  uint8_t* gathered = nullptr;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  MPI_Request request = MPI_REQUEST_NULL;
+};
+
+void OperationRunner::Phase(const std::vector<TensorEntry*>& entries, const char* phase,
+                            bool begin, const std::string& args) {
+  if (timeline_ == nullptr || !timeline_->active()) return;
+  for (auto* e : entries) {
+    if (begin) {
+      timeline_->Begin(e->request.name, phase, args);
+    } else {
+      timeline_->End(e->request.name, phase, args);
     }
-    if (response.kind == Response::Kind::kError) {
-      entry.work->Fail(Status::Error(ErrorKind::kMismatch, response.error));
+  }
+}
+
+Compressor* OperationRunner::CompressorFor(const CompressionSpec& spec) {
+  if (spec.type == CompressionType::kNone) return nullptr;
+  const std::string key = spec.ToString();
+  auto it = compressors_.find(key);
+  if (it == compressors_.end()) it = compressors_.emplace(key, CreateCompressor(spec)).first;
+  return it->second.get();
+}
+
+void OperationRunner::ResetCompression() {
+  for (auto& kv : compressors_) {
+    if (kv.second) kv.second->Reset();
+  }
+}
+
+Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& responses) {
+  std::vector<TensorEntry> taken(responses.size());
+  for (size_t i = 0; i < responses.size(); ++i) {
+    if (!set.queue().Take(responses[i].names.at(0), &taken[i])) {
+      return Status::Error(ErrorKind::kInternal, "negotiated tensor '" + responses[i].names.at(0) +
+                                                     "' is not in this rank's queue");
+    }
+  }
+  Status fatal;
+  // Allreduces that can share a buffer: same dtype, op and compression.
+  std::vector<std::pair<std::string, std::vector<TensorEntry*>>> groups;
+  for (size_t i = 0; i < responses.size() && fatal.ok(); ++i) {
+    TensorEntry& e = taken[i];
+    const Response& r = responses[i];
+    if (r.kind == Response::Kind::kError) {
+      Phase({&e}, "QUEUE", false);
+      e.work->Fail(Status::Error(ErrorKind::kMismatch, r.error));
       continue;
     }
-    Status s;
-    switch (response.op) {
-      case OpType::kAllreduce: s = Allreduce(set, entry); break;
-      case OpType::kAllgather: s = Allgather(set, entry, response); break;
-      case OpType::kBroadcast: s = Broadcast(set, entry); break;
-      case OpType::kAlltoall: s = Alltoall(set, entry, response); break;
-      case OpType::kReducescatter: s = Reducescatter(set, entry, response); break;
-      case OpType::kBarrier: s = set.mpi().Barrier(); break;
-      default:
-        s = Status::Error(ErrorKind::kInternal, "unexpected operation in response");
+    if (r.op == OpType::kAllreduce) {
+      const Request& q = e.request;
+      const std::string key = std::to_string(static_cast<int>(q.dtype)) + "/" +
+                              std::to_string(static_cast<int>(q.reduce_op)) + "/" +
+                              Effective(q).ToString();
+      auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == key; });
+      if (g == groups.end()) {
+        groups.push_back({key, {}});
+        g = groups.end() - 1;
+      }
+      g->second.push_back(&e);
+      continue;
     }
+    Phase({&e}, "QUEUE", false);
+    Phase({&e}, OpTypeName(r.op), true);
+    Status s = RunOne(set, r, e);
+    Phase({&e}, OpTypeName(r.op), false);
+    stats_->Add(stats_->tensors, 1);
     if (s.ok()) {
-      entry.work->Finish();
+      e.work->Finish();
     } else {
-      entry.work->Fail(s);
+      e.work->Fail(s);
       if (s.kind() == ErrorKind::kMpi || s.kind() == ErrorKind::kShutdown) fatal = s;
     }
-    if (!fatal.ok()) return fatal;
+  }
+  for (auto& group : groups) {
+    if (!fatal.ok()) break;
+    fatal = RunAllreduces(set, group.second);
+  }
+  if (!fatal.ok()) {
+    for (auto& e : taken) {
+      if (e.work) e.work->Fail(fatal);  // no-op for those already completed
+    }
   }
   return fatal;
+}
+
+Status OperationRunner::RunOne(ProcessSet& set, const Response& r, TensorEntry& e) {
+  switch (r.op) {
+    case OpType::kAllgather: return Allgather(set, e, r);
+    case OpType::kBroadcast: return Broadcast(set, e);
+    case OpType::kAlltoall: return Alltoall(set, e, r);
+    case OpType::kReducescatter:
+      return Effective(e.request).type == CompressionType::kNone ? Reducescatter(set, e, r)
+                                                                 : CompressedReducescatter(set, e, r);
+    case OpType::kBarrier: return set.mpi().Barrier();
+    default: return Status::Error(ErrorKind::kInternal, "unexpected operation in response");
+  }
+}
+
+Status OperationRunner::RunAllreduces(ProcessSet& set, std::vector<TensorEntry*>& entries) {
+  const Request& first = entries[0]->request;
+  Compressor* compressor = CompressorFor(Effective(first));
+  const bool widen = Is16BitFloat(first.dtype);
+  const int64_t staged_elem = (compressor || widen) ? 4 : static_cast<int64_t>(DataTypeSize(first.dtype));
+  // Buckets stay within one MPI call's count.
+  const int64_t threshold = std::min<int64_t>(options_.fusion_threshold_bytes, int64_t{1} << 30);
+
+  std::vector<Bucket> buckets;
+  Status status;
+  auto open_bucket = [&] {
+    buckets.emplace_back();
+    Bucket& b = buckets.back();
+    b.dtype = first.dtype;
+    b.op = first.reduce_op;
+    b.compressor = compressor;
+    b.slot = static_cast<int>(buckets.size() - 1) % FusionBuffer::kSlots;
+  };
+  int64_t open_bytes = 0;
+  bool open = false;
+  for (TensorEntry* e : entries) {
+    const int64_t count = NumElements(e->request.shape);
+    const int64_t bytes = count * staged_elem;
+    if (!compressor && !widen && bytes >= threshold) {
+      if (count > INT_MAX) {  // beyond one MPI call: the chunked path
+        Phase({e}, "QUEUE", false);
+        Phase({e}, "ALLREDUCE", true);
+        Status s = Allreduce(set, *e);
+        Phase({e}, "ALLREDUCE", false);
+        stats_->Add(stats_->tensors, 1);
+        if (!s.ok()) {
+          e->work->Fail(s);
+          return s;
+        }
+        e->work->Finish();
+        continue;
+      }
+      open_bucket();
+      buckets.back().direct = true;
+      buckets.back().entries.push_back(e);
+      buckets.back().count = count;
+      open = false;
+      continue;
+    }
+    if (!open || (open_bytes + bytes > threshold && !buckets.back().entries.empty())) {
+      open_bucket();
+      open = true;
+      open_bytes = 0;
+    }
+    buckets.back().entries.push_back(e);
+    buckets.back().count += count;
+    open_bytes += bytes;
+  }
+
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    MPI_Request* previous = i > 0 ? &buckets[i - 1].request : nullptr;
+    if ((status = Prepare(set, buckets[i], previous)).ok()) status = Start(set, buckets[i]);
+    if (status.ok() && i > 0) status = Finish(set, buckets[i - 1], &buckets[i].request);
+    if (!status.ok()) return status;
+  }
+  if (!buckets.empty()) status = Finish(set, buckets.back(), nullptr);
+  return status;
+}
+
+namespace {
+
+void CopyWithProgress(const void* in, void* out, int64_t count, DataType dtype, double factor,
+                      MpiCollectives& mpi, MPI_Request* in_flight) {
+  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
+  const int64_t chunk = in_flight ? std::max<int64_t>(1, kCopyChunkBytes / elem) : count;
+  for (int64_t done = 0; done < count; done += chunk) {
+    const int64_t n = std::min(chunk, count - done);
+    CopyScaled(static_cast<const uint8_t*>(in) + done * elem, static_cast<uint8_t*>(out) + done * elem,
+               n, dtype, factor);
+    if (in_flight) mpi.Progress(in_flight);
+  }
+}
+
+}  // namespace
+
+Status OperationRunner::Prepare(ProcessSet& set, Bucket& b, MPI_Request* in_flight) {
+  Phase(b.entries, "QUEUE", false);
+  Phase(b.entries, "ALLREDUCE", true);
+  if (b.direct) {
+    TensorEntry& e = *b.entries[0];
+    const Request& q = e.request;
+    if (q.prescale != 1.0 || e.input == e.output) {
+      CopyScaled(e.input, e.output, b.count, q.dtype, q.prescale);
+      b.send = MPI_IN_PLACE;
+    } else {
+      b.send = e.input;  // zero-copy: MPI reads the caller's input directly
+    }
+    b.recv = e.output;
+    return Status::OK();
+  }
+  if (b.compressor == nullptr) {
+    const bool widen = Is16BitFloat(b.dtype);
+    const int64_t elem = widen ? 4 : static_cast<int64_t>(DataTypeSize(b.dtype));
+    b.staged = buffers_.Get(FusionBuffer::kSend, b.slot, static_cast<size_t>(b.count * elem));
+    if (!b.staged) return OutOfMemory("a fusion buffer", static_cast<size_t>(b.count * elem));
+    Phase(b.entries, "MEMCPY_IN_FUSION_BUFFER", true);
+    int64_t offset = 0;
+    for (TensorEntry* e : b.entries) {
+      const int64_t n = NumElements(e->request.shape);
+      b.offsets.push_back(offset);
+      if (widen) {
+        WidenToFloat(e->input, reinterpret_cast<float*>(b.staged) + offset, n, b.dtype, e->request.prescale);
+        if (in_flight) set.mpi().Progress(in_flight);
+      } else {
+        CopyWithProgress(e->input, b.staged + offset * elem, n, b.dtype, e->request.prescale,
+                         set.mpi(), in_flight);
+      }
+      offset += n;
+    }
+    Phase(b.entries, "MEMCPY_IN_FUSION_BUFFER", false);
+    b.send = MPI_IN_PLACE;
+    b.recv = b.staged;
+    return Status::OK();
+  }
+  // Compressed: each tensor is one segment, so residuals follow tensor names.
+  size_t wire = 0;
+  for (TensorEntry* e : b.entries) {
+    wire += b.compressor->CompressedBytes(One(*e, NumElements(e->request.shape)));
+  }
+  b.wire_bytes = wire;
+  b.staged = buffers_.Get(FusionBuffer::kSend, b.slot, wire);
+  if (!b.staged) return OutOfMemory("a compression buffer", wire);
+  if (b.compressor->wire() == Compressor::Wire::kAllgather) {
+    b.gathered = buffers_.Get(FusionBuffer::kGather, b.slot, wire * set.size());
+    if (!b.gathered) return OutOfMemory("a gather buffer", wire * set.size());
+  }
+  Phase(b.entries, "COMPRESS", true);
+  size_t offset = 0;
+  for (TensorEntry* e : b.entries) {
+    const int64_t n = NumElements(e->request.shape);
+    const float* src = static_cast<const float*>(e->input);
+    if (e->request.prescale != 1.0) {
+      widened_.resize(static_cast<size_t>(n));
+      CopyScaled(src, widened_.data(), n, DataType::kFloat32, e->request.prescale);
+      src = widened_.data();
+    }
+    b.offsets.push_back(static_cast<int64_t>(offset));
+    offset += b.compressor->Compress(src, One(*e, n), b.staged + offset);
+    if (in_flight) set.mpi().Progress(in_flight);
+  }
+  Phase(b.entries, "COMPRESS", false);
+  return Status::OK();
+}
+
+Status OperationRunner::Start(ProcessSet& set, Bucket& b) {
+  Status s;
+  if (b.compressor == nullptr) {
+    const DataType wire_type = Is16BitFloat(b.dtype) ? DataType::kFloat32 : b.dtype;
+    s = set.mpi().StartAllreduce(b.send, b.recv, b.count, MpiReductionType(wire_type),
+                                 MpiReduceOp(b.op), &b.request);
+    stats_->Add(stats_->wire_bytes_none, b.count * static_cast<int64_t>(DataTypeSize(wire_type)));
+  } else if (b.compressor->wire() == Compressor::Wire::kAllreduce) {
+    s = set.mpi().StartAllreduce(MPI_IN_PLACE, b.staged, b.count, b.compressor->WireType(),
+                                 b.compressor->WireSumOp(), &b.request);
+    stats_->Add(stats_->wire_bytes_fp16, static_cast<int64_t>(b.wire_bytes));
+  } else {
+    s = set.mpi().StartAllgather(b.staged, static_cast<int64_t>(b.wire_bytes), b.gathered, &b.request);
+    stats_->Add(stats_->wire_bytes_topk, static_cast<int64_t>(b.wire_bytes));
+  }
+  stats_->Add(stats_->collectives, 1);
+  int64_t bytes_in = 0;
+  for (auto* e : b.entries) {
+    bytes_in += NumElements(e->request.shape) * static_cast<int64_t>(DataTypeSize(e->request.dtype));
+  }
+  stats_->Add(stats_->bytes_in, bytes_in);
+  Phase(b.entries, WirePhase(b.compressor), true);
+  return s;
+}
+
+Status OperationRunner::Finish(ProcessSet& set, Bucket& b, MPI_Request* in_flight) {
+  Status s = set.mpi().WaitRequest(&b.request, WirePhase(b.compressor));
+  Phase(b.entries, WirePhase(b.compressor), false);
+  if (!s.ok()) return s;
+  const int size = set.size();
+  if (b.direct) {
+    TensorEntry& e = *b.entries[0];
+    const double post = PostFactor(e.request, size);
+    if (post != 1.0) CopyScaled(e.output, e.output, b.count, b.dtype, post);
+  } else if (b.compressor == nullptr) {
+    Phase(b.entries, "MEMCPY_OUT_FUSION_BUFFER", true);
+    const bool widen = Is16BitFloat(b.dtype);
+    const int64_t elem = widen ? 4 : static_cast<int64_t>(DataTypeSize(b.dtype));
+    for (size_t i = 0; i < b.entries.size(); ++i) {
+      TensorEntry& e = *b.entries[i];
+      const int64_t n = NumElements(e.request.shape);
+      const double post = PostFactor(e.request, size);
+      if (widen) {
+        NarrowFromFloat(reinterpret_cast<float*>(b.staged) + b.offsets[i], e.output, n, b.dtype, post);
+        if (in_flight) set.mpi().Progress(in_flight);
+      } else {
+        CopyWithProgress(b.staged + b.offsets[i] * elem, e.output, n, b.dtype, post, set.mpi(), in_flight);
+      }
+    }
+    Phase(b.entries, "MEMCPY_OUT_FUSION_BUFFER", false);
+  } else {
+    Phase(b.entries, "DECOMPRESS", true);
+    for (size_t i = 0; i < b.entries.size(); ++i) {
+      TensorEntry& e = *b.entries[i];
+      const int64_t n = NumElements(e.request.shape);
+      auto* out = static_cast<float*>(e.output);
+      if (b.compressor->wire() == Compressor::Wire::kAllreduce) {
+        b.compressor->Decompress(b.staged + b.offsets[i], One(e, n), out);
+      } else {
+        std::memset(out, 0, static_cast<size_t>(n) * sizeof(float));
+        for (int r = 0; r < size; ++r) {
+          b.compressor->DecompressAdd(b.gathered + static_cast<size_t>(r) * b.wire_bytes + b.offsets[i],
+                                      One(e, n), out);
+        }
+      }
+      const double post = PostFactor(e.request, size);
+      if (post != 1.0) CopyScaled(out, out, n, DataType::kFloat32, post);
+      if (in_flight) set.mpi().Progress(in_flight);
+    }
+    Phase(b.entries, "DECOMPRESS", false);
+  }
+  const int64_t n = static_cast<int64_t>(b.entries.size());
+  stats_->Add(stats_->tensors, n);
+  if (n > 1) {
+    stats_->Add(stats_->tensors_fused, n);
+    stats_->Add(stats_->fused_buffers, 1);
+  }
+  for (auto* e : b.entries) {
+    if (timeline_ && timeline_->active()) {
+      timeline_->End(e->request.name, "ALLREDUCE",
+                     "\"dtype\":\"" + std::string(DataTypeName(e->request.dtype)) + "\",\"shape\":\"" +
+                         ShapeString(e->request.shape) + "\",\"fused\":" + std::to_string(n) +
+                         ",\"wire_bytes\":" + std::to_string(b.compressor ? b.wire_bytes : b.count * 4));
+    }
+    e->work->Finish();
+  }
+  return Status::OK();
 }
 
 Status OperationRunner::Allreduce(ProcessSet& set, TensorEntry& e) {
@@ -70,18 +405,10 @@ Status OperationRunner::Allreduce(ProcessSet& set, TensorEntry& e) {
   const int64_t count = NumElements(q.shape);
   const double post = PostFactor(q, set.size());
   if (count == 0) return Status::OK();
-  if (Is16BitFloat(q.dtype)) {
-    // Reduce in float32 so a float16 sum is as exact as summing in float32
-    // and rounding once.
-    widened_.resize(static_cast<size_t>(count));
-    WidenToFloat(e.input, widened_.data(), count, q.dtype, q.prescale);
-    Status s = set.mpi().Allreduce(widened_.data(), count, DataType::kFloat32, q.reduce_op);
-    if (!s.ok()) return s;
-    NarrowFromFloat(widened_.data(), e.output, count, q.dtype, post);
-    return s;
-  }
   CopyScaled(e.input, e.output, count, q.dtype, q.prescale);
   Status s = set.mpi().Allreduce(e.output, count, q.dtype, q.reduce_op);
+  stats_->Add(stats_->collectives, 1);
+  stats_->Add(stats_->wire_bytes_none, count * static_cast<int64_t>(DataTypeSize(q.dtype)));
   if (s.ok() && post != 1.0) CopyScaled(e.output, e.output, count, q.dtype, post);
   return s;
 }
@@ -90,6 +417,7 @@ Status OperationRunner::Broadcast(ProcessSet& set, TensorEntry& e) {
   const Request& q = e.request;
   const int64_t bytes = NumElements(q.shape) * static_cast<int64_t>(DataTypeSize(q.dtype));
   if (set.rank() == q.root_rank) CopyScaled(e.input, e.output, bytes, DataType::kUInt8, 1.0);
+  stats_->Add(stats_->collectives, 1);
   return set.mpi().Broadcast(e.output, bytes, q.root_rank);
 }
 
@@ -103,11 +431,11 @@ Status OperationRunner::Allgather(ProcessSet& set, TensorEntry& e, const Respons
     total_rows += rows;
   }
   const size_t total_bytes = static_cast<size_t>(total_rows * row_bytes);
-  if (!e.work->output.Allocate(total_bytes)) return OutOfMemory(e, total_bytes);
-  e.work->output_shape = q.shape.empty() ? std::vector<int64_t>{total_rows} : q.shape;
+  if (!e.work->output.Allocate(total_bytes)) return OutOfMemory("the result of '" + q.name + "'", total_bytes);
+  e.work->output_shape = q.shape;
   e.work->output_shape[0] = total_rows;
-  const int me = set.rank();
-  return set.mpi().Allgatherv(e.input, bytes_per_rank[me], e.work->output.data(), bytes_per_rank);
+  stats_->Add(stats_->collectives, 1);
+  return set.mpi().Allgatherv(e.input, bytes_per_rank[set.rank()], e.work->output.data(), bytes_per_rank);
 }
 
 Status OperationRunner::Alltoall(ProcessSet& set, TensorEntry& e, const Response& response) {
@@ -126,9 +454,10 @@ Status OperationRunner::Alltoall(ProcessSet& set, TensorEntry& e, const Response
     recv_rows += rows;
   }
   const size_t total_bytes = static_cast<size_t>(recv_rows * row_bytes);
-  if (!e.work->output.Allocate(total_bytes)) return OutOfMemory(e, total_bytes);
+  if (!e.work->output.Allocate(total_bytes)) return OutOfMemory("the result of '" + q.name + "'", total_bytes);
   e.work->output_shape = q.shape;
   e.work->output_shape[0] = recv_rows;
+  stats_->Add(stats_->collectives, 1);
   return set.mpi().Alltoallv(e.input, send_bytes, e.work->output.data(), recv_bytes);
 }
 
@@ -141,13 +470,14 @@ Status OperationRunner::Reducescatter(ProcessSet& set, TensorEntry& e, const Res
   const int64_t my_count = counts[me];
   const size_t elem = DataTypeSize(q.dtype);
   if (!e.work->output.Allocate(static_cast<size_t>(my_count) * elem)) {
-    return OutOfMemory(e, static_cast<size_t>(my_count) * elem);
+    return OutOfMemory("the result of '" + q.name + "'", static_cast<size_t>(my_count) * elem);
   }
   e.work->output_shape = q.shape;
   e.work->output_shape[0] = response.sizes[me];
   const double post = PostFactor(q, set.size());
   const int64_t count = NumElements(q.shape);
   void* out = e.work->output.data();
+  stats_->Add(stats_->collectives, 1);
   if (Is16BitFloat(q.dtype)) {
     widened_.resize(static_cast<size_t>(count));
     widened_out_.resize(static_cast<size_t>(my_count));
@@ -166,6 +496,65 @@ Status OperationRunner::Reducescatter(ProcessSet& set, TensorEntry& e, const Res
   }
   Status s = set.mpi().ReduceScatter(input, out, counts, q.dtype, q.reduce_op);
   if (s.ok() && post != 1.0) CopyScaled(out, out, my_count, q.dtype, post);
+  return s;
+}
+
+Status OperationRunner::CompressedReducescatter(ProcessSet& set, TensorEntry& e,
+                                                const Response& response) {
+  const Request& q = e.request;
+  const int size = set.size();
+  const int me = set.rank();
+  Compressor* c = CompressorFor(Effective(q));
+  const int64_t row_elems = RowElements(q.shape);
+  const int64_t count = NumElements(q.shape);
+  std::vector<int64_t> counts;
+  int64_t my_start = 0;
+  for (int r = 0; r < size; ++r) {
+    counts.push_back(response.sizes[r] * row_elems);
+    if (r < me) my_start += counts.back();
+  }
+  const int64_t my_count = counts[me];
+  if (!e.work->output.Allocate(static_cast<size_t>(my_count) * sizeof(float))) {
+    return OutOfMemory("the result of '" + q.name + "'", static_cast<size_t>(my_count) * 4);
+  }
+  e.work->output_shape = q.shape;
+  e.work->output_shape[0] = response.sizes[me];
+  auto* out = static_cast<float*>(e.work->output.data());
+  const float* src = static_cast<const float*>(e.input);
+  if (q.prescale != 1.0) {
+    widened_.resize(static_cast<size_t>(count));
+    CopyScaled(src, widened_.data(), count, DataType::kFloat32, q.prescale);
+    src = widened_.data();
+  }
+  const auto segs = One(e, count);
+  const size_t wire = c->CompressedBytes(segs);
+  uint8_t* staged = buffers_.Get(FusionBuffer::kSend, 0, wire);
+  if (!staged) return OutOfMemory("a compression buffer", wire);
+  c->Compress(src, segs, staged);
+  Status s;
+  stats_->Add(stats_->collectives, 1);
+  if (c->wire() == Compressor::Wire::kAllreduce) {
+    stats_->Add(stats_->wire_bytes_fp16, static_cast<int64_t>(wire));
+    const size_t unit = wire / static_cast<size_t>(std::max<int64_t>(count, 1));
+    uint8_t* mine = buffers_.Get(FusionBuffer::kGather, 0, static_cast<size_t>(my_count) * unit + 64);
+    if (!mine) return OutOfMemory("a compression buffer", static_cast<size_t>(my_count) * unit);
+    s = set.mpi().ReduceScatter(staged, mine, counts, c->WireType(), c->WireSumOp());
+    if (s.ok()) c->Decompress(mine, {Segment{q.name, 0, my_count}}, out);
+  } else {
+    stats_->Add(stats_->wire_bytes_topk, static_cast<int64_t>(wire));
+    uint8_t* gathered = buffers_.Get(FusionBuffer::kGather, 0, wire * size);
+    if (!gathered) return OutOfMemory("a gather buffer", wire * size);
+    MPI_Request req = MPI_REQUEST_NULL;
+    s = set.mpi().StartAllgather(staged, static_cast<int64_t>(wire), gathered, &req);
+    if (s.ok()) s = set.mpi().WaitRequest(&req, "MPI_ALLGATHER");
+    if (s.ok()) {
+      widened_out_.assign(static_cast<size_t>(count), 0.0f);
+      for (int r = 0; r < size; ++r) c->DecompressAdd(gathered + static_cast<size_t>(r) * wire, segs, widened_out_.data());
+      std::memcpy(out, widened_out_.data() + my_start, static_cast<size_t>(my_count) * sizeof(float));
+    }
+  }
+  const double post = PostFactor(q, size);
+  if (s.ok() && post != 1.0) CopyScaled(out, out, my_count, DataType::kFloat32, post);
   return s;
 }
 

@@ -1,30 +1,65 @@
-// Turns an agreed Response into work on buffers: copies and scaling around
-// the MPI call, output allocation for ops whose size depends on other ranks,
-// and completion of each tensor's handle.
+// Turns one round's agreed responses into work on buffers: allreduces of the
+// same dtype, op and compression are fused into buckets up to the fusion
+// threshold and pipelined (bucket i+1 is packed while bucket i is on the
+// wire); tensors at least as large as the threshold go to MPI directly, with
+// no copy. Other collectives copy/scale around their MPI call and allocate
+// outputs whose size depends on other ranks. Every tensor's handle is
+// completed here.
 #pragma once
 
+#include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
+#include "compressors/compressor.h"
+#include "engine_options.h"
+#include "engine_stats.h"
+#include "fusion_buffer.h"
 #include "message.h"
 #include "process_set.h"
 #include "status.h"
+#include "timeline.h"
 
 namespace hvdlite {
 
 class OperationRunner {
  public:
-  // Completes the handle of every tensor named in `response`. A non-OK result
-  // means the communicator can no longer be trusted and the engine must stop.
-  Status Run(ProcessSet& set, const Response& response);
+  OperationRunner(const EngineOptions& options, EngineStats* stats, Timeline* timeline)
+      : options_(options), stats_(stats), timeline_(timeline) {}
+
+  // `responses` is the same ordered list on every rank of `set`. A non-OK
+  // result means the communicator can no longer be trusted.
+  Status RunAll(ProcessSet& set, const std::vector<Response>& responses);
+  // Drops error-feedback residuals (hvdlite.reset_compression_state()).
+  void ResetCompression();
 
  private:
+  struct Bucket;
+  Status RunOne(ProcessSet& set, const Response& response, TensorEntry& entry);
+  Status RunAllreduces(ProcessSet& set, std::vector<TensorEntry*>& entries);
+  Status Prepare(ProcessSet& set, Bucket& bucket, MPI_Request* in_flight);
+  Status Start(ProcessSet& set, Bucket& bucket);
+  Status Finish(ProcessSet& set, Bucket& bucket, MPI_Request* in_flight);
+
   Status Allreduce(ProcessSet& set, TensorEntry& entry);
   Status Allgather(ProcessSet& set, TensorEntry& entry, const Response& response);
   Status Broadcast(ProcessSet& set, TensorEntry& entry);
   Status Alltoall(ProcessSet& set, TensorEntry& entry, const Response& response);
   Status Reducescatter(ProcessSet& set, TensorEntry& entry, const Response& response);
+  Status CompressedReducescatter(ProcessSet& set, TensorEntry& entry, const Response& response);
 
-  std::vector<float> widened_;  // float32 scratch for 16-bit float reductions
+  Compressor* CompressorFor(const CompressionSpec& spec);
+  void Phase(const std::vector<TensorEntry*>& entries, const char* phase, bool begin,
+             const std::string& args = "");
+
+  EngineOptions options_;
+  EngineStats* stats_;
+  Timeline* timeline_;
+  FusionBuffer buffers_;
+  // One compressor per spec, kept across rounds: error feedback carries state.
+  std::map<std::string, std::unique_ptr<Compressor>> compressors_;
+  std::vector<float> widened_;
   std::vector<float> widened_out_;
 };
 

@@ -5,12 +5,13 @@
 namespace hvdlite {
 
 ProcessSet::ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm,
-                       const WaitPolicy& wait, const std::atomic<bool>* abort)
+                       const EngineOptions& options, EngineStats* stats,
+                       const std::atomic<bool>* abort)
     : id_(id), ranks_(std::move(ranks)), comm_(comm) {
   if (comm_ != MPI_COMM_NULL) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-    mpi_ = std::make_unique<MpiCollectives>(comm_, wait, abort);
-    controller_ = std::make_unique<Controller>(mpi_.get());
+    mpi_ = std::make_unique<MpiCollectives>(comm_, options.wait, abort);
+    controller_ = std::make_unique<Controller>(mpi_.get(), options, stats);
   }
 }
 

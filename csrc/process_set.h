@@ -20,8 +20,8 @@ namespace hvdlite {
 class ProcessSet {
  public:
   // `comm` is MPI_COMM_NULL on ranks that are not members; it is owned here.
-  ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, const WaitPolicy& wait,
-             const std::atomic<bool>* abort);
+  ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, const EngineOptions& options,
+             EngineStats* stats, const std::atomic<bool>* abort);
   ~ProcessSet();
   ProcessSet(const ProcessSet&) = delete;
   ProcessSet& operator=(const ProcessSet&) = delete;

@@ -12,7 +12,9 @@ namespace {
 // Largest element count passed to one MPI call (MPI counts are int).
 constexpr int64_t kMaxChunk = int64_t{1} << 30;
 
-MPI_Op MpiOp(ReduceOp op) {
+}  // namespace
+
+MPI_Op MpiReduceOp(ReduceOp op) {
   switch (op) {
     case ReduceOp::kMin: return MPI_MIN;
     case ReduceOp::kMax: return MPI_MAX;
@@ -23,6 +25,8 @@ MPI_Op MpiOp(ReduceOp op) {
   }
   return MPI_SUM;
 }
+
+namespace {
 
 bool FitsInt(const std::vector<int64_t>& v) {
   int64_t total = 0;
@@ -116,7 +120,7 @@ Status MpiCollectives::Allreduce(void* data, int64_t count, DataType dtype, Redu
   for (int64_t offset = 0; offset < count; offset += kMaxChunk) {
     int n = static_cast<int>(std::min(kMaxChunk, count - offset));
     MPI_Request req;
-    Status s = Check(MPI_Iallreduce(MPI_IN_PLACE, bytes + offset * elem, n, type, MpiOp(op), comm_,
+    Status s = Check(MPI_Iallreduce(MPI_IN_PLACE, bytes + offset * elem, n, type, MpiReduceOp(op), comm_,
                                     &req),
                      "MPI_Iallreduce");
     if (s.ok()) s = Wait(&req, "MPI_Iallreduce");
@@ -218,12 +222,12 @@ Status MpiCollectives::ReduceScatter(const void* input, void* output,
   Status s;
   if (FitsInt(counts)) {
     auto c = ToInt(counts);
-    s = Check(MPI_Ireduce_scatter(input, output, c.data(), type, MpiOp(op), comm_, &req),
+    s = Check(MPI_Ireduce_scatter(input, output, c.data(), type, MpiReduceOp(op), comm_, &req),
               "MPI_Ireduce_scatter");
   } else {
 #if MPI_VERSION >= 4
     std::vector<MPI_Count> c(counts.begin(), counts.end());
-    s = Check(MPI_Ireduce_scatter_c(input, output, c.data(), type, MpiOp(op), comm_, &req),
+    s = Check(MPI_Ireduce_scatter_c(input, output, c.data(), type, MpiReduceOp(op), comm_, &req),
               "MPI_Ireduce_scatter_c");
 #else
     return TooLarge("reducescatter");
@@ -233,11 +237,42 @@ Status MpiCollectives::ReduceScatter(const void* input, void* output,
   return s;
 }
 
+Status MpiCollectives::ReduceScatter(const void* input, void* output,
+                                     const std::vector<int64_t>& counts, MPI_Datatype type,
+                                     MPI_Op op) {
+  if (!FitsInt(counts)) return TooLarge("compressed reducescatter");
+  auto c = ToInt(counts);
+  MPI_Request req;
+  Status s = Check(MPI_Ireduce_scatter(input, output, c.data(), type, op, comm_, &req),
+                   "MPI_Ireduce_scatter");
+  if (s.ok()) s = Wait(&req, "MPI_Ireduce_scatter");
+  return s;
+}
+
 Status MpiCollectives::Barrier() {
   MPI_Request req;
   Status s = Check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
   if (s.ok()) s = Wait(&req, "MPI_Ibarrier");
   return s;
+}
+
+Status MpiCollectives::StartAllreduce(const void* send, void* recv, int64_t count,
+                                      MPI_Datatype type, MPI_Op op, MPI_Request* request) {
+  return Check(MPI_Iallreduce(send, recv, static_cast<int>(count), type, op, comm_, request),
+               "MPI_Iallreduce");
+}
+
+Status MpiCollectives::StartAllgather(const void* send, int64_t bytes, void* recv,
+                                      MPI_Request* request) {
+  return Check(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv,
+                              static_cast<int>(bytes), MPI_BYTE, comm_, request),
+               "MPI_Iallgather");
+}
+
+void MpiCollectives::Progress(MPI_Request* request) {
+  if (*request == MPI_REQUEST_NULL) return;
+  int done = 0;
+  MPI_Test(request, &done, MPI_STATUS_IGNORE);
 }
 
 Status MpiCollectives::BitwiseAnd(uint64_t* words, int count) {

@@ -34,7 +34,20 @@ class MpiCollectives {
                    const std::vector<int64_t>& recv_bytes);
   Status ReduceScatter(const void* input, void* output, const std::vector<int64_t>& counts,
                        DataType dtype, ReduceOp op);
+  // With a custom wire type and sum (compressed reductions).
+  Status ReduceScatter(const void* input, void* output, const std::vector<int64_t>& counts,
+                       MPI_Datatype type, MPI_Op op);
   Status Barrier();
+
+  // Nonblocking starts for pipelined, fused reductions (count <= INT_MAX);
+  // complete them with WaitRequest and nudge them along with Progress.
+  Status StartAllreduce(const void* send, void* recv, int64_t count, MPI_Datatype type, MPI_Op op,
+                        MPI_Request* request);
+  Status StartAllgather(const void* send, int64_t bytes, void* recv, MPI_Request* request);
+  Status WaitRequest(MPI_Request* request, const char* what) { return Wait(request, what); }
+  // One MPI_Test: MPI moves nonblocking collectives forward only inside MPI
+  // calls, so long copies call this between chunks.
+  void Progress(MPI_Request* request);
 
   // Negotiation helpers.
   Status BitwiseAnd(uint64_t* words, int count);
@@ -54,5 +67,6 @@ class MpiCollectives {
 };
 
 MPI_Datatype MpiReductionType(DataType dtype);
+MPI_Op MpiReduceOp(ReduceOp op);
 
 }  // namespace hvdlite

@@ -1,0 +1,65 @@
+// The compression interface: a compressor turns float32 segments of a (possibly
+// fused) buffer into a wire form and back. Concrete compressors (fp16.h,
+// topk.h) implement it; wrappers such as error_feedback.h decorate any
+// compressor with the same interface, so features compose instead of becoming
+// flags inside each compressor.
+//
+// Threading: a compressor object is used from the engine thread only; it keeps
+// scratch buffers between calls and is not safe to share across threads.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../message.h"
+
+namespace hvdlite {
+
+// One tensor inside a (possibly fused) float32 buffer; offsets/counts in elements.
+struct Segment {
+  std::string name;
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+
+class Compressor {
+ public:
+  enum class Wire { kAllreduce, kAllgather };  // how ranks' wire forms combine
+  virtual ~Compressor() = default;
+  virtual std::string Describe() const = 0;  // e.g. "fp16", "topk(0.01)+ef"
+  virtual Wire wire() const = 0;
+  // Upper bound of the wire bytes for these segments. For kAllgather the
+  // size must be the same on every rank for the same segments (fixed k).
+  // Layout contract (ErrorFeedback relies on it): the wire form of several
+  // segments is the concatenation, in order, of each segment's own wire form,
+  // CompressedBytes({segment}) bytes long. fp16 and top-k are exact: Compress
+  // returns CompressedBytes.
+  virtual size_t CompressedBytes(const std::vector<Segment>& segs) const = 0;
+  // input: the whole float32 buffer the segments index; returns bytes written to out.
+  virtual size_t Compress(const float* input, const std::vector<Segment>& segs, uint8_t* out) = 0;
+  // out = dense decompression of one wire form (entries not sent become 0).
+  // Only the segments' ranges of out are written.
+  virtual void Decompress(const uint8_t* in, const std::vector<Segment>& segs, float* out) = 0;
+  // out += dense decompression (used for kAllgather: summing every rank's part).
+  virtual void DecompressAdd(const uint8_t* in, const std::vector<Segment>& segs, float* out) = 0;
+  // kAllreduce only: the MPI datatype/op that sums wire forms (created lazily, MPI must be initialised).
+  virtual MPI_Datatype WireType() const { return MPI_DATATYPE_NULL; }
+  virtual MPI_Op WireSumOp() const { return MPI_OP_NULL; }
+  // Forget carried state (error-feedback residuals).
+  virtual void Reset() {}
+};
+
+// none -> nullptr; fp16 -> FP16Compressor; topk -> TopKCompressor, wrapped in
+// ErrorFeedback when spec.error_feedback. An invalid spec (unknown type, top-k
+// ratio outside (0, 1]) also yields nullptr: callers validate before this.
+std::unique_ptr<Compressor> CreateCompressor(const CompressionSpec& spec);
+
+// Sum of the segments' counts (the element count of a wire form for dense compressors).
+int64_t TotalCount(const std::vector<Segment>& segs);
+
+}  // namespace hvdlite
