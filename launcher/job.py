@@ -27,7 +27,7 @@ import time
 
 from .mpi_command import LaunchSpec, build_command, interface_env
 from .mpi_detect import MpiNotFound, detect_mpi
-from .output import Echo, LineSplitter, RankFiles, parse_report
+from .output import AbortDetector, Echo, LineSplitter, RankFiles, is_rank_line, parse_report
 from .ssh_check import SshOptions, check_hosts
 
 ESCALATE_S = 3.0
@@ -76,7 +76,8 @@ class Job:
         self.np = opts.np
         self.started = {}           # rank -> host, from the wrappers' "start" reports
         self.exits = {}             # rank -> (code, host)
-        self.first_failure = None   # (rank, host, code, signal)
+        self.first_failure = None   # (rank, host, code, how it ended)
+        self.aborts = AbortDetector()
         self.stop_reason = None     # why hvdrun began stopping the job
         self.user_signal = None
         self.stop_at = None
@@ -228,20 +229,46 @@ class Job:
 
     def _line(self, line, echo, files):
         report = parse_report(line)
-        if report is None:
-            echo.write(line)
-            if files:
-                files.write(line)
+        if report is not None:
+            self._report(report)
             return
+        abort = self.aborts.feed(line)
+        if abort is not None:
+            rank, code = abort
+            self._failed(rank, self.started.get(rank), code or 1,
+                         "called MPI_Abort with code %d" % code)
+        if self.stop_at is not None and not self.opts.verbose and not is_rank_line(line):
+            # The launcher's own messages while hvdrun stops the job ("BAD
+            # TERMINATION ... EXIT CODE: 15") describe the stop hvdrun caused and
+            # name no culprit; hvdrun's summary line does.  --verbose keeps them.
+            return
+        echo.write(line)
+        if files:
+            files.write(line)
+
+    def _report(self, report):
         rank, host = report.get("rank"), report.get("host")
         if report.get("event") == "start":
             self.started[rank] = host
         elif report.get("event") == "exit":
             code = report.get("code", 1)
             self.exits[rank] = (code, host)
-            if code != 0 and self.first_failure is None and self.stop_at is None:
-                self.first_failure = (rank, host, code, report.get("signal"))
-                self._begin_stop("rank %s failed" % rank)
+            if code != 0:
+                sig = report.get("signal")
+                self._failed(rank, host, code, ("was killed by %s" % _signal_name(sig)) if sig
+                             else ("exited with code %d" % code))
+        elif report.get("event") == "failing":
+            # The rank said it is failing; it may now hang in MPI_Finalize.
+            reason = report.get("reason") or "no reason given"
+            self._failed(rank, host, report.get("code") or 1, "failed: %s" % reason)
+
+    def _failed(self, rank, host, code, how):
+        # Only the first failure counts: the ones that follow are usually ranks
+        # that lost their peer, or ranks hvdrun itself is stopping.
+        if self.first_failure is None and self.stop_at is None:
+            running = set(range(self.np)) - set(self.exits) - {rank}
+            self.first_failure = (rank, host, code, how, len(running))
+            self._begin_stop("rank %s failed" % rank)
 
     def _start_timed_out(self):
         missing = sorted(set(range(self.np)) - set(self.started))
@@ -258,10 +285,10 @@ class Job:
     def _exit_code(self):
         rc = self.proc.returncode
         if self.first_failure is not None:
-            rank, host, code, sig = self.first_failure
-            how = ("was killed by %s" % _signal_name(sig)) if sig else ("exited with code %d" % code)
-            others = "; hvdrun stopped the other ranks" if self.np > 1 else ""
-            log("rank %s on host %s %s%s" % (rank, host, how, others))
+            rank, host, code, how, running = self.first_failure
+            others = ("; hvdrun stopped the %d other rank%s still running"
+                      % (running, "s" if running > 1 else "")) if running else ""
+            log("rank %s on host %s %s%s" % (rank, host or "?", how, others))
             return code
         if self.user_signal is not None:
             log("job %s; all ranks were stopped" % self.stop_reason)
@@ -272,7 +299,8 @@ class Job:
             if rc < 0:
                 log("%s was killed by %s" % (os.path.basename(self.proc.args[0]), _signal_name(-rc)))
                 return 128 - rc
-            log("%s exited with code %d without any rank reporting a failure (see its messages above)"
+            log("%s exited with code %d and no rank reported how it ended (a rank calling "
+                "MPI_Abort, or a launch error: see the messages above)"
                 % (os.path.basename(self.proc.args[0]), rc))
             return rc
         return 0

@@ -37,6 +37,43 @@ def parse_report(line):
         return None
 
 
+class AbortDetector:
+    """Notice a rank calling MPI_Abort in the launcher's messages.
+
+    The MPI launcher kills every rank (wrappers included) right after an abort, so
+    the wrapper's exit report may never arrive; the abort message is then the
+    only record of which rank failed and with what code.
+      MPICH:    "... application called MPI_Abort(MPI_COMM_WORLD, 3) - process 1"
+      Open MPI: "MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD"
+                "with errorcode 3."  (two lines)
+    """
+
+    _MPICH = re.compile(rb"MPI_Abort\([^,()]*,\s*(-?\d+)\)\s*-\s*process\s+(\d+)")
+    _OMPI_RANK = re.compile(rb"MPI_ABORT was invoked on rank (\d+)")
+    _OMPI_CODE = re.compile(rb"with errorcode (-?\d+)")
+
+    def __init__(self):
+        self._ompi_rank = None
+
+    def feed(self, line):
+        """Return (rank, code) when ``line`` completes an abort message, else None."""
+        m = self._MPICH.search(line)
+        if m:
+            return int(m.group(2)), int(m.group(1))
+        m = self._OMPI_RANK.search(line)
+        if m:
+            self._ompi_rank = int(m.group(1))
+        m = self._OMPI_CODE.search(line)
+        if m and self._ompi_rank is not None:
+            rank, self._ompi_rank = self._ompi_rank, None
+            return rank, int(m.group(1))
+        return None
+
+
+def is_rank_line(line):
+    return _RANK_LINE.match(line) is not None
+
+
 class RankFiles:
     """--output-filename DIR: DIR/rank.<N>/stdout and DIR/rank.<N>/stderr, without the
     prefix (the directory already says which rank), written on the launching host."""

@@ -35,6 +35,8 @@ import time
 CTL_MARK = "@hvdlite-ctl@ "
 PREFIX_FMT = "[{rank}]<{stream}>: "
 
+_CTL_MARK_B = CTL_MARK.encode()
+
 MAX_WRITE = 4096            # PIPE_BUF on Linux: writes up to this size are atomic
 PARTIAL_FLUSH_S = 1.0       # a line without newline is shown after this long (prompts, progress)
 DRAIN_AFTER_EXIT_S = 0.5    # grandchildren may hold the pipes open after the rank exits
@@ -74,14 +76,17 @@ def split_for_write(prefix, line, limit=MAX_WRITE):
 class _Stream:
     """One of the rank's output pipes, split into lines."""
 
-    def __init__(self, name, pipe, out_fd, prefix):
+    def __init__(self, name, pipe, out_fd, prefix, on_report=None):
         self.name, self.pipe, self.out_fd = name, pipe, out_fd
         self.prefix = prefix
+        self.on_report = on_report  # called with a report line the rank wrote itself
         self.buf = b""
         self.since = None           # when the oldest unterminated byte arrived
         self.out_ok = True
 
     def _write(self, line):
+        if self.on_report is not None and line.startswith(_CTL_MARK_B) and self.on_report(line):
+            return
         for rec in split_for_write(self.prefix, line):
             if not self.out_ok:
                 return
@@ -104,6 +109,28 @@ class _Stream:
         if self.buf and (force or now - self.since >= PARTIAL_FLUSH_S):
             self._write(self.buf)
             self.buf, self.since = b"", None
+
+
+def relay_rank_report(line, rank, host):
+    """A rank may announce its own failure before it exits, by writing
+    ``@hvdlite-ctl@ {"event": "failing", "code": 1, "reason": "..."}`` on stderr.
+
+    This matters because a rank that exits after using MPI can hang in
+    MPI_Finalize (MPICH waits there for every rank), so its real exit never
+    comes while the other ranks wait for it.  hvdlite's exit hook writes this
+    line; any other program may too.  Returns False for anything else, which is
+    then shown as ordinary output.
+    """
+    try:
+        fields = json.loads(line[len(_CTL_MARK_B):].decode("utf-8", "replace"))
+    except ValueError:
+        return False
+    if not isinstance(fields, dict) or fields.get("event") != "failing":
+        return False
+    code = fields.get("code")
+    report("failing", rank=rank, host=host, code=code if isinstance(code, int) and code else 1,
+           reason=str(fields.get("reason", ""))[:500])
+    return True
 
 
 def report(event, **fields):
@@ -175,7 +202,8 @@ def main(argv=None):
     report("start", rank=rank, host=host, pid=child.pid)
 
     streams = [_Stream("stdout", child.stdout, 1, PREFIX_FMT.format(rank=rank_s, stream="stdout").encode()),
-               _Stream("stderr", child.stderr, 2, PREFIX_FMT.format(rank=rank_s, stream="stderr").encode())]
+               _Stream("stderr", child.stderr, 2, PREFIX_FMT.format(rank=rank_s, stream="stderr").encode(),
+                       on_report=lambda line: relay_rank_report(line, rank, host))]
     sel = selectors.DefaultSelector()
     for s in streams:
         os.set_blocking(s.pipe.fileno(), False)
