@@ -19,10 +19,12 @@ test runs at once do not collide, and ``cleanup_stale()`` can remove what a
 killed run left behind.
 """
 
+import importlib.util
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,7 +51,7 @@ def missing_requirements():
     reasons = []
     if os.geteuid() != 0:
         reasons.append("not root")
-    for tool in ("ip", "nsenter", "unshare", "ssh", "ssh-keygen", "tc"):
+    for tool in ("ip", "nsenter", "unshare", "ssh", "ssh-keygen"):
         if shutil.which(tool) is None:
             reasons.append("missing %s" % tool)
     if not os.path.exists(SSHD):
@@ -72,6 +74,15 @@ def _netns_list():
 def _netns_pids(ns):
     p = _run(["ip", "netns", "pids", ns], check=False)
     return [int(x) for x in p.stdout.split()]
+
+
+def _alive(pid):
+    """True while pid runs (a zombie waiting for its reaper does not count)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _kill_namespaces(names):
@@ -183,9 +194,10 @@ class NetnsHosts:
         if pid:
             os.kill(pid, signal.SIGTERM)
             deadline = time.time() + 3
-            while os.path.exists("/proc/%d" % pid) and time.time() < deadline:
+            while _alive(pid) and time.time() < deadline:
                 time.sleep(0.02)
-        os.unlink(self.sshd_pidfile(k))
+        if os.path.exists(self.sshd_pidfile(k)):   # sshd removes it itself on SIGTERM
+            os.unlink(self.sshd_pidfile(k))
 
     def start_sshd(self, k):
         pidfile = self.sshd_pidfile(k)
@@ -204,13 +216,16 @@ class NetnsHosts:
     def set_link(self, k, up):
         _run(["ip", "-n", self.netns(k), "link", "set", "eth0", "up" if up else "down"])
 
-    def set_silent(self, k, silent):
-        """Drop every packet host k receives (a host that never answers)."""
+    def set_silent(self, k, silent, seen_from=1):
+        """Make host k silent for host ``seen_from``: its packets go to a MAC address
+        nobody has, so connections get no answer at all (neither a reset nor an
+        ICMP error), like a host that is down behind a firewall."""
+        ns, ip = self.netns(seen_from), self.addr(k)
         if silent:
-            _run(["tc", "-n", self.netns(k), "qdisc", "add", "dev", "eth0", "root",
-                  "netem", "loss", "100%"])
+            _run(["ip", "-n", ns, "neigh", "replace", ip, "lladdr", "02:00:00:00:00:99",
+                  "dev", "eth0", "nud", "permanent"])
         else:
-            _run(["tc", "-n", self.netns(k), "qdisc", "del", "dev", "eth0", "root"], check=False)
+            _run(["ip", "-n", ns, "neigh", "del", ip, "dev", "eth0"], check=False)
 
     def ssh(self, k_from, host, *command, timeout=10):
         """Run a command on ``host`` over ssh from host k_from; return CompletedProcess."""
@@ -381,6 +396,61 @@ class NetnsHosts:
                 time.sleep(0.1)
         with ThreadPoolExecutor(self.count) as pool:
             list(pool.map(check, range(1, self.count + 1)))
+
+
+# ---- helpers for the launcher tests ---------------------------------------------
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REQUIRE_ALL = os.environ.get("HVDLITE_TEST_REQUIRE_ALL") == "1"
+
+
+def hvdrun_argv():
+    """(argv prefix that runs hvdrun, extra environment).
+
+    The installed ``hvdlite.launcher`` when it is importable; otherwise (a checkout
+    without ``pip install -e .``) the ``launcher`` directory itself, except in CI,
+    where the installed one is required.
+    """
+    try:
+        installed = importlib.util.find_spec("hvdlite.launcher") is not None
+    except ImportError:
+        installed = False
+    if installed:
+        return [sys.executable, "-m", "hvdlite.launcher"], {}
+    if REQUIRE_ALL:
+        raise RuntimeError("hvdlite.launcher is not importable (pip install -e . first)")
+    return [sys.executable, "-m", "launcher"], {"PYTHONPATH": REPO}
+
+
+def tagged_processes(tag):
+    """{pid: command line} of every process whose command line contains ``tag``.
+
+    /proc shows the processes of every network namespace (the hosts share our pid
+    namespace), so this sees ranks left on any test host.
+    """
+    found = {}
+    needle = tag.encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if needle in cmd:
+            found[int(pid)] = cmd.replace(b"\0", b" ").decode(errors="replace")
+    return found
+
+
+def wait_until_gone(tag, timeout=3.0):
+    """Wait for processes carrying ``tag`` to end; return those still there."""
+    deadline = time.time() + timeout
+    while True:
+        left = tagged_processes(tag)
+        if not left or time.time() > deadline:
+            return left
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":      # manual use: python tests/hosts_fixture.py [N] -> shell on host 1

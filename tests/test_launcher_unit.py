@@ -1,0 +1,344 @@
+"""hvdrun's parts that need no MPI job: flags, hosts, hostfiles, SSH error texts,
+MPI detection, the launch commands, output records.  Runs in about a second."""
+
+import importlib
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from hosts_fixture import REPO, REQUIRE_ALL, hvdrun_argv
+
+try:
+    import hvdlite.launcher as pkg
+except ImportError:
+    if REQUIRE_ALL:
+        raise
+    sys.path.insert(0, REPO)
+    import launcher as pkg
+
+
+def mod(name):
+    return importlib.import_module("%s.%s" % (pkg.__name__, name))
+
+
+hosts = mod("hosts")
+options = mod("options")
+ssh_check = mod("ssh_check")
+mpi_detect = mod("mpi_detect")
+mpi_command = mod("mpi_command")
+output = mod("output")
+rank_wrapper = mod("rank_wrapper")
+job = mod("job")
+main = mod("__main__").main
+
+
+def parse_error(argv, capsys):
+    """Run hvdrun's parser on argv; return its one-line error (exit code must be 2)."""
+    with pytest.raises(SystemExit) as e:
+        options.parse_args(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hvdrun: error: "), err
+    return err
+
+
+# ---- -H and hostfiles ---------------------------------------------------------------
+
+@pytest.mark.parametrize("text,expected", [
+    ("a", [("a", 1)]),
+    ("a:2,b:2", [("a", 2), ("b", 2)]),
+    ("node-1.example.com:8, 10.0.0.2:4", [("node-1.example.com", 8), ("10.0.0.2", 4)]),
+    ("[fe80::1]:2,b", [("fe80::1", 2), ("b", 1)]),
+])
+def test_hosts_arg(text, expected):
+    assert [(h.name, h.slots) for h in hosts.parse_hosts_arg(text)] == expected
+
+
+@pytest.mark.parametrize("text,words", [
+    ("a:x", "slots must be a positive integer"),
+    ("a:0", "slots must be a positive integer"),
+    ("a:-1", "slots must be a positive integer"),
+    ("a:2,,b:2", "empty entry"),
+    ("a:2:3", "expected HOST or HOST:SLOTS"),
+    (":2", "not a valid host name"),
+    ("a b:2", "not a valid host name"),
+    ("a:2,a:2", "listed twice"),
+    ("", "empty host list"),
+])
+def test_bad_hosts_arg_is_a_clear_usage_error(text, words, capsys):
+    err = parse_error(["-H", text, "python", "x.py"], capsys)
+    assert words in err
+
+
+def test_hostfile_formats(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("# a comment\n\nnode1 slots=4\nnode2:2   # Intel MPI / MPI operator style\n"
+                 "node3\nnode4 slots=2 max_slots=8\n")
+    assert [(h.name, h.slots) for h in hosts.parse_hostfile(str(f))] == \
+        [("node1", 4), ("node2", 2), ("node3", 1), ("node4", 2)]
+
+
+@pytest.mark.parametrize("content,words", [
+    ("node1 slots=four\n", "line 1: slots must be a positive integer"),
+    ("node1\nnode2 cpus=3\n", "line 2: unknown field 'cpus=3'"),
+    ("# only comments\n\n", "lists no hosts"),
+    ("node1 slots=2\nnode1 slots=2\n", "listed twice"),
+])
+def test_bad_hostfile(tmp_path, capsys, content, words):
+    f = tmp_path / "hosts"
+    f.write_text(content)
+    assert words in parse_error(["--hostfile", str(f), "python", "x.py"], capsys)
+
+
+def test_missing_hostfile(capsys):
+    err = parse_error(["--hostfile", "/nonexistent/hosts.txt", "python", "x.py"], capsys)
+    assert "hostfile /nonexistent/hosts.txt: no such file" in err
+
+
+def test_np_larger_than_slots(capsys):
+    err = parse_error(["-np", "5", "-H", "a:2,b:2", "python", "x.py"], capsys)
+    assert "-np 5 is more than the 4 slots of -H (a:2,b:2)" in err
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["-np", "2"], "no command given"),
+    (["python", "x.py"], "-np is required"),
+    (["-np", "0", "python"], "-np must be at least 1"),
+    (["-np", "2", "-H", "a:2", "--hostfile", "f", "python"], "not both"),
+    (["-np", "2", "-i", "/nonexistent/key", "-H", "a:2", "python"], "no such key file"),
+    (["-np", "2", "--env", "1BAD=x", "python"], "not a valid variable name"),
+    (["-np", "2", "--env", "HVDLITE_TEST_SURELY_UNSET", "python"], "is not set"),
+    (["-np", "2", "--mpi-args", "'unclosed", "python"], "--mpi-args"),
+    (["-np", "2", "--network-interface", ",", "python"], "no interface name"),
+])
+def test_usage_errors(argv, words, capsys, monkeypatch):
+    monkeypatch.delenv("SLURM_NTASKS", raising=False)
+    monkeypatch.delenv("SLURM_NPROCS", raising=False)
+    assert words in parse_error(argv, capsys)
+
+
+def test_np_defaults(monkeypatch):
+    assert options.parse_args(["-H", "a:2,b:3", "python", "x.py"]).np == 5
+    monkeypatch.setenv("SLURM_NTASKS", "6")
+    assert options.parse_args(["python", "x.py"]).np == 6
+
+
+def test_command_keeps_its_own_flags():
+    opts = options.parse_args(["-np", "2", "python", "train.py", "-np", "7", "--verbose"])
+    assert opts.command == ["python", "train.py", "-np", "7", "--verbose"]
+    assert opts.np == 2 and not opts.verbose
+
+
+def test_settings_become_engine_variables(monkeypatch):
+    monkeypatch.setenv("FROM_OUTSIDE", "outside")
+    opts = options.parse_args([
+        "-np", "2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5",
+        "--cache-capacity", "512", "--timeline-filename", "tl-%r.json", "--no-stall-check",
+        "--stall-check-warning-time-seconds", "30", "--stall-check-shutdown-time-seconds", "90",
+        "--env", "A=1", "--env", "B=x=y", "--env", "FROM_OUTSIDE", "python", "x.py"])
+    assert opts.rank_env == {
+        "HVDLITE_FUSION_THRESHOLD": str(32 * 1024 * 1024),
+        "HVDLITE_CYCLE_TIME": "2.5",
+        "HVDLITE_CACHE_CAPACITY": "512",
+        "HVDLITE_TIMELINE": os.path.abspath("tl-%r.json"),
+        "HVDLITE_STALL_CHECK_DISABLE": "1",
+        "HVDLITE_STALL_CHECK_TIME_SECONDS": "30",
+        "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "90",
+        "A": "1", "B": "x=y", "FROM_OUTSIDE": "outside"}
+
+
+def test_unset_flags_set_nothing():
+    assert options.parse_args(["-np", "1", "python"]).rank_env == {}
+
+
+def test_cli_version_and_usage_error_exit_codes():
+    argv, extra = hvdrun_argv()
+    env = dict(os.environ, **extra)
+    p = subprocess.run(argv + ["--version"], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0 and "hvdrun (hvdlite) " in p.stdout
+    p = subprocess.run(argv + ["-np", "3", "-H", "a:1", "python"], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.splitlines()[0] == \
+        "hvdrun: error: -np 3 is more than the 1 slots of -H (a:1); add slots or lower -np"
+
+
+def test_console_script_installed():
+    exe = os.path.join(os.path.dirname(sys.executable), "hvdrun")
+    if not os.path.exists(exe):
+        if REQUIRE_ALL:
+            pytest.fail("the hvdrun console script is not installed next to %s" % sys.executable)
+        pytest.skip("hvdlite is not installed (pip install -e .)")
+    p = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "hvdrun (hvdlite)" in p.stdout
+
+
+# ---- SSH -----------------------------------------------------------------------------
+
+SSH_ERRORS = [
+    ("ssh: connect to host n2 port 22: Connection refused", "connection refused"),
+    ("ssh: connect to host n2 port 22: Connection timed out", "timed out after 3 s"),
+    ("ssh: connect to host n2 port 22: No route to host", "no route to host"),
+    ("ssh: Could not resolve hostname n9: Name or service not known", "unknown host name"),
+    ("ssh: Could not resolve hostname n9: Temporary failure in name resolution", "unknown host name"),
+    ("root@n2: Permission denied (publickey).", "permission denied"),
+    ("Host key verification failed.", "host key verification failed"),
+    ("kex_exchange_identification: Connection closed by remote host", "closed by the remote side"),
+    ("something new and strange", "ssh failed: something new and strange"),
+]
+
+
+@pytest.mark.parametrize("stderr,words", SSH_ERRORS)
+def test_ssh_error_texts(stderr, words):
+    opts = ssh_check.SshOptions("/usr/bin/ssh", connect_timeout=3)
+    assert words in ssh_check.classify(255, stderr + "\n", opts)
+
+
+def test_ssh_missing_python_and_success():
+    opts = ssh_check.SshOptions("/usr/bin/ssh")
+    assert ssh_check.classify(0, "", opts) is None
+    assert "/opt/py/bin/python does not exist there" in \
+        ssh_check.classify(97, "", opts, python="/opt/py/bin/python")
+
+
+def test_ssh_never_prompts():
+    opts = ssh_check.SshOptions("/usr/bin/ssh", port=2222, identity="/k/id", connect_timeout=3)
+    argv = opts.argv()
+    assert "BatchMode=yes" in argv and "ConnectTimeout=3" in argv
+    assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-i") + 1] == "/k/id"
+    script = opts.wrapper_script()
+    assert script.startswith("#!/bin/sh\nexec /usr/bin/ssh -o BatchMode=yes") and '"$@"' in script
+
+
+def test_local_hosts_are_not_checked_over_ssh():
+    assert hosts.is_local("localhost") and hosts.is_local("127.0.0.1")
+    assert not hosts.is_local("no-such-host.invalid")
+    opts = ssh_check.SshOptions("/nonexistent/ssh")
+    [r] = ssh_check.check_hosts(["localhost"], opts)
+    assert r.ok and r.local
+
+
+# ---- MPI detection and commands ------------------------------------------------------
+
+def fake_mpi(tmp_path, tool):
+    """A directory with an executable mpiexec and the flavour's marker tool next to it."""
+    for name in ("mpiexec", tool):
+        p = tmp_path / name
+        p.write_text("#!/bin/sh\necho 'MPICH Version:      9.9.9'\n")
+        p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    return str(tmp_path / "mpiexec")
+
+
+@pytest.mark.parametrize("tool,flavour", [("mpichversion", "mpich"), ("ompi_info", "openmpi")])
+def test_detect_mpi_explicit(tmp_path, monkeypatch, tool, flavour):
+    monkeypatch.setenv("HVDLITE_MPIEXEC", fake_mpi(tmp_path, tool))
+    info = mpi_detect.detect_mpi()
+    assert (info.flavour, info.mpiexec, info.source) == (flavour, str(tmp_path / "mpiexec"),
+                                                        "$HVDLITE_MPIEXEC")
+
+
+def test_detect_mpi_default_is_the_build_or_the_venv(monkeypatch):
+    monkeypatch.delenv("HVDLITE_MPIEXEC", raising=False)
+    info = mpi_detect.detect_mpi(with_version=True)
+    assert info.flavour in ("mpich", "openmpi") and os.path.isabs(info.mpiexec)
+    try:
+        from hvdlite import _build_info
+    except ImportError:
+        return
+    assert (info.flavour, info.mpiexec) == (_build_info.MPI_FLAVOUR, _build_info.MPIEXEC)
+    assert info.version and info.version.split()[0] in ("MPICH", "Open")
+
+
+def spec(**kw):
+    base = dict(np=4, command=["python", "train.py", "--lr", "0.1"], python="/venv/bin/python",
+                hosts=hosts.parse_hosts_arg("n1:2,n2:2"), ssh_script="/tmp/x/ssh",
+                interfaces=["eth1"], env={"HVDLITE_CYCLE_TIME": "2.0"}, mpi_args=["-verbose"],
+                cpu_count=2, is_root=True)
+    base.update(kw)
+    return mpi_command.LaunchSpec(**base)
+
+
+def test_hydra_command():
+    argv, extra = mpi_command.hydra_command("/venv/bin/mpiexec", spec())
+    assert argv == ["/venv/bin/mpiexec", "-n", "4", "-hosts", "n1:2,n2:2",
+                    "-launcher", "ssh", "-launcher-exec", "/tmp/x/ssh", "-iface", "eth1",
+                    "-genv", "HVDLITE_CYCLE_TIME", "2.0", "-verbose",
+                    "/venv/bin/python", "-S", mpi_command.WRAPPER, "--",
+                    "python", "train.py", "--lr", "0.1"]
+    assert extra == {}
+    local, _ = mpi_command.hydra_command("mpiexec", spec(hosts=None, interfaces=[], mpi_args=[]))
+    assert "-hosts" not in local and "-launcher" not in local
+
+
+def test_openmpi_command():
+    environ = {"PATH": "/venv/bin:/usr/bin", "HOSTNAME": "here", "OMPI_MCA_x": "1",
+               "BASH_FUNC_f%%": "() {}", "MY_SETTING": "v"}
+    argv, extra = mpi_command.openmpi_command("/venv/bin/mpirun", spec(), environ)
+    joined = " ".join(argv)
+    assert argv[:5] == ["/venv/bin/mpirun", "-np", "4", "--bind-to", "none"]
+    assert "--allow-run-as-root" in argv
+    assert "--host n1:2,n2:2" in joined
+    assert "--mca btl_tcp_if_include eth1 --mca oob_tcp_if_include eth1" in joined
+    assert "-x HVDLITE_CYCLE_TIME=2.0" in joined
+    assert "-x PATH" in joined and "-x MY_SETTING" in joined
+    assert "HOSTNAME" not in joined and "OMPI_MCA_x" not in joined and "BASH_FUNC" not in joined
+    assert "--oversubscribe" not in argv     # slots are explicit
+    assert extra["OMPI_MCA_plm_rsh_agent"] == extra["PRTE_MCA_plm_ssh_agent"] == "/tmp/x/ssh"
+    assert extra["OMPI_ALLOW_RUN_AS_ROOT"] == extra["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
+    local, extra = mpi_command.openmpi_command("mpirun", spec(hosts=None, is_root=False), environ)
+    assert "--oversubscribe" in local and "--allow-run-as-root" not in local   # 4 ranks, 2 cores
+    assert "OMPI_MCA_plm_rsh_agent" not in extra
+
+
+def test_interface_env_steers_ucx_and_nccl_unless_set():
+    assert mpi_command.interface_env(["eth1"], {"NCCL_SOCKET_IFNAME": "ib0"}) == \
+        {"UCX_NET_DEVICES": "eth1", "GLOO_SOCKET_IFNAME": "eth1"}
+    assert mpi_command.interface_env([], {}) == {}
+
+
+def test_expected_hosts():
+    assert job.expected_hosts(hosts.parse_hosts_arg("a:2,b:2"), 3) == {0: "a", 1: "a", 2: "b"}
+
+
+# ---- output records --------------------------------------------------------------------
+
+def test_long_lines_are_cut_into_atomic_records():
+    prefix = b"[12]<stdout>: "
+    line = ("x" * 3000 + "é" * 3000).encode()
+    recs = rank_wrapper.split_for_write(prefix, line)
+    assert all(len(r) <= rank_wrapper.MAX_WRITE and r.startswith(prefix) and r.endswith(b"\n")
+               for r in recs)
+    assert b"".join(r[len(prefix):-1] for r in recs) == line
+    for r in recs:
+        r[len(prefix):-1].decode("utf-8")        # no record ends inside a character
+    assert rank_wrapper.split_for_write(prefix, b"") == [prefix + b"\n"]
+
+
+def test_report_lines_and_abort_messages():
+    assert output.parse_report(b'@hvdlite-ctl@ {"event": "exit", "rank": 1, "code": 3}') == \
+        {"event": "exit", "rank": 1, "code": 3}
+    assert output.parse_report(b"[1]<stderr>: @hvdlite-ctl@ {}") is None
+    d = output.AbortDetector()
+    assert d.feed(b"[1]<stderr>: Abort(3) on node 1 (rank 1 in comm 0): application called "
+                  b"MPI_Abort(MPI_COMM_WORLD, 3) - process 1") == (1, 3)
+    assert d.feed(b"MPI_ABORT was invoked on rank 2 in communicator MPI_COMM_WORLD") is None
+    assert d.feed(b"with errorcode 7.") == (2, 7)
+
+
+def test_rank_from_env():
+    assert rank_wrapper.rank_from_env({"PMI_RANK": "3"}) == 3
+    assert rank_wrapper.rank_from_env({"OMPI_COMM_WORLD_RANK": "5"}) == 5
+    assert rank_wrapper.rank_from_env({}) is None
+
+
+def test_check_build(capsys):
+    assert main(["--check-build"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("hvdlite v")
+    for words in ("Available frameworks:", "PyTorch", "TensorFlow", "MPI:", "GPU support:",
+                  "NCCL", "Compressors:", "none, fp16, topk"):
+        assert words in out, out
+    assert "[X] MPICH" in out or "[X] Open MPI" in out
