@@ -21,3 +21,26 @@ def test_distributed_optimizer():
 
 def test_single_rank_is_plain_torch():
     run_ranks("scripts/torch_single_rank.py", 1)
+
+
+def _digits(ranks, *args):
+    proc = run_ranks("../examples/pytorch_digits.py", ranks, args=args, expect_ok=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("ranks,epochs", [(2, 12), (4, 3)])
+def test_digits_identical_and_matches_single_process(ranks, epochs):
+    # --check: after every step, parameters bitwise identical on all ranks and
+    # within 1e-5 of one process trained with SGD on the combined batch.
+    out = _digits(ranks, "--check", "--epochs", epochs)
+    assert "parameters bitwise identical on all ranks" in out, out
+    if epochs >= 12:
+        accuracy = float(out.split("final test accuracy ")[1].split("%")[0])
+        assert accuracy >= 95.0, out
+
+
+def test_digits_compression_accuracy():
+    proc = run_ranks("scripts/torch_digits_accuracy.py", 2)
+    print(proc.stdout)

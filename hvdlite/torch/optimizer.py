@@ -7,6 +7,7 @@ early ones. ``step()`` then waits only for the reductions that have not
 finished yet. Fusion, negotiation and compression all happen in the engine.
 """
 import warnings
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -18,6 +19,18 @@ from hvdlite.process_sets import global_process_set, process_set_id
 
 from . import mpi_ops
 from .mpi_ops import Adasum, Average, _DTYPE_CODES, _binding, _resolve_op
+
+
+# id(parameter) -> (weakref to it, weakref to the DistributedOptimizer hooking it, hook
+# handle). Not an attribute on the parameter: that would break copy.deepcopy(model).
+_HOOKED = {}
+
+
+def _hook_owner(p):
+    entry = _HOOKED.get(id(p))
+    if entry is None or entry[0]() is not p:
+        return None, None
+    return entry[1](), entry[2]
 
 
 class OptimizerMisuseError(exceptions.HvdliteError, AssertionError):
@@ -130,10 +143,39 @@ class _DistributedOptimizer:
                 for p in g:
                     self._p_to_group[p] = g
                 self._group_counts[g] = 0
+        for key in [k for k, v in _HOOKED.items() if v[0]() is None]:
+            del _HOOKED[key]        # parameters that no longer exist
         for p in params:
-            self._requires_update.add(p)
-            self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+            self._hook_param(p)
         self._hooked = True
+
+    def _hook_param(self, p):
+        owner, handle = _hook_owner(p)
+        if owner is not None and owner is not self and owner._hooked:
+            warnings.warn(
+                f"parameter '{self._hvd_names[p]}' was already wrapped by another "
+                "DistributedOptimizer; its gradient is now reduced by the newest one only",
+                stacklevel=4)
+            handle.remove()
+            owner._requires_update.discard(p)
+        handle = p.register_post_accumulate_grad_hook(self._make_hook(p))
+        _HOOKED[id(p)] = (weakref.ref(p), weakref.ref(self), handle)
+        self._requires_update.add(p)
+        self._hook_handles.append(handle)
+
+    def _adopt_new_params(self):
+        """Parameters unfrozen after wrapping, or added with add_param_group():
+        reduce them from now on (every rank must make the same change)."""
+        for i, group in enumerate(self.param_groups):
+            for j, p in enumerate(group["params"]):
+                if p.requires_grad and p not in self._requires_update:
+                    if p not in self._hvd_names:
+                        self._hvd_names[p] = f"allreduce.noname.{i}.{j}"
+                    self._allreduce_delay.setdefault(p, self.backward_passes_per_step)
+                    if self._groups is not None and p not in self._p_to_group:
+                        self._p_to_group[p] = (p,)
+                        self._group_counts[(p,)] = 0
+                    self._hook_param(p)
 
     # -------------------------------------------------------------- hooks
     def _make_hook(self, p):
@@ -222,6 +264,7 @@ class _DistributedOptimizer:
         if not self._hooked:
             self._synchronized = True
             return
+        self._adopt_new_params()
         started = set()
         for key in self._handles:
             started.update(key if isinstance(key, tuple) else (key,))
@@ -337,7 +380,11 @@ class _DistributedOptimizer:
         """Detaches the gradient hooks (the optimizer then no longer reduces)."""
         for h in self._hook_handles:
             h.remove()
+        for p in list(self._requires_update):
+            if _hook_owner(p)[0] is self:
+                del _HOOKED[id(p)]
         self._hook_handles = []
+        self._requires_update.clear()
         self._hooked = False
 
 

@@ -187,6 +187,32 @@ with opt.skip_synchronize():
 check("unused param identical", identical_everywhere(m.parameters()))
 check("frozen untouched", m.frozen.weight.grad is None and torch.equal(m.frozen.weight, frozen_before))
 
+# unfreezing after wrapping and add_param_group: reduced from the next step on
+m.frozen.requires_grad_(True)
+extra = torch.nn.Parameter(torch.full((3,), float(R)))
+opt.add_param_group({"params": [extra]})
+opt.zero_grad()
+x, y = batch(21, B * N)
+(loss_fn(m(shard(x), use_b=True), shard(y)) + (extra * (R + 1)).sum()).backward()
+opt.step()
+check("unfrozen parameter reduced", identical_everywhere([m.frozen.weight, m.frozen.bias]))
+check("add_param_group parameter reduced",
+      torch.allclose(extra.grad, torch.full((3,), (N + 1) / 2)))
+m.frozen.requires_grad_(False)
+m.frozen.weight.grad = m.frozen.bias.grad = None
+import copy  # noqa: E402
+check("deepcopy of a wrapped model", isinstance(copy.deepcopy(m), TwoHeads))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    opt_new = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                       named_parameters=m.named_parameters())
+    check("rewrapping warns", any("already wrapped" in str(w.message) for w in caught))
+opt_new.zero_grad()
+loss_fn(m(shard(x), use_b=True), shard(y)).backward()
+opt_new.step()
+check("rewrapped optimizer reduces once", identical_everywhere(m.parameters()))
+opt_new.remove_hooks()
+
 # duplicates, unnamed, bad arguments
 m2 = make_model(4)
 raises("duplicate names", hvdlite.InvalidArgumentError,
