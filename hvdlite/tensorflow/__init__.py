@@ -36,6 +36,10 @@ from .mpi_ops import (Average, Max, Min, Product, Sum, allgather, allreduce, all
                       join, local_rank_op, local_size_op, process_set_included_op, rank_op,
                       reducescatter, size_op)
 
+# Autograph re-raises exceptions from code it traced as a generic StagingError
+# unless they carry this marker; hvdlite's errors should reach users as they are.
+HvdliteError.ag_pass_through = True
+
 Adasum = None  # Horovod's Adasum is not available in hvdlite; passing op=Adasum raises.
 
 _THREAD_ENV = {"intra": "HVDLITE_TF_INTRA_OP_THREADS", "inter": "HVDLITE_TF_INTER_OP_THREADS"}

@@ -37,6 +37,7 @@ def _object_collective_guard(what):
             "outside tf.function")
 
 
+@tf.autograph.experimental.do_not_convert
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
     """Returns ``root_rank``'s picklable ``obj`` on every rank (eager only)."""
     _object_collective_guard("broadcast_object")
@@ -54,6 +55,7 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=glob
     return pickle.loads(data.tobytes())
 
 
+@tf.autograph.experimental.do_not_convert
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
     """Returns the list of every rank's picklable ``obj``, in rank order (eager only)."""
     _object_collective_guard("allgather_object")
@@ -135,6 +137,7 @@ def _variable_name(v, i):
     return f"#{i}"
 
 
+@tf.autograph.experimental.do_not_convert
 def broadcast_variables(variables, root_rank, process_set=global_process_set, name=None):
     """Assigns ``root_rank``'s values to ``variables`` on every rank.
 

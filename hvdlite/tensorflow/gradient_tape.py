@@ -14,6 +14,7 @@ class _DistributedGradientTapeMixin:
 
     _hvdlite_settings = None
 
+    @tf.autograph.experimental.do_not_convert
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
         grads = super().gradient(target, sources, output_gradients=output_gradients,

@@ -28,6 +28,10 @@ from ..ops import Average, Max, Min, Product, Sum
 from ..process_sets import global_process_set, process_set_id
 
 _ALIGN = 64
+# Public entry points are not converted by autograph when called from a
+# user's tf.function: they contain no tensor-dependent Python control flow,
+# and unconverted code lets hvdlite's own exceptions reach the user unchanged.
+_not_converted = tf.autograph.experimental.do_not_convert
 _OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product"}
 _FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 _NONE_SPEC = NoneCompressor().spec()
@@ -332,7 +336,8 @@ def _execute(jobs, arrays):
     All jobs are enqueued before the first wait so the engine can negotiate
     and fuse them together. Runs on any thread (TF calls it from its own)."""
     handles = []
-    it = iter(arrays)
+    # 0-d tensors come as NumPy scalars; everything else is a view already.
+    it = iter(a if isinstance(a, np.ndarray) else np.asarray(a) for a in arrays)
     try:
         for job in jobs:
             handles.append(job.submit(*[next(it) for _ in range(job.n_in)]))
@@ -468,6 +473,7 @@ def _run_reductions(items, what):
     return results
 
 
+@_not_converted
 def allreduce(tensor, average=None, device_dense="", device_sparse="",
               compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
               name=None, process_set=global_process_set, ignore_name_scope=False):
@@ -484,6 +490,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     return _run_reductions([item], "allreduce")[0]
 
 
+@_not_converted
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       compression=Compression.none, op=None, prescale_factor=1.0,
                       postscale_factor=1.0, name=None, process_set=global_process_set):
@@ -501,6 +508,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     return _run_reductions(items, "grouped_allreduce")
 
 
+@_not_converted
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Concatenates every rank's ``tensor`` along the first dimension (which
     may differ by rank; the others must agree)."""
@@ -510,6 +518,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
     return run_group([job], [t], "allgather")[0]
 
 
+@_not_converted
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """allgather for a list of tensors as one group; returns a list."""
     ts = [_as_tensor(t, "grouped_allgather") for t in tensors]
@@ -522,6 +531,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
     return run_group(jobs, ts, "grouped_allgather")
 
 
+@_not_converted
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Returns ``root_rank``'s ``tensor`` on every rank of the set."""
     t = _as_tensor(tensor, "broadcast")
@@ -531,6 +541,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     return run_group([job], [t], "broadcast")[0]
 
 
+@_not_converted
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Sends ``splits[i]`` rows of ``tensor`` (in order) to rank i. Returns
     ``(received rows concatenated in rank order, int32 rows received from each
@@ -550,6 +561,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     return data, received
 
 
+@_not_converted
 def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0,
                   ignore_name_scope=False):
@@ -564,6 +576,7 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     return run_group([job], [t], "reducescatter")[0]
 
 
+@_not_converted
 def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
                           name=None, process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
@@ -581,6 +594,7 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
     return run_group(jobs, ts, "grouped_reducescatter")
 
 
+@_not_converted
 def barrier(process_set=global_process_set):
     """Returns once every rank of the set has reached it (eager: None; in a
     graph: an int32 tensor the graph keeps because the node is stateful)."""
@@ -598,6 +612,7 @@ def _core_join():
     return core
 
 
+@_not_converted
 def join(device=""):
     """Marks this rank as done with its data (uneven inputs): it takes part in
     the other ranks' collectives with neutral values until every rank has

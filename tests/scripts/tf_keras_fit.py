@@ -1,0 +1,302 @@
+"""Keras 3 model.fit with hvdlite.tensorflow.keras on 2+ ranks: equality with
+a single-process run on the combined batch (compiled, eager,
+steps_per_execution, gradient accumulation), mixed precision, XLA handling,
+accuracy on digits, metric averaging, optimizer wrapping and config, save ->
+load_model -> continue, learning-rate callbacks. Prints RANK <r> OK."""
+import os
+import tempfile
+import time
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+import tf_common
+from tf_common import log
+
+rank, size = tf_common.start()
+import keras  # noqa: E402
+
+import hvdlite.keras as hvdk  # noqa: E402  (the alias package)
+import hvdlite.tensorflow.keras as hvd  # noqa: E402
+from hvdlite.exceptions import InvalidArgumentError  # noqa: E402
+
+assert hvdk.DistributedOptimizer is hvd.DistributedOptimizer
+assert hvdk.callbacks.MetricAverageCallback is hvd.callbacks.MetricAverageCallback
+
+(x_train, y_train), (x_test, y_test) = tf_common.digits()
+loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+t_start = time.time()
+
+
+def rows_for_rank(x, y, combined, per_rank_chunk, chunks_per_batch, steps):
+    """Rank r's rows such that, step by step, the union of all ranks' local
+    batches is the combined batch of a single-process run."""
+    idx = []
+    for k in range(steps):
+        for m in range(chunks_per_batch):
+            start = k * combined + (m * size + rank) * per_rank_chunk
+            idx.extend(range(start, start + per_rank_chunk))
+    return x[idx], y[idx]
+
+
+def reference_weights(lr, combined, steps, momentum=0.0):
+    model = tf_common.mlp(seed=1)
+    model.compile(optimizer=keras.optimizers.SGD(lr, momentum=momentum), loss=loss)
+    model.fit(x_train[:combined * steps], y_train[:combined * steps], batch_size=combined,
+              epochs=1, shuffle=False, verbose=0)
+    return tf_common.weights(model)
+
+
+# ------------------------------------------------ equality with one process
+STEPS, B = 6, 32
+ref = reference_weights(0.1, B, STEPS, momentum=0.5)
+variants = {
+    "compiled": dict(compile={}, local=B // size, chunks=1),
+    "run_eagerly": dict(compile={"run_eagerly": True}, local=B // size, chunks=1),
+    "steps_per_execution=3": dict(compile={"steps_per_execution": 3}, local=B // size, chunks=1),
+    "gradient_accumulation_steps=2": dict(compile={}, local=B // size // 2, chunks=2, accum=2),
+    "backward_passes_per_step=2": dict(compile={}, local=B // size // 2, chunks=2, passes=2),
+}
+for label, v in variants.items():
+    model = tf_common.mlp(seed=1 + rank)  # different start on each rank: the broadcast fixes it
+    kwargs = {"gradient_accumulation_steps": v["accum"]} if "accum" in v else {}
+    opt_kwargs = {}
+    if "passes" in v:  # Horovod spelling: sums micro-batch gradients unless told to average
+        opt_kwargs = dict(backward_passes_per_step=v["passes"], average_aggregated_gradients=True)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.5, **kwargs), **opt_kwargs)
+    model.compile(optimizer=opt, loss=loss, **v["compile"])
+    xl, yl = rows_for_rank(x_train, y_train, B, v["local"], v["chunks"], STEPS)
+    model.fit(xl, yl, batch_size=v["local"], epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    mine = tf_common.weights(model)
+    tf_common.assert_same_on_all_ranks(mine, f"{label}: weights")
+    d = tf_common.max_diff(mine, ref)
+    assert d < 1e-5, f"{label}: differs from the single-process run by {d}"
+    assert int(opt.iterations.numpy()) == STEPS, (label, int(opt.iterations.numpy()))
+    log(f"SGD {label}: max |w - w_ref| = {d:.2e}")
+
+# Horovod's default for backward_passes_per_step sums the micro-batch gradients
+ref_sum = reference_weights(0.2, B, STEPS)
+model = tf_common.mlp(seed=1)
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2),
+              loss=loss)
+xl, yl = rows_for_rank(x_train, y_train, B, B // size // 2, 2, STEPS)
+model.fit(xl, yl, batch_size=B // size // 2, epochs=1, shuffle=False, verbose=0)
+d = tf_common.max_diff(tf_common.weights(model), ref_sum)
+assert d < 1e-5, f"backward_passes_per_step sum: {d}"
+log(f"equality runs done in {time.time() - t_start:.1f}s")
+
+# ------------------------------------------------ mixed precision
+keras.mixed_precision.set_global_policy("mixed_float16")
+try:
+    model = tf_common.mlp(seed=1)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    assert isinstance(opt, keras.optimizers.LossScaleOptimizer) and hvd.is_distributed(opt)
+    assert not hvd.is_distributed(opt.inner_optimizer)
+    model.compile(optimizer=opt, loss=loss)
+    assert model.optimizer is opt
+    shard = slice(rank * 128, rank * 128 + 128)
+    hist = model.fit(x_train[shard], y_train[shard], batch_size=32, epochs=1, verbose=0,
+                     callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert np.isfinite(hist.history["loss"][-1])
+    tf_common.assert_same_on_all_ranks(tf_common.weights(model), "mixed_float16 weights")
+
+    # Only rank 1 overflows: every rank must skip the step together (no hang),
+    # halve the loss scale together, and keep identical weights.
+    scale_before = float(opt.dynamic_scale.numpy())
+    before = tf_common.weights(model)
+
+    @tf.function
+    def apply_once(bad):
+        grads = [tf.zeros_like(v) + tf.cast(bad, v.dtype) for v in model.trainable_variables]
+        opt.apply(grads, model.trainable_variables)
+
+    apply_once(tf.constant(np.inf if rank == 1 else 1.0, tf.float32))
+    assert abs(float(opt.dynamic_scale.numpy()) - scale_before / 2) < 1e-6
+    assert tf_common.max_diff(tf_common.weights(model), before) == 0.0
+    tf_common.assert_same_on_all_ranks(tf_common.weights(model), "mixed_float16 after overflow")
+
+    # compile() added the loss-scale optimizer around a distributed one: the
+    # broadcast callback moves the reduction out of the per-rank branch.
+    plain_policy_opt = keras.optimizers.SGD(0.1)
+    keras.mixed_precision.set_global_policy("float32")
+    dist_inner = hvd.DistributedOptimizer(plain_policy_opt)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    model = tf_common.mlp(seed=1)
+    model.compile(optimizer=dist_inner, loss=loss)
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    model.fit(x_train[shard], y_train[shard], batch_size=32, epochs=1, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert hvd.is_distributed(model.optimizer) and not hvd.is_distributed(dist_inner)
+    tf_common.assert_same_on_all_ranks(tf_common.weights(model), "mixed_float16 fixed-up weights")
+finally:
+    keras.mixed_precision.set_global_policy("float32")
+log("mixed_float16 ok")
+
+# ------------------------------------------------ XLA
+model = tf_common.mlp(seed=1)
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss=loss,
+              jit_compile=True)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    model.fit(x_train[:64], y_train[:64], batch_size=32, epochs=1, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+assert any("jit_compile" in str(w.message) for w in caught), [str(w.message) for w in caught]
+assert model.jit_compile is False
+tf_common.assert_same_on_all_ranks(tf_common.weights(model), "jit_compile weights")
+model = tf_common.mlp(seed=1)
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss=loss,
+              jit_compile=True)
+try:
+    model.fit(x_train[:64], y_train[:64], batch_size=32, epochs=1, verbose=0)
+    raise AssertionError("fit with jit_compile=True and no callback should raise")
+except InvalidArgumentError as e:
+    assert "XLA" in str(e) and "jit_compile" in str(e), str(e)
+log("XLA handling ok")
+
+
+# ------------------------------------------------ accuracy, metric averaging
+class LocalLogs(keras.callbacks.Callback):
+    """Placed before MetricAverageCallback: remembers this rank's own values."""
+
+    def __init__(self):
+        super().__init__()
+        self.epochs = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs.append(dict(logs))
+
+
+def train_digits(run_eagerly, epochs):
+    model = tf_common.mlp(seed=7 + rank)
+    opt = hvd.DistributedOptimizer(keras.optimizers.Adam(0.002 * size))
+    model.compile(optimizer=opt, loss=loss, metrics=["accuracy"], run_eagerly=run_eagerly)
+    local = LocalLogs()
+    hist = model.fit(x_train[rank::size], y_train[rank::size], batch_size=32, epochs=epochs,
+                     validation_data=(x_test[rank::size], y_test[rank::size]), verbose=0,
+                     callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), local,
+                                hvd.callbacks.MetricAverageCallback()])
+    everyone = hvd.allgather_object(local.epochs)
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+        for e in range(epochs):
+            want = np.mean([everyone[r][e][key] for r in range(size)])
+            got = hist.history[key][e]
+            assert abs(got - want) < 1e-9, (key, e, got, want)
+        # the local values really differ, so averaging is visible
+    assert any(everyone[0][e]["loss"] != everyone[1][e]["loss"] for e in range(epochs))
+    tf_common.assert_same_on_all_ranks(tf_common.weights(model), "digits weights")
+    _, acc = model.evaluate(x_test, y_test, verbose=0)
+    return model, opt, acc
+
+
+t0 = time.time()
+model, opt, acc = train_digits(run_eagerly=False, epochs=12)
+log(f"digits compiled fit: test accuracy {acc:.4f} ({time.time() - t0:.1f}s)")
+assert acc >= 0.95, acc
+t0 = time.time()
+_, _, acc_eager = train_digits(run_eagerly=True, epochs=1)
+log(f"digits eager fit (1 epoch): test accuracy {acc_eager:.4f} ({time.time() - t0:.1f}s)")
+
+# ------------------------------------------------ save -> load_model -> continue
+tmp = tempfile.mkdtemp(prefix=f"hvdlite_tf_{rank}_")
+path = os.path.join(tmp, "digits.keras")
+model.save(path)
+saved_iterations = int(opt.iterations.numpy())
+loaded = hvd.load_model(path)
+assert hvd.is_distributed(loaded.optimizer) and type(loaded.optimizer).__name__ == "Adam"
+assert int(loaded.optimizer.iterations.numpy()) == saved_iterations
+assert tf_common.max_diff(tf_common.weights(loaded), tf_common.weights(model)) == 0.0
+assert tf_common.max_diff([v.numpy() for v in loaded.optimizer.variables],
+                          [v.numpy() for v in opt.variables]) == 0.0
+hist = loaded.fit(x_train[rank::size], y_train[rank::size], batch_size=32, epochs=1, verbose=0,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                             hvd.callbacks.MetricAverageCallback()])
+assert int(loaded.optimizer.iterations.numpy()) > saved_iterations
+tf_common.assert_same_on_all_ranks(tf_common.weights(loaded), "weights after load + fit")
+_, acc2 = loaded.evaluate(x_test, y_test, verbose=0)
+assert acc2 >= 0.95, acc2
+log(f"save -> load_model -> fit: accuracy {acc2:.4f}")
+# plain Keras can read the file too (the optimizer serializes as itself)
+plain = keras.models.load_model(path)
+assert type(plain.optimizer) is keras.optimizers.Adam
+
+# ------------------------------------------------ wrapping keeps class and config
+base = keras.optimizers.Adam(0.01, beta_1=0.8, name="my_adam")
+plain_config = base.get_config()
+plain_serialized = keras.optimizers.serialize(keras.optimizers.Adam(0.01, beta_1=0.8, name="my_adam"))
+wrapped = hvd.DistributedOptimizer(base)
+assert wrapped is base and type(wrapped).__name__ == "Adam"
+assert isinstance(wrapped, keras.optimizers.Adam) and hvd.is_distributed(wrapped)
+assert wrapped.get_config() == plain_config
+assert keras.optimizers.serialize(wrapped) == plain_serialized, keras.optimizers.serialize(wrapped)
+again = type(wrapped).from_config(wrapped.get_config())
+assert type(again) is type(wrapped) and hvd.is_distributed(again) and again.get_config() == plain_config
+try:
+    hvd.DistributedOptimizer(wrapped)
+    raise AssertionError("wrapping twice should raise")
+except InvalidArgumentError:
+    pass
+
+
+@keras.saving.register_keras_serializable(package="hvdtest")
+class ScaledSGD(keras.optimizers.SGD):
+    def __init__(self, scale=1.0, **kwargs):
+        super().__init__(**kwargs)
+        self.scale = scale
+
+    def get_config(self):
+        return {**super().get_config(), "scale": self.scale}
+
+
+custom = ScaledSGD(scale=3.0, learning_rate=0.1)
+plain_custom = keras.optimizers.serialize(ScaledSGD(scale=3.0, learning_rate=0.1, name=custom.name))
+wrapped_custom = hvd.DistributedOptimizer(custom)
+assert isinstance(wrapped_custom, ScaledSGD) and type(wrapped_custom).__name__ == "ScaledSGD"
+assert keras.optimizers.serialize(wrapped_custom) == plain_custom
+assert type(wrapped_custom).from_config(wrapped_custom.get_config()).scale == 3.0
+# the top-level dispatcher hands Keras optimizers to this adapter
+import hvdlite  # noqa: E402
+top = hvdlite.DistributedOptimizer(keras.optimizers.RMSprop(0.01))
+assert hvd.is_distributed(top) and isinstance(top, keras.optimizers.RMSprop)
+try:
+    hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1) if False else object())
+    raise AssertionError("a non-optimizer should raise")
+except InvalidArgumentError as e:
+    assert "keras" in str(e)
+log("wrapping ok")
+
+
+# ------------------------------------------------ learning-rate callbacks
+class LrRecorder(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.batches, self.epochs = [], []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs.append(float(self.model.optimizer.learning_rate.numpy()))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.batches.append(float(self.model.optimizer.learning_rate.numpy()))
+
+
+steps = 4
+model = tf_common.mlp(seed=1)
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss=loss)
+rec = LrRecorder()
+model.fit(x_train[:32 * steps], y_train[:32 * steps], batch_size=32, epochs=3, verbose=0,
+          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                     hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.1, warmup_epochs=2), rec])
+want = [0.1 / size * (1 + min((e + b / steps) / 2, 1) * (size - 1)) for e in range(3) for b in range(steps)]
+want[2 * steps:] = [0.1] * steps
+assert np.allclose(rec.batches, want, rtol=1e-5), (rec.batches, want)
+model = tf_common.mlp(seed=1)
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss=loss)
+rec = LrRecorder()
+hist = model.fit(x_train[:64], y_train[:64], batch_size=32, epochs=3, verbose=0,
+                 callbacks=[hvd.callbacks.LearningRateScheduleCallback(
+                     initial_lr=0.1, multiplier=lambda e: 0.5 ** e, start_epoch=1), rec])
+assert np.allclose(rec.epochs, [0.1, 0.05, 0.025], rtol=1e-5), rec.epochs
+log("learning-rate callbacks ok")
+log(f"total {time.time() - t_start:.1f}s")
+print(f"RANK {rank} OK", flush=True)

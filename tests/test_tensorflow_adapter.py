@@ -1,0 +1,41 @@
+"""hvdlite.tensorflow / hvdlite.tensorflow.keras on 2 real ranks (TF 2.x, Keras 3).
+
+Each test is one mpiexec launch running many checks (TF start-up costs a few
+seconds per rank); the scripts live in tests/scripts/tf_*.py."""
+import pytest
+
+from mpi_harness import REQUIRE_ALL, require, run_ranks
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tensorflow():
+    require("tensorflow")
+    require("keras")
+    require("sklearn")
+
+
+def test_collectives_tape_and_bad_input():
+    """Collectives eager and in tf.function, broadcast helpers, DistributedGradientTape
+    (reference equality, None grads, persistent, nested, IndexedSlices), clear errors."""
+    run_ranks("scripts/tf_ops.py", 2, timeout=600)
+
+
+def test_keras_fit():
+    """model.fit equals the single-process run (compiled, eager, steps_per_execution,
+    gradient accumulation), mixed_float16, XLA, accuracy >= 95 %, averaged metrics,
+    wrapping/config, save -> load_model -> fit, learning-rate callbacks."""
+    run_ranks("scripts/tf_keras_fit.py", 2, timeout=600)
+
+
+def test_compression_wire_bytes_and_accuracy():
+    """fp16 and top-k(1 %)+error feedback through the tape and the optimizer:
+    engine wire bytes and accuracy margins against the uncompressed run."""
+    import hvdlite
+    if not hasattr(hvdlite, "engine_stats"):
+        if REQUIRE_ALL:
+            pytest.fail("hvdlite.engine_stats() is missing from this engine build")
+        pytest.skip("engine without engine_stats()")
+    proc = run_ranks("scripts/tf_compression.py", 2, timeout=600)
+    for line in proc.stdout.splitlines():
+        if line.startswith("ACCURACY"):
+            print(line)
