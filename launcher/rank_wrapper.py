@@ -34,6 +34,7 @@ import time
 # collide.  (hvdrun imports these names; keep them in sync by importing.)
 CTL_MARK = "@hvdlite-ctl@ "
 PREFIX_FMT = "[{rank}]<{stream}>: "
+REPORTS_VAR = "HVDLITE_RANK_REPORTS"     # set in the rank: a reader for report lines is attached
 
 _CTL_MARK_B = CTL_MARK.encode()
 
@@ -188,8 +189,11 @@ def main(argv=None):
             os._exit(137)
 
     try:
+        # REPORTS_VAR tells the rank (hvdlite's exit hook) that a "failing" report
+        # line on stderr will be read; without it such a line would just be noise.
         child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 close_fds=False, preexec_fn=child_setup)
+                                 close_fds=False, preexec_fn=child_setup,
+                                 env=dict(os.environ, **{REPORTS_VAR: "1"}))
     except OSError as e:
         msg = "hvdrun: cannot run %r on %s: %s" % (argv[0], host, e.strerror)
         os.write(2, (PREFIX_FMT.format(rank=rank_s, stream="stderr") + msg + "\n").encode())

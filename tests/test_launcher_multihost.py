@@ -271,6 +271,20 @@ def test_rank_stuck_in_finalize_on_remote_host(hosts, tag):
     assert p.ended - float(re.search(r"FAIL_AT (\S+)", p.stdout).group(1)) < FAILURE_LIMIT_S
 
 
+def test_hvdlite_rank_raising_on_remote_host(hosts, tag):
+    """The realistic failure: an exception in one rank's training loop.  The engine
+    tells the other ranks, they fail too, and the job ends naming a failed rank."""
+    require_module("hvdlite._engine")
+    p = hvdrun(hosts, two_by_two(hosts) + [sys.executable, HVDLITE, tag, "raise", "3"])
+    assert p.returncode != 0
+    assert "[3]<stderr>: ValueError: simulated failure in rank 3" in p.stderr
+    assert re.match(r"hvdrun: rank \d on host \S+ (exited with code|failed: )",
+                    p.stderr.strip().splitlines()[-1]), p.stderr[-3000:]
+    took = p.ended - float(re.search(r"FAIL_AT (\S+)", p.stdout).group(1))
+    print("\nhvdlite rank 3 raised: hvdrun ended %.2f s later" % took)
+    assert took < FAILURE_LIMIT_S
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
 def test_stopping_hvdrun_stops_every_rank_on_every_host(hosts, tag, sig):
     """Ctrl-C stops the job through MPI's launcher; even SIGKILL of hvdrun itself

@@ -6,6 +6,8 @@ usage: launcher_hvdlite.py TAG MODE
   torch    hvdlite.torch.DistributedOptimizer trains a small model for 3 steps on
            per-rank shards; every rank also trains a single-process reference on the
            whole batch; prints the largest parameter difference
+  raise R  after one allreduce, rank R raises ValueError while the others keep
+           reducing: the job must end
 """
 
 import json
@@ -66,5 +68,21 @@ def torch_mode():
     hvd.shutdown()
 
 
+def raise_mode():
+    import time
+    bad = int(sys.argv[3])
+    import hvdlite as hvd
+    hvd.init()
+    x = np.ones(1000, dtype=np.float32)
+    hvd.allreduce(x, op=hvd.Sum, name="warmup")
+    print("READY %d" % hvd.rank(), flush=True)
+    if hvd.rank() == bad:
+        time.sleep(0.5)
+        print("FAIL_AT %.3f" % time.time(), flush=True)
+        raise ValueError("simulated failure in rank %d" % bad)
+    for step in range(100000):
+        hvd.allreduce(x, op=hvd.Sum, name="step")
+
+
 if __name__ == "__main__":
-    {"numpy": numpy_mode, "torch": torch_mode}[sys.argv[2]]()
+    {"numpy": numpy_mode, "torch": torch_mode, "raise": raise_mode}[sys.argv[2]]()
