@@ -10,6 +10,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import hvdlite  # noqa: E402
 import pytorch_digits  # noqa: E402
 
+hvdlite.init()
 results = {}
 for comp in ("none", "fp16", "topk"):
     hvdlite.reset_compression_state()   # fresh error-feedback residuals for each run
