@@ -40,15 +40,18 @@ inline uint64_t SplitMix64(uint64_t* state) {
   return z ^ (z >> 31);
 }
 
-// Keeps in cand[0, m) (order preserved) exactly the k largest keys, k < m;
-// returns the smallest kept key.
-uint64_t TrimToK(uint64_t* cand, int64_t m, int64_t k, uint64_t* work) {
+// Keeps in cand[0, m) and vals[0, m) (order preserved) exactly the k largest
+// keys, k < m; returns the smallest kept key.
+uint64_t TrimToK(uint64_t* cand, float* vals, int64_t m, int64_t k, uint64_t* work) {
   std::copy(cand, cand + m, work);
   std::nth_element(work, work + (k - 1), work + m, std::greater<uint64_t>());
   const uint64_t kth = work[k - 1];
   int64_t j = 0;
   for (int64_t i = 0; i < m; ++i) {
-    if (cand[i] >= kth) cand[j++] = cand[i];
+    if (cand[i] >= kth) {
+      cand[j] = cand[i];
+      vals[j++] = vals[i];
+    }
   }
   return kth;
 }
@@ -59,6 +62,7 @@ uint64_t TrimToK(uint64_t* cand, int64_t m, int64_t k, uint64_t* work) {
 // nothing of the answer is lost and memory stays bounded by cap.
 struct Collector {
   uint64_t* cand;
+  float* vals;  // the candidates' values: no random reads of the input at the end
   uint64_t* work;
   int64_t cap;  // > k
   int64_t k;
@@ -66,13 +70,14 @@ struct Collector {
   int64_t m = 0;
   int64_t compactions = 0;
 
-  void Add(uint64_t key) {
+  void Add(uint64_t key, float value) {
     if (m == cap) {
-      threshold = TrimToK(cand, m, k, work);
+      threshold = TrimToK(cand, vals, m, k, work);
       m = k;
       ++compactions;
       if (key < threshold) return;
     }
+    vals[m] = value;
     cand[m++] = key;
   }
 };
@@ -80,11 +85,12 @@ struct Collector {
 void FilterScalar(const float* x, int64_t begin, int64_t n, Collector* c) {
   uint32_t floor = static_cast<uint32_t>(c->threshold >> 32);
   for (int64_t i = begin; i < n; ++i) {
-    const uint32_t mag = MagnitudeBits(x[i]);
+    const float v = x[i];
+    const uint32_t mag = MagnitudeBits(v);
     if (mag < floor) continue;
     const uint64_t key = MakeKey(mag, i);
     if (key < c->threshold) continue;
-    c->Add(key);
+    c->Add(key, v);
     floor = static_cast<uint32_t>(c->threshold >> 32);
   }
 }
@@ -116,8 +122,9 @@ __attribute__((target("avx2"))) void FilterAvx2(const float* x, int64_t n, Colle
     while (mask != 0) {
       const int64_t j = i + __builtin_ctz(mask);
       mask &= mask - 1;
-      const uint64_t key = MakeKey(MagnitudeBits(x[j]), j);
-      if (key >= c->threshold) c->Add(key);
+      const float v = x[j];
+      const uint64_t key = MakeKey(MagnitudeBits(v), j);
+      if (key >= c->threshold) c->Add(key, v);
     }
     if (static_cast<uint32_t>(c->threshold >> 32) != floor) {  // a trim raised it
       floor = static_cast<uint32_t>(c->threshold >> 32);
@@ -201,8 +208,12 @@ void TopKCompressor::Select(const float* x, int64_t n, int64_t k, uint32_t* idx,
   uint64_t threshold;
   int64_t cap;
   int64_t rank = 0;  // rank of the threshold within the sample
-  int64_t s = sample_size_;
-  if (n <= 2 * sample_size_) {
+  // About 1/256 of the segment, within [256, sample_size_]: a random read
+  // costs far more than an element of the streaming pass, so the sample must
+  // stay small next to n; the estimate's accuracy depends on e = ratio * s
+  // below, not on n, and extra candidates are cheap.
+  int64_t s = std::min<int64_t>(sample_size_, std::max<int64_t>(256, n / 256));
+  if (n <= 4 * s) {
     // Small segment: the exact k-th key costs no more than a sample would.
     if (static_cast<int64_t>(work_.size()) < n) work_.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) work_[i] = MakeKey(MagnitudeBits(x[i]), i);
@@ -216,7 +227,7 @@ void TopKCompressor::Select(const float* x, int64_t n, int64_t k, uint32_t* idx,
     // number of sample keys >= t is about Binomial(s, k/n) with mean e. Taking
     // the sample's rank-th key with rank = e + 3 sd + 2 makes a threshold above
     // t (too few candidates, a second pass) rare, at the price of ~1.25 k
-    // candidates at ratio 0.01.
+    // candidates at ratio 0.01 with the full sample (~3 k with s = 256).
     sample_.resize(static_cast<size_t>(s));
     uint64_t state = call * 0x2545f4914f6cdd1dull;
     for (int64_t j = 0; j < s; j += 2) {
@@ -235,8 +246,9 @@ void TopKCompressor::Select(const float* x, int64_t n, int64_t k, uint32_t* idx,
   }
   if (static_cast<int64_t>(cand_.size()) < cap) cand_.resize(static_cast<size_t>(cap));
   if (static_cast<int64_t>(work_.size()) < cap) work_.resize(static_cast<size_t>(cap));
+  if (static_cast<int64_t>(vals_.size()) < cap) vals_.resize(static_cast<size_t>(cap));
 
-  Collector c{cand_.data(), work_.data(), cap, k, threshold};
+  Collector c{cand_.data(), vals_.data(), work_.data(), cap, k, threshold};
   for (;;) {
     Filter(x, n, &c, vectorised_);
     compactions_ += c.compactions;
@@ -246,14 +258,11 @@ void TopKCompressor::Select(const float* x, int64_t n, int64_t k, uint32_t* idx,
     ++repeated_passes_;
     rank = 4 * rank + 16;
     const uint64_t lower = (s == 0 || rank >= s) ? 0 : SampleThreshold(rank);
-    c = Collector{cand_.data(), work_.data(), cap, k, lower};
+    c = Collector{cand_.data(), vals_.data(), work_.data(), cap, k, lower};
   }
-  if (c.m > k) TrimToK(c.cand, c.m, k, c.work);
-  for (int64_t t = 0; t < k; ++t) {
-    const uint32_t i = KeyIndex(c.cand[t]);
-    idx[t] = i;
-    val[t] = x[i];
-  }
+  if (c.m > k) TrimToK(c.cand, c.vals, c.m, k, c.work);
+  for (int64_t t = 0; t < k; ++t) idx[t] = KeyIndex(c.cand[t]);
+  std::copy(c.vals, c.vals + k, val);
 }
 
 size_t TopKCompressor::Compress(const float* input, const std::vector<Segment>& segs, uint8_t* out) {

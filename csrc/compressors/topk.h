@@ -24,8 +24,9 @@ class TopKCompressor : public Compressor {
  public:
   static constexpr int64_t kDefaultSampleSize = 16384;
 
-  // ratio in (0, 1]. sample_size is how many elements the threshold estimate
-  // reads per segment (tests shrink it to force the fallbacks).
+  // ratio in (0, 1]. sample_size caps how many elements the threshold
+  // estimate reads per segment (about 1/256 of it, at least 256; tests shrink
+  // the cap to force the fallbacks).
   explicit TopKCompressor(double ratio, int64_t sample_size = kDefaultSampleSize);
 
   // k = ceil(ratio * count) computed in double (the same expression as
@@ -37,7 +38,8 @@ class TopKCompressor : public Compressor {
   Wire wire() const override { return Wire::kAllgather; }
   // Wire layout: for each segment in order, k uint32 indices (within the
   // segment, ascending) then k float32 values; 8 * k bytes per segment, the
-  // same on every rank. Segments must have count < 2^32.
+  // same on every rank. Segments must have count < 2^32 (Compress returns 0
+  // for a larger one: uint32 indices cannot address it).
   size_t CompressedBytes(const std::vector<Segment>& segs) const override;
   size_t Compress(const float* input, const std::vector<Segment>& segs, uint8_t* out) override;
   void Decompress(const uint8_t* in, const std::vector<Segment>& segs, float* out) override;
@@ -47,18 +49,22 @@ class TopKCompressor : public Compressor {
   // How often selection had to repeat a pass (threshold too high) and how
   // often the candidate buffer filled and was trimmed mid-pass; for tests/stats.
   int64_t repeated_passes() const { return repeated_passes_; }
-  // The threshold is the sample's rank-th largest key, rank = e + sd * sqrt(e)
-  // + extra (e: expected sample hits of the top k). Tests lower the margin to
-  // force the second-pass fallback; results stay exact for any margin.
-  // false: the scalar pass even where AVX2 exists (tests both paths).
+  int64_t compactions() const { return compactions_; }
+
+  // Test knobs; results are exact whatever they are set to.
+  // false: the scalar pass even where AVX2 exists.
   void set_vectorised(bool on) { vectorised_ = on; }
+  // The threshold is the sample's rank-th largest key, rank = e + sd * sqrt(e)
+  // + extra (e: expected sample hits of the top k); lowering the margin forces
+  // the second-pass fallback.
   void set_threshold_margin(double sd, double extra) {
     margin_sd_ = sd;
     margin_extra_ = extra;
   }
-  int64_t compactions() const { return compactions_; }
 
   // Selects the exact top-k of x[0, n) into idx (ascending) and val; n < 2^32.
+  // Scratch: about 20 bytes per candidate (cap = max(2k, 1.5x the expected
+  // candidates) + 64, e.g. ~10 MB for 1% of 25.6 M) plus 8 bytes per sample.
   void Select(const float* x, int64_t n, int64_t k, uint32_t* idx, float* val);
 
  private:
@@ -77,6 +83,7 @@ class TopKCompressor : public Compressor {
   std::vector<uint64_t> sample_;  // sampled keys
   std::vector<uint64_t> cand_;    // candidate keys in index order
   std::vector<uint64_t> work_;    // copy of cand_ for nth_element
+  std::vector<float> vals_;       // values of cand_
 };
 
 }  // namespace hvdlite
