@@ -15,7 +15,11 @@ def main(argv=None):
         print(check_build())
         return 0
     from .job import run_job
-    return run_job(opts)
+    try:
+        return run_job(opts)
+    except KeyboardInterrupt:       # Ctrl-C before the job started (e.g. during the SSH check)
+        sys.stderr.write("hvdrun: interrupted before the job started\n")
+        return 130
 
 
 if __name__ == "__main__":

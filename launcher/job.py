@@ -220,12 +220,18 @@ class Job:
             if self.stop_at is not None and now - self.stop_at > ESCALATE_S:
                 self._kill_group()
             if self.killed_at is not None and now - self.killed_at > GIVE_UP_S - ESCALATE_S:
-                break               # something holds the pipes open; do not hang
-        try:
-            self.proc.wait(timeout=max(0.1, GIVE_UP_S - (time.monotonic() - (self.stop_at or time.monotonic()))))
-        except subprocess.TimeoutExpired:
-            self._kill_group()
-            self.proc.wait()
+                break               # something else holds the pipes open; do not hang
+        self._wait_launcher()
+
+    def _wait_launcher(self):
+        """Wait for mpiexec itself, still honouring signals and the escalation timer."""
+        while True:
+            try:
+                self.proc.wait(timeout=0.2)
+                return
+            except subprocess.TimeoutExpired:
+                if self.stop_at is not None and time.monotonic() - self.stop_at > ESCALATE_S:
+                    self._kill_group()
 
     def _line(self, line, echo, files):
         report = parse_report(line)

@@ -104,7 +104,10 @@ class _Stream:
         *lines, self.buf = self.buf.split(b"\n")
         for line in lines:
             self._write(line)
-        self.since = (self.since or time.monotonic()) if self.buf else None
+        if not self.buf:
+            self.since = None
+        elif lines or self.since is None:       # a new unterminated line began
+            self.since = time.monotonic()
 
     def flush_stale(self, now, force=False):
         if self.buf and (force or now - self.since >= PARTIAL_FLUSH_S):
@@ -171,12 +174,8 @@ def main(argv=None):
         # Remember the first stop request; forward every signal to the rank's group.
         if state["stop_sig"] is None and sig != signal.SIGUSR1 and sig != signal.SIGUSR2:
             state["stop_sig"], state["stop_at"] = sig, time.monotonic()
-        child = state["child"]
-        if child is not None:
-            try:
-                os.killpg(child.pid, sig)
-            except ProcessLookupError:
-                pass
+        if state["child"] is not None:
+            _killpg(state["child"].pid, sig)
 
     for sig in FORWARDED:
         signal.signal(sig, on_signal)
@@ -214,8 +213,8 @@ def main(argv=None):
         sel.register(s.pipe, selectors.EVENT_READ, s)
     open_streams = len(streams)
     exited_at = None
-    while open_streams:
-        for key, _ in sel.select(timeout=0.2):
+    while True:
+        for key, _ in sel.select(timeout=0.2):     # with nothing registered: just a 0.2 s wait
             s = key.data
             try:
                 data = os.read(s.pipe.fileno(), 65536)
@@ -229,12 +228,13 @@ def main(argv=None):
         now = time.monotonic()
         for s in streams:
             s.flush_stale(now)
-        if exited_at is None and child.poll() is not None:
-            exited_at = now
-        if exited_at is not None and now - exited_at > DRAIN_AFTER_EXIT_S:
-            break
+        if child.poll() is not None:
+            exited_at = exited_at or now
+            # Grandchildren may keep the pipes open after the rank is gone.
+            if not open_streams or now - exited_at > DRAIN_AFTER_EXIT_S:
+                break
         if state["stop_at"] is not None and now - state["stop_at"] > KILL_AFTER_S:
-            _killpg(child.pid, signal.SIGKILL)
+            _killpg(child.pid, signal.SIGKILL)      # asked to stop, and the rank did not
             state["stop_at"] = None
     for s in streams:
         s.flush_stale(0, force=True)

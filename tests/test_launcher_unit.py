@@ -3,9 +3,11 @@ MPI detection, the launch commands, output records.  Runs in about a second."""
 
 import importlib
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -342,3 +344,72 @@ def test_check_build(capsys):
                   "NCCL", "Compressors:", "none, fp16, topk"):
         assert words in out, out
     assert "[X] MPICH" in out or "[X] Open MPI" in out
+
+
+# ---- the rank wrapper on its own (no MPI launcher) --------------------------------------
+
+def run_wrapper(code, rank="5", **kw):
+    env = dict(os.environ, PMI_RANK=rank)
+    return subprocess.Popen([sys.executable, "-S", mpi_command.WRAPPER, "--", sys.executable, "-c", code],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, **kw)
+
+
+def reports(stderr):
+    return [output.parse_report(l) for l in stderr.splitlines() if output.parse_report(l)]
+
+
+def test_wrapper_prefixes_flushes_prompts_and_reports():
+    code = ("import sys, time, os\n"
+            "sys.stdout.write('prompt'); sys.stdout.flush(); time.sleep(1.6)\n"
+            "print(' answered'); print('env', os.environ.get('HVDLITE_RANK_REPORTS'))\n"
+            "sys.stderr.write('warn\\nno newline at the end'); sys.exit(3)\n")
+    p = run_wrapper(code)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 3
+    assert out.splitlines() == [b"[5]<stdout>: prompt", b"[5]<stdout>:  answered", b"[5]<stdout>: env 1"]
+    assert [l for l in err.splitlines() if not output.parse_report(l)] == \
+        [b"[5]<stderr>: warn", b"[5]<stderr>: no newline at the end"]
+    start, end = reports(err)
+    assert start["event"] == "start" and start["rank"] == 5
+    assert (end["event"], end["rank"], end["code"], end["signal"]) == ("exit", 5, 3, None)
+
+
+def test_wrapper_forwards_stop_signals_and_reports_the_signal():
+    code = ("import signal, sys, time\n"
+            "def h(s, f):\n    print('got', s, flush=True); sys.exit(7)\n"
+            "signal.signal(signal.SIGTERM, h)\nprint('up', flush=True)\ntime.sleep(60)\n")
+    p = run_wrapper(code)
+    assert p.stdout.readline() == b"[5]<stdout>: up\n"
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert out == b"[5]<stdout>: got 15\n" and p.returncode == 7
+    p = run_wrapper("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", rank="2")
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 137 and reports(err)[-1]["signal"] == 9
+
+
+def test_wrapper_relays_a_failing_announcement():
+    code = ("import sys\nsys.stderr.write('@hvdlite-ctl@ {\"event\": \"failing\", \"code\": 2, "
+            "\"reason\": \"boom\"}\\n')\nsys.stderr.write('@hvdlite-ctl@ not json\\n')\n")
+    p = run_wrapper(code, rank="1")
+    _, err = p.communicate(timeout=30)
+    failing = [r for r in reports(err) if r["event"] == "failing"]
+    assert failing == [{"event": "failing", "rank": 1, "host": failing[0]["host"], "code": 2,
+                        "reason": "boom"}]
+    assert b"[1]<stderr>: @hvdlite-ctl@ not json" in err      # not a report: shown as output
+
+
+def test_rank_dies_with_its_wrapper():
+    """If the MPI launcher SIGKILLs the wrapper, the kernel kills the rank too."""
+    p = run_wrapper("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")
+    child = int(p.stdout.readline().split()[-1])
+    p.kill()
+    p.wait()
+    deadline = time.time() + 5
+    while os.path.exists("/proc/%d" % child) and time.time() < deadline:
+        with open("/proc/%d/stat" % child) as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        time.sleep(0.02)
+    else:
+        assert not os.path.exists("/proc/%d" % child), "rank survived its wrapper"
