@@ -1,13 +1,16 @@
 """hvdlite.torch.DistributedOptimizer on real ranks, against a single-process
 reference trained on the combined batch (every rank computes the reference
 itself, from the same seeded data). Run on 2 ranks."""
+import os
 import sys
+import tempfile
 import time
 import warnings
 
 import torch
 
 import hvdlite
+import hvdlite.timeline
 import hvdlite.torch as hvd
 
 torch.set_num_threads(1)
@@ -507,6 +510,8 @@ opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
 names = {p: n for n, p in model.named_parameters()}
 late_params = list(layers[1].parameters()) + list(layers[2].parameters()) + list(layers[3].parameters())
 x = torch.randn(8, 64)
+timeline_dir = hvd.broadcast_object(tempfile.mkdtemp() if R == 0 else None, root_rank=0)
+hvd.start_timeline(os.path.join(timeline_dir, "tl-%r.json"))
 opt.zero_grad()
 out = layers[0](x)
 out = SlowBackward.apply(out)
@@ -514,6 +519,7 @@ for layer in layers[1:]:
     out = layer(out)
 out.square().mean().backward()
 backward_end = time.monotonic()
+backward_end_us = time.time() * 1e6
 first_layer_enqueued = all(opt._handles[p][0] is not None for p in layers[0].parameters())
 opt.step()
 seen = SlowBackward.seen
@@ -522,6 +528,21 @@ check("late layers enqueued during backward",
 check("late layers reduced before backward finished",
       seen["late_done"] and seen["done_at"] < backward_end)
 check("first layer enqueued by the end of backward", first_layer_enqueued)
+# The engine's own record (timestamps are epoch microseconds): the MPI reductions
+# of the late layers' gradients ended before backward did.
+hvd.stop_timeline()
+events = hvdlite.timeline.load(os.path.join(timeline_dir, f"tl-{R}.json"))
+rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+mpi_end = {}
+for e in events:
+    if e.get("name") == "MPI_ALLREDUCE" and e.get("ph") == "E":
+        mpi_end[rows.get(e["tid"], "")] = e["ts"]
+late_names = {names[p] for p in late_params}
+found = {n: t for row, t in mpi_end.items() for n in late_names if row.endswith(n)}
+check("timeline has the late layers' MPI_ALLREDUCE", set(found) == late_names, str(sorted(mpi_end)))
+check("timeline: late layers reduced before backward ended",
+      all(t < backward_end_us for t in found.values()),
+      f"{max(found.values()) - backward_end_us:.0f} us after")
 
 # ------------------------------------------------------------ compression
 probe_ok = True
@@ -548,5 +569,8 @@ if probe_ok:
         check(f"{comp} identical", identical_everywhere(model.parameters()))
 
 hvd.barrier()
+if R == 0:
+    import shutil
+    shutil.rmtree(timeline_dir, ignore_errors=True)
 print(f"RANK {R} OK ({len(checks)} checks)")
 sys.stdout.flush()
