@@ -44,3 +44,11 @@ def test_digits_identical_and_matches_single_process(ranks, epochs):
 def test_digits_compression_accuracy():
     proc = run_ranks("scripts/torch_digits_accuracy.py", 2)
     print(proc.stdout)
+
+
+def test_synthetic_benchmark_runs():
+    proc = run_ranks("../examples/pytorch_synthetic_benchmark.py", 2, expect_ok=False,
+                     args=["--batch-size", "4", "--image-size", "16", "--num-warmup-batches", "1",
+                           "--num-batches-per-iter", "1", "--num-iters", "2"])
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    assert "Total img/sec on 2 CPU(s)" in proc.stdout, proc.stdout

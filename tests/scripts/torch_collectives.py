@@ -461,5 +461,8 @@ else:
     raises("join absent", NotImplementedError, lambda: hvd.join(), "hvdlite.join")
 
 hvd.barrier()
+hvd.shutdown()
+check("shutdown", not hvd.is_initialized())
+raises("collective after shutdown", hvdlite.HvdliteError, lambda: hvd.allreduce(torch.ones(1)))
 print(f"RANK {R} OK ({len(checks)} checks)")
 sys.stdout.flush()
