@@ -113,6 +113,12 @@ def cleanup_stale():
             stale.setdefault(tag, []).append(ns)
     for names in stale.values():
         _kill_namespaces(names)
+    # Guard routes carry the owning pid as their metric (see _make_network).
+    for line in _run(["ip", "route", "show", "type", "unreachable"], check=False).stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[1].startswith("10.79.") and fields[2] == "metric" \
+                and fields[3].isdigit() and not os.path.exists("/proc/%s" % fields[3]):
+            _run(["ip", "route", "del", "unreachable", fields[1], "metric", fields[3]], check=False)
 
 
 class NetnsHosts:
@@ -271,7 +277,8 @@ class NetnsHosts:
                 pass
         self.anchors = {}
         if self.guard_route:
-            _run(["ip", "route", "del", "unreachable", self.guard_route], check=False)
+            _run(["ip", "route", "del", "unreachable", self.guard_route, "metric",
+                  str(os.getpid())], check=False)
             self.guard_route = None
         if self.scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
@@ -336,9 +343,13 @@ class NetnsHosts:
         os.chmod(wrapper, 0o755)
 
     def _make_network(self):
-        # Pick a /24 nobody routes yet; the guard route doubles as our claim on it.
+        # Pick a /24 nobody routes yet; the guard route doubles as our claim on it,
+        # and its metric names our pid so a later run can remove it if we die.
         for net in SUBNETS:
-            p = _run(["ip", "route", "add", "unreachable", net + ".0/24"], check=False)
+            if _run(["ip", "route", "show", net + ".0/24"], check=False).stdout.strip():
+                continue
+            p = _run(["ip", "route", "add", "unreachable", net + ".0/24", "metric",
+                      str(os.getpid())], check=False)
             if p.returncode == 0:
                 self.net, self.guard_route = net, net + ".0/24"
                 break
