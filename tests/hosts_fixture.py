@@ -464,8 +464,15 @@ def wait_until_gone(tag, timeout=3.0):
         time.sleep(0.05)
 
 
-if __name__ == "__main__":      # manual use: python tests/hosts_fixture.py [N] -> shell on host 1
-    import sys
-    with NetnsHosts(int(sys.argv[1]) if len(sys.argv) > 1 else 2) as h:
-        print("hosts %s up; key %s; PATH=%s:$PATH" % (" ".join(h.names), h.key, h.bin_dir))
-        subprocess.call(h.on_host(1, [os.environ.get("SHELL", "/bin/bash")]))
+if __name__ == "__main__":
+    # Manual use (root):  python tests/hosts_fixture.py [N [CMD...]]
+    # runs CMD (default: an interactive shell) on host 1 while N hosts are up,
+    # with their ssh first in PATH and $HVDL_KEY naming the key they accept.
+    count = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    command = sys.argv[2:] or [os.environ.get("SHELL", "/bin/bash")]
+    with NetnsHosts(count) as h:
+        sys.stdout.write("hosts %s up\n" % " ".join(h.names))
+        sys.stdout.flush()
+        env = dict(os.environ, PATH=h.bin_dir + os.pathsep + os.environ["PATH"], HVDL_KEY=h.key)
+        status = subprocess.call(h.on_host(1, command), env=env)
+    sys.exit(status)
