@@ -134,6 +134,7 @@ def test_mpi_across_hosts_topology_and_traffic(hosts, tag, tmp_path):
     before = sum(hosts.link_bytes(2))
     logs = tmp_path / "logs"
     p = hvdrun(hosts, two_by_two(hosts) + ["--verbose", "--output-filename", str(logs),
+                                           "--network-interface", "eth0", "-p", "22",
                                            sys.executable, MPI4PY, tag, "topology", "16"])
     assert p.returncode == 0, p.stderr
     moved = sum(hosts.link_bytes(2)) - before
@@ -147,6 +148,7 @@ def test_mpi_across_hosts_topology_and_traffic(hosts, tag, tmp_path):
     assert moved > 16 * 1024 * 1024, "only %d bytes crossed the test network" % moved
     cmd = [l for l in p.stderr.splitlines() if l.startswith("hvdrun: running: ")][0]
     assert "-hosts %s:2,%s:2 -launcher ssh -launcher-exec " % (n1, n2) in cmd
+    assert "-iface eth0 " in cmd and "-genv UCX_NET_DEVICES eth0 " in cmd
     assert "ssh check %s: ok" % n2 in p.stderr and "ssh check %s: local" % n1 in p.stderr
     for r in range(4):
         assert json.loads((logs / ("rank.%d" % r) / "stdout").read_text())["rank"] == r
