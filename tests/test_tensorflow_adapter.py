@@ -39,3 +39,8 @@ def test_compression_wire_bytes_and_accuracy():
     for line in proc.stdout.splitlines():
         if line.startswith("ACCURACY"):
             print(line)
+
+
+def test_examples():
+    """keras_digits.py, tensorflow2_digits.py --check and the synthetic benchmark, short runs."""
+    run_ranks("scripts/tf_examples.py", 2, timeout=600)

@@ -39,18 +39,20 @@ def _object_collective_guard(what):
 
 @tf.autograph.experimental.do_not_convert
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
-    """Returns ``root_rank``'s picklable ``obj`` on every rank (eager only)."""
+    """Returns ``root_rank``'s picklable ``obj`` on every rank (eager only;
+    ``root_rank`` is a global rank)."""
     _object_collective_guard("broadcast_object")
     pset = process_set_id(process_set)
     prefix = f"{name}." if name else None
-    me = process_set_rank(pset)  # root_rank counts within the process set
-    payload = _dumps(obj) if me == int(root_rank) else np.zeros(0, np.uint8)
+    root = mpi_ops.set_root(root_rank, pset, "broadcast_object")  # global rank -> position in set
+    is_root = process_set_rank(pset) == root
+    payload = _dumps(obj) if is_root else np.zeros(0, np.uint8)
     length = np.array([payload.size], dtype=np.int64)
-    length = np_ops.broadcast(length, root_rank, name=prefix and prefix + "len", process_set=pset)
-    if me != int(root_rank):
+    length = np_ops.broadcast(length, root, name=prefix and prefix + "len", process_set=pset)
+    if not is_root:
         payload = np.zeros(int(length[0]), dtype=np.uint8)
-    data = np_ops.broadcast(payload, root_rank, name=prefix and prefix + "data", process_set=pset)
-    if me == int(root_rank):
+    data = np_ops.broadcast(payload, root, name=prefix and prefix + "data", process_set=pset)
+    if is_root:
         return obj
     return pickle.loads(data.tobytes())
 
@@ -163,11 +165,12 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, na
     base = name or ("broadcast_variables" if tf.executing_eagerly()
                     else mpi_ops.graph_name("broadcast_variables"))
     values = [tf.convert_to_tensor(v) for v in flat]
+    root = mpi_ops.set_root(root_rank, pset, "broadcast_variables")
     jobs = []
     for i, (v, t) in enumerate(zip(flat, values)):
         mpi_ops._dtype_code(t.dtype, "broadcast_variables")
         jobs.append(mpi_ops._Broadcast(f"{base}.{i}.{_variable_name(v, i)}", t.dtype, t.shape,
-                                       root_rank, pset))
+                                       root, pset))
     results = mpi_ops.run_group(jobs, values, "broadcast_variables")
     assigns = [v.assign(r) for v, r in zip(flat, results)]
     if tf.executing_eagerly():

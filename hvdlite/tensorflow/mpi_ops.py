@@ -109,6 +109,26 @@ def _set_size(process_set):
     return _binding.check(_binding.lib.hvd_process_set_size(pid))
 
 
+def set_root(root_rank, pset, what):
+    """Horovod's root_rank is a global rank; the engine wants the position in
+    the process set."""
+    try:
+        root_rank = int(root_rank)
+    except (TypeError, ValueError):
+        raise exceptions.InvalidArgumentError(
+            f"hvdlite.tensorflow.{what}: root_rank must be an int, not {root_rank!r}") from None
+    if pset == 0:
+        return root_rank
+    ranks = _binding.ffi.new("int32_t[]", 65536)
+    n = _binding.check(_binding.lib.hvd_process_set_ranks(pset, ranks, 65536))
+    members = [ranks[i] for i in range(min(n, 65536))]
+    if root_rank not in members:
+        raise exceptions.InvalidArgumentError(
+            f"hvdlite.tensorflow.{what}: root_rank {root_rank} is not a member of process set "
+            f"{members}; root_rank is a global rank, as in Horovod")
+    return members.index(root_rank)
+
+
 def _require_init(what):
     if not _binding.lib.hvd_is_initialized():
         raise exceptions.NotInitializedError(
@@ -533,11 +553,13 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 @_not_converted
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Returns ``root_rank``'s ``tensor`` on every rank of the set."""
+    """Returns ``root_rank``'s ``tensor`` on every rank of the set
+    (``root_rank`` is a global rank, as in Horovod)."""
     t = _as_tensor(tensor, "broadcast")
     _dtype_code(t.dtype, "broadcast")
-    job = _Broadcast(_name_for(name, "broadcast"), t.dtype, t.shape, root_rank,
-                     process_set_id(process_set))
+    pset = process_set_id(process_set)
+    job = _Broadcast(_name_for(name, "broadcast"), t.dtype, t.shape,
+                     set_root(root_rank, pset, "broadcast"), pset)
     return run_group([job], [t], "broadcast")[0]
 
 

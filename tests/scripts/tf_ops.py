@@ -188,6 +188,12 @@ assert int(graph_barrier()) == 1
 everyone = hvd.add_process_set(list(range(size)))
 assert np.allclose(hvd.allreduce(tf.ones([2]), op=hvd.Sum, process_set=everyone).numpy(), size)
 hvd.remove_process_set(everyone)
+solo = hvd.add_process_set([1])  # root_rank is a global rank, as in Horovod
+if rank == 1:
+    assert np.allclose(hvd.broadcast(tf.constant([5.0]), 1, process_set=solo).numpy(), 5.0)
+    expect_raises(InvalidArgumentError, lambda: hvd.broadcast(tf.ones(1), 0, process_set=solo), "member")
+    assert hvd.broadcast_object("solo", root_rank=1, process_set=solo) == "solo"
+hvd.remove_process_set(solo)
 log("barrier / process sets ok")
 
 # ---------------------------------------------------------------- IndexedSlices
