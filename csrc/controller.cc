@@ -147,8 +147,14 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
                            response.op != OpType::kRemoveProcessSet && mine_it != sent_.end();
     if (cacheable && cache_.enabled()) {
       std::string evicted;
-      cache_.Put(response, mine_it->second, tick_, &evicted);
-      if (!evicted.empty()) ForgetCached(evicted);
+      const int slot = cache_.Put(response, mine_it->second, tick_, &evicted);
+      // The new entry took the evicted one's slot: a request still waiting on
+      // that slot belongs to the evicted name and must be renegotiated.
+      auto waiting = cached_waiting_.find(slot);
+      if (!evicted.empty() && waiting != cached_waiting_.end()) {
+        retry_.push_back(std::move(waiting->second.request));
+        cached_waiting_.erase(waiting);
+      }
       stats_->Add(stats_->cache_misses, 1);
     }
     if (mine_it != sent_.end()) sent_.erase(mine_it);
@@ -177,6 +183,7 @@ std::string Controller::InspectStalls() {
   if (std::chrono::duration<double>(now - last_stall_check_).count() < 1.0) return "";
   last_stall_check_ = now;
   std::string give_up;
+  double give_up_age = 0;
   for (auto& kv : table_) {
     Pending& p = kv.second;
     const double age = std::chrono::duration<double>(now - p.first_seen).count();
@@ -206,8 +213,10 @@ std::string Controller::InspectStalls() {
                    describe().c_str());
       std::fflush(stderr);
     }
+    // The oldest stalled tensor is the one that names the culprit.
     if (options_.stall_shutdown_seconds > 0 && age >= options_.stall_shutdown_seconds &&
-        give_up.empty()) {
+        age > give_up_age) {
+      give_up_age = age;
       give_up = "stall inspector stopped hvdlite (HVDLITE_STALL_SHUTDOWN_TIME_SECONDS=" +
                 std::to_string(static_cast<int64_t>(options_.stall_shutdown_seconds)) +
                 "): " + describe();
