@@ -4,7 +4,7 @@ import numpy as np
 
 from . import _binding, exceptions
 from .compression import Compression, as_spec
-from .process_sets import process_set_id
+from .process_sets import process_set_id, set_root_rank
 
 # Reduce ops (csrc/common.h ReduceOp).
 Average = 0
@@ -74,11 +74,22 @@ def poll(handle):
     return handle.poll()
 
 
+def _check_out(out, tensor, what):
+    if out is None:
+        return np.empty_like(tensor)
+    _check_array(out, what)
+    if out.shape != tensor.shape or out.dtype != tensor.dtype:
+        raise exceptions.InvalidArgumentError(
+            f"{what}: out= must have the input's shape {tensor.shape} and dtype {tensor.dtype}, "
+            f"not {out.shape} {out.dtype}")
+    return out
+
+
 def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                    process_set=None, compression=Compression.none):
+                    process_set=None, compression=Compression.none, out=None):
     code = _check_array(tensor, "allreduce")
     _check_op(op, "allreduce")
-    out = np.empty_like(tensor)
+    out = _check_out(out, tensor, "allreduce")
     return _binding.enqueue(
         _binding.ALLREDUCE, name=name, dtype_code=code, shape=tensor.shape,
         input_ptr=_addr(tensor), output_ptr=_addr(out), reduce_op=op,
@@ -88,10 +99,11 @@ def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscal
 
 
 def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-              process_set=None, compression=Compression.none):
-    """Reduces ``tensor`` over all ranks; returns a new array on every rank."""
+              process_set=None, compression=Compression.none, out=None):
+    """Reduces ``tensor`` over all ranks; returns a new array on every rank
+    (or fills ``out``, which may be ``tensor`` itself for an in-place reduction)."""
     return synchronize(allreduce_async(tensor, op, name, prescale_factor, postscale_factor,
-                                       process_set, compression))
+                                       process_set, compression, out))
 
 
 def grouped_allreduce_async(tensors, op=Average, name=None, prescale_factor=1.0,
@@ -126,11 +138,13 @@ def allgather(tensor, name=None, process_set=None):
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    """``root_rank`` is a rank of the job (global), as in Horovod, also with a process set."""
     code = _check_array(tensor, "broadcast")
     out = np.empty_like(tensor)
     return _binding.enqueue(
         _binding.BROADCAST, name=name, dtype_code=code, shape=tensor.shape,
-        input_ptr=_addr(tensor), output_ptr=_addr(out), root_rank=int(root_rank),
+        input_ptr=_addr(tensor), output_ptr=_addr(out),
+        root_rank=set_root_rank(root_rank, process_set, "broadcast"),
         process_set=process_set_id(process_set), keep=(tensor, out), finish=lambda _h: out)
 
 

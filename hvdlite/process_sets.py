@@ -72,6 +72,26 @@ def process_set_id(process_set):
         f"process_set must be a ProcessSet or an int id, not {type(process_set).__name__}")
 
 
+def set_root_rank(root_rank, process_set, what):
+    """Horovod's root_rank is a rank of the job; the engine wants the root's
+    position within the process set."""
+    try:
+        root_rank = int(root_rank)
+    except (TypeError, ValueError):
+        raise exceptions.InvalidArgumentError(
+            f"{what}: root_rank must be an int, not {root_rank!r}") from None
+    pid = process_set_id(process_set)
+    if pid == 0:
+        return root_rank  # the engine checks the range
+    ranks = process_set.ranks if isinstance(process_set, ProcessSet) else \
+        get_process_set_ids_and_ranks().get(pid, [])
+    if root_rank not in ranks:
+        raise exceptions.InvalidArgumentError(
+            f"{what}: root_rank {root_rank} is not a member of process set {ranks}; root_rank "
+            "is a rank of the job, as in Horovod")
+    return ranks.index(root_rank)
+
+
 def add_process_set(process_set):
     """Registers a set on every rank (all ranks must call this in the same order)."""
     if not isinstance(process_set, ProcessSet):

@@ -260,6 +260,15 @@ def test_process_sets(r, n):
     assert mine.rank() == mine.ranks.index(r) and mine.size() == len(mine.ranks) and mine.included()
     got = hvd.allgather(np.full((1,), r, np.int32), process_set=mine)
     check_equal(got, np.asarray(mine.ranks, np.int32), "process set allgather")
+    root = mine.ranks[-1]  # a rank of the job, as in Horovod
+    got = hvd.broadcast(np.full(2, r, np.int32), root_rank=root, process_set=mine)
+    check_equal(got, np.full(2, root, np.int32), "process set broadcast from a global root")
+    expect(hvd.InvalidArgumentError, lambda: hvd.broadcast(np.ones(2), root_rank=other.ranks[0], process_set=mine),
+           "not a member")
+    out = np.empty(3, np.int64)
+    res = hvd.allreduce(np.full(3, r, np.int64), op=hvd.Sum, out=out)
+    assert res is out and np.array_equal(out, np.full(3, n * (n - 1) // 2, np.int64)), "out="
+    expect(hvd.InvalidArgumentError, lambda: hvd.allreduce(np.ones(3), out=np.empty(4)), "out=")
     expect(hvd.InvalidArgumentError, lambda: hvd.allreduce(np.ones(2), process_set=other), "not a member")
     hvd.remove_process_set(odds)
     hvd.remove_process_set(evens)
