@@ -329,6 +329,10 @@ def test_hvdlite_started_by_mpiexec_without_hvdrun(hosts, tag, tmp_path):
     ssh.write_text('#!/bin/sh\nexec %s/ssh -i %s "$@"\n' % (hosts.bin_dir, hosts.key))
     ssh.chmod(0o755)
     _, env = hvdrun_env(hosts)
+    # Without hvdrun's wrapper nothing keeps lines whole: with unbuffered output
+    # print() writes text and newline separately and ranks' lines mix.  Buffered,
+    # each rank's single short line leaves in one write at exit.
+    env.pop("PYTHONUNBUFFERED")
     cmd = [_build_info.MPIEXEC, "-n", "4", "-hosts", "%s:2,%s:2" % tuple(hosts.names),
            "-launcher", "ssh", "-launcher-exec", str(ssh), sys.executable, HVDLITE, tag, "numpy"]
     p = subprocess.run(hosts.on_host(1, cmd, cwd=REPO), capture_output=True, text=True,
