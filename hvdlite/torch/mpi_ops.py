@@ -26,7 +26,7 @@ import torch
 import hvdlite
 from hvdlite import _binding, exceptions
 from hvdlite.compression import Compression, as_spec
-from hvdlite.process_sets import ProcessSet, global_process_set, process_set_id
+from hvdlite.process_sets import global_process_set, process_set_id, set_root_rank
 
 # Reduce ops (the engine's codes). Adasum is named so that scripts which
 # mention it import, but it is not implemented.
@@ -99,30 +99,7 @@ def _resolve_op(op, average, what):
 
 def _set_root(root_rank, process_set, what):
     """Horovod's root_rank is a global rank; the engine wants the position in the set."""
-    try:
-        root_rank = int(root_rank)
-    except (TypeError, ValueError):
-        raise exceptions.InvalidArgumentError(
-            f"{what}: root_rank must be an int, not {root_rank!r}") from None
-    pid = process_set_id(process_set)
-    if pid == 0:
-        return root_rank
-    ranks = _set_ranks(process_set)
-    if root_rank not in ranks:
-        raise exceptions.InvalidArgumentError(
-            f"{what}: root_rank {root_rank} is not a member of process set {ranks}; "
-            "root_rank is a global rank, as in Horovod")
-    return ranks.index(root_rank)
-
-
-def _set_ranks(process_set):
-    if isinstance(process_set, ProcessSet) and process_set.process_set_id != 0:
-        return list(process_set.ranks)
-    pid = process_set_id(process_set)
-    if pid == 0:
-        return list(range(hvdlite.size()))
-    from hvdlite.process_sets import get_process_set_ids_and_ranks
-    return get_process_set_ids_and_ranks().get(pid, [])
+    return set_root_rank(root_rank, process_set, what)
 
 
 def _set_size(process_set):
