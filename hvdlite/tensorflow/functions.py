@@ -44,8 +44,10 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=glob
     _object_collective_guard("broadcast_object")
     pset = process_set_id(process_set)
     prefix = f"{name}." if name else None
-    root = mpi_ops.set_root(root_rank, pset, "broadcast_object")  # global rank -> position in set
-    is_root = process_set_rank(pset) == root
+    mpi_ops.set_root(root_rank, pset, "broadcast_object")  # validates: a member of the set
+    root = int(root_rank)  # the NumPy API takes the global rank, as Horovod does
+    from .. import basics
+    is_root = basics.rank() == root
     payload = _dumps(obj) if is_root else np.zeros(0, np.uint8)
     length = np.array([payload.size], dtype=np.int64)
     length = np_ops.broadcast(length, root, name=prefix and prefix + "len", process_set=pset)
@@ -72,11 +74,6 @@ def allgather_object(obj, session=None, name=None, process_set=global_process_se
         out.append(pickle.loads(data[pos:pos + int(n)].tobytes()))
         pos += int(n)
     return out
-
-
-def process_set_rank(pset):
-    from .._binding import lib
-    return lib.hvd_process_set_rank(pset)
 
 
 # --------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from tensorflow.python.ops import control_flow_util as _control_flow_util
 from .. import _binding, exceptions
 from ..compression import Compression, NoneCompressor, as_spec
 from ..ops import Average, Max, Min, Product, Sum
-from ..process_sets import global_process_set, process_set_id
+from ..process_sets import global_process_set, process_set_id, set_root_rank
 
 _ALIGN = 64
 # Public entry points are not converted by autograph when called from a
@@ -111,22 +111,8 @@ def _set_size(process_set):
 
 def set_root(root_rank, pset, what):
     """Horovod's root_rank is a global rank; the engine wants the position in
-    the process set."""
-    try:
-        root_rank = int(root_rank)
-    except (TypeError, ValueError):
-        raise exceptions.InvalidArgumentError(
-            f"hvdlite.tensorflow.{what}: root_rank must be an int, not {root_rank!r}") from None
-    if pset == 0:
-        return root_rank
-    ranks = _binding.ffi.new("int32_t[]", 65536)
-    n = _binding.check(_binding.lib.hvd_process_set_ranks(pset, ranks, 65536))
-    members = [ranks[i] for i in range(min(n, 65536))]
-    if root_rank not in members:
-        raise exceptions.InvalidArgumentError(
-            f"hvdlite.tensorflow.{what}: root_rank {root_rank} is not a member of process set "
-            f"{members}; root_rank is a global rank, as in Horovod")
-    return members.index(root_rank)
+    the process set (validated, with a clear error for non-members)."""
+    return set_root_rank(root_rank, pset, f"hvdlite.tensorflow.{what}")
 
 
 def _require_init(what):
