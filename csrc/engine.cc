@@ -147,8 +147,11 @@ void Engine::Loop() {
   auto next = Clock::now();
   while (true) {
     {
+      // New work starts a round at once; otherwise a round every cycle time
+      // keeps this rank answering its peers' negotiation.
       std::unique_lock<std::mutex> lock(state_mutex_);
-      state_cv_.wait_until(lock, next, [this] { return shutdown_requested_; });
+      state_cv_.wait_until(lock, next, [this] { return shutdown_requested_ || work_pending_; });
+      work_pending_ = false;
     }
     next = Clock::now() + cycle;
     for (auto& set : sets_.All()) {
@@ -409,9 +412,16 @@ Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
   auto work = entry.work;
   s = set->queue().Add(std::move(entry));
   if (!s.ok()) return s;
-  std::lock_guard<std::mutex> lock(handles_mutex_);
-  *handle = next_handle_++;
-  handles_[*handle] = std::move(work);
+  {
+    std::lock_guard<std::mutex> lock(handles_mutex_);
+    *handle = next_handle_++;
+    handles_[*handle] = std::move(work);
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    work_pending_ = true;
+  }
+  state_cv_.notify_all();
   return Status::OK();
 }
 

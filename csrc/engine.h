@@ -94,6 +94,7 @@ class Engine {
   Status setup_status_;
   Status stopped_status_;
   bool shutdown_requested_ = false;
+  bool work_pending_ = false;  // set by Enqueue: start the next round now
   std::string shutdown_reason_;
 
   std::mutex handles_mutex_;

@@ -80,12 +80,13 @@ class Handle:
         return self._result
 
     def _collect(self):
-        msg = ffi.new("char[]", 4096)
-        kind = lib.hvd_handle_error(self._id, msg, 4096)
+        kind = lib.hvd_handle_error(self._id, ffi.NULL, 0)
         try:
             if kind < 0:
                 self._error = last_error()
             elif kind != 0:
+                msg = ffi.new("char[]", 8192)
+                lib.hvd_handle_error(self._id, msg, 8192)
                 self._error = exceptions.from_kind(kind, ffi.string(msg).decode(errors="replace"))
             else:
                 self._result = self._finish(self._id) if self._finish else None
@@ -107,28 +108,42 @@ class Handle:
                 pass
 
 
+_local = threading.local()
+
+
+def _pointer(p):
+    # Adapters pass integer addresses (torch's data_ptr()); NumPy callers may
+    # pass cdata from ffi.from_buffer, which needs no conversion.
+    return ffi.cast("void *", p) if isinstance(p, int) else p
+
+
 def enqueue(op, *, name=None, dtype_code, shape, input_ptr=0, output_ptr=0, reduce_op=1,
             prescale=1.0, postscale=1.0, root_rank=0, splits=None, compression=(0, 0.0, False),
             process_set=0, keep=None, finish=None):
-    """Submits one tensor to the engine; returns a :class:`Handle` at once."""
-    req = ffi.new("hvd_tensor_request *")
-    shape_buf = ffi.new("int64_t[]", list(shape) or [0])
+    """Submits one tensor to the engine; returns a :class:`Handle` at once.
+
+    The request struct is reused per thread: the engine copies what it needs
+    before hvd_enqueue returns, and this path runs once per gradient."""
+    req = getattr(_local, "request", None)
+    if req is None:
+        req = _local.request = ffi.new("hvd_tensor_request *")
+    shape_buf = ffi.new("int64_t[]", shape) if len(shape) else ffi.NULL
     name_buf = ffi.new("char[]", name.encode()) if name else ffi.NULL
-    splits_buf = ffi.new("int64_t[]", list(splits)) if splits is not None and len(splits) else ffi.NULL
+    nsplits = len(splits) if splits is not None else 0
     req.op = op
     req.name = name_buf
     req.dtype = dtype_code
     req.ndim = len(shape)
     req.shape = shape_buf
-    req.input = ffi.cast("void *", input_ptr)
-    req.output = ffi.cast("void *", output_ptr)
+    req.input = _pointer(input_ptr)
+    req.output = _pointer(output_ptr)
     req.reduce_op = reduce_op
     req.prescale = prescale
     req.postscale = postscale
     req.root_rank = root_rank
-    req.splits = splits_buf
-    req.nsplits = len(splits) if splits is not None else 0
-    req.compression, req.topk_ratio, req.error_feedback = compression[0], compression[1], int(bool(compression[2]))
+    req.splits = ffi.new("int64_t[]", list(splits)) if nsplits else ffi.NULL
+    req.nsplits = nsplits
+    req.compression, req.topk_ratio, req.error_feedback = compression
     req.process_set = process_set
     handle_id = lib.hvd_enqueue(req)
     if handle_id < 0:

@@ -1,5 +1,7 @@
 """Start-up, shutdown and the rank/size queries (Horovod's ``hvd.basics``)."""
 import atexit
+import json
+import os
 import sys
 import threading
 import traceback
@@ -136,6 +138,11 @@ def _install_excepthook():
         global _exit_reason
         text = "".join(traceback.format_exception_only(exc_type, exc)).strip()
         _exit_reason = f"exited with an unhandled exception: {text}"
+        if os.environ.get("HVDLITE_RANK_REPORTS") == "1":
+            # hvdrun's rank wrapper reads this line to name the failing rank
+            # even while MPI_Finalize keeps the process alive.
+            line = json.dumps({"event": "failing", "code": 1, "reason": text})
+            os.write(2, f"@hvdlite-ctl@ {line}\n".encode())
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook

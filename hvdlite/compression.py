@@ -19,7 +19,7 @@ class Compressor:
 
     def spec(self):
         """(engine code, top-k ratio, error feedback) for the C API."""
-        return (self.code, float(self.ratio), bool(self.error_feedback))
+        return (self.code, float(self.ratio), int(bool(self.error_feedback)))
 
     def __eq__(self, other):
         return isinstance(other, Compressor) and self.spec() == other.spec()
@@ -80,7 +80,12 @@ class Compression:
         return TopKCompressor(ratio, error_feedback)
 
 
+_NONE_SPEC = (0, 0.0, 0)
+
+
 def as_spec(compression):
+    if compression is None or compression.__class__ is NoneCompressor:
+        return _NONE_SPEC
     if compression is None:
         return NoneCompressor().spec()
     if isinstance(compression, type) and issubclass(compression, Compressor):

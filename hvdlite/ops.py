@@ -15,9 +15,14 @@ Product = 4
 _OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product"}
 
 
+_CODES_BY_DTYPE = {np.dtype(name): code for name, code in _binding.DTYPE_CODES.items()
+                   if name != "bfloat16"}
+
+
 def _dtype_code(dtype):
-    name = np.dtype(dtype).name
-    code = _binding.DTYPE_CODES.get(name)
+    code = _CODES_BY_DTYPE.get(dtype)
+    if code is None:
+        code = _binding.DTYPE_CODES.get(np.dtype(dtype).name)  # e.g. ml_dtypes.bfloat16
     if code is None:
         supported = ", ".join(k for k in _binding.DTYPE_CODES)
         raise exceptions.UnsupportedDTypeError(
@@ -49,7 +54,7 @@ def _check_op(op, what):
 
 
 def _addr(a):
-    return a.__array_interface__["data"][0]
+    return _binding.ffi.from_buffer(a, require_writable=False)
 
 
 def _engine_array(dtype):

@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# Multi-host launcher tests run real sshd hosts in network namespaces (as root).
+if [ "$(id -u)" = 0 ] && ! command -v sshd >/dev/null && [ ! -x /usr/sbin/sshd ]; then
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends \
+    openssh-server openssh-client iproute2 util-linux >/dev/null
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q mpich mpi4py cffi setuptools wheel numpy
