@@ -59,7 +59,11 @@ def build(args, keras):
     except AttributeError:
         raise SystemExit(f"unknown model {args.model!r}: use 'mlp' or a keras.applications name")
     shape = (args.image_size, args.image_size, 3)
-    return factory(weights=None, input_shape=shape, classes=1000), shape, 1000
+    try:  # logits out: the loss below uses from_logits=True
+        model = factory(weights=None, input_shape=shape, classes=1000, classifier_activation=None)
+    except TypeError:
+        model = factory(weights=None, input_shape=shape, classes=1000)
+    return model, shape, 1000
 
 
 def compression_of(args):

@@ -85,7 +85,10 @@ class _DistributedOptimizerMixin:
 def _warn_if_inside_plain_loss_scale(opt):
     if isinstance(opt, LossScaleOptimizer) or id(opt) in _warned:
         return
-    frame = sys._getframe(2)
+    try:
+        frame = sys._getframe(2)
+    except ValueError:  # called from the top of the stack
+        return
     for _ in range(8):
         if frame is None:
             break
