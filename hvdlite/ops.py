@@ -26,7 +26,7 @@ def _dtype_code(dtype):
     if code is None:
         supported = ", ".join(k for k in _binding.DTYPE_CODES)
         raise exceptions.UnsupportedDTypeError(
-            f"dtype {name} is not supported by hvdlite; use one of: {supported}")
+            f"dtype {np.dtype(dtype).name} is not supported by hvdlite; use one of: {supported}")
     return code
 
 
