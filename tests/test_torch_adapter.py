@@ -52,3 +52,10 @@ def test_synthetic_benchmark_runs():
                            "--num-batches-per-iter", "1", "--num-iters", "2"])
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     assert "Total img/sec on 2 CPU(s)" in proc.stdout, proc.stdout
+
+
+def test_join_with_distributed_optimizer():
+    import hvdlite
+    if not hasattr(hvdlite, "join"):
+        pytest.skip("the engine does not provide hvdlite.join() yet")
+    run_ranks("scripts/torch_join.py", 2)
