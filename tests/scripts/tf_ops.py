@@ -377,6 +377,15 @@ with tf.GradientTape() as t:
     lo = tf.reduce_sum(odd * odd)
 expect_raises(InvalidArgumentError, lambda: hvd.DistributedGradientTape(t).gradient(lo, [odd]), "same")
 
+# thread settings after TF started: a warning, not a silent no-op
+import warnings  # noqa: E402
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    hvd.init(intra_op_threads=2)
+assert any("already started" in str(w.message) for w in caught), [str(w.message) for w in caught]
+assert tf.config.threading.get_intra_op_parallelism_threads() == 1
+expect_raises(InvalidArgumentError, lambda: hvd.init(intra_op_threads="many"), "int or 'auto'")
+
 # the engine still works after all of this
 assert np.allclose(hvd.allreduce(tf.ones([2]), op=hvd.Sum).numpy(), size)
 
