@@ -34,7 +34,13 @@ Status Engine::StartTimeline(const std::string& path) {
 
 void Engine::StopTimeline() { timeline_.Stop(); }
 
-Engine::~Engine() { Shutdown("the engine object was destroyed"); }
+Engine::~Engine() {
+  Shutdown("the engine object was destroyed");
+  // Process sets (and their communicators) outlive the thread so that calls
+  // after a stop still get a precise error; they go with the engine, which
+  // is only replaced by a new init(), while MPI is alive.
+  for (int32_t id : sets_.Ids()) sets_.Remove(id);
+}
 
 Status Engine::Start(MPI_Comm comm, std::unique_ptr<Engine>* out) {
   int initialized = 0, finalized = 0;
@@ -51,11 +57,15 @@ Status Engine::Start(MPI_Comm comm, std::unique_ptr<Engine>* out) {
         "MPI was initialised without MPI_THREAD_MULTIPLE; hvdlite's engine thread needs it. "
         "Leave mpi4py.rc.thread_level at its default ('multiple')");
   }
+  // A bad setting is reported after the engine thread has agreed with the
+  // other ranks (Setup), so a rank whose environment differs cannot leave the
+  // others waiting in init().
   EngineOptions options;
-  Status s = EngineOptions::FromEnvironment(&options);
-  if (!s.ok()) return s;
+  Status parsed = EngineOptions::FromEnvironment(&options);
 
   std::unique_ptr<Engine> engine(new Engine(comm, options));
+  engine->options_status_ = parsed;
+  Status s;
   engine->thread_ = std::thread(&Engine::ThreadMain, engine.get());
   {
     std::unique_lock<std::mutex> lock(engine->state_mutex_);
@@ -83,10 +93,11 @@ void Engine::ThreadMain() {
     }
   }
   state_cv_.notify_all();
-  if (!s.ok()) return;
+  if (!s.ok()) {
+    for (int32_t id : sets_.Ids()) sets_.Remove(id);
+    return;
+  }
   Loop();
-  // Communicators are freed here, on the thread that used them.
-  for (int32_t id : sets_.Ids()) sets_.Remove(id);
 }
 
 Status Engine::Setup() {
@@ -133,11 +144,45 @@ Status Engine::Setup() {
   std::vector<int32_t> all(topology_.size);
   for (int r = 0; r < topology_.size; ++r) all[r] = r;
   sets_.Add(std::make_shared<ProcessSet>(sets_.NextId(), all, comm_, options_, &stats_, &abort_));
-  if (!options_.timeline_path.empty()) {
-    Status s = StartTimeline(options_.timeline_path);
-    if (!s.ok()) return s;
+  Status local = options_status_;
+  if (local.ok() && !options_.timeline_path.empty()) local = StartTimeline(options_.timeline_path);
+  Status agreed = AgreeOnSetup(local);
+  if (!agreed.ok()) timeline_.Stop();
+  return agreed;
+}
+
+Status Engine::AgreeOnSetup(const Status& local) {
+  // Every rank learns whether init() failed anywhere: otherwise a rank whose
+  // setting or timeline path was bad raises while the others start engines
+  // and wait in their first collective for it forever.
+  const std::string mine = local.ok() ? std::string() : local.message();
+  const int size = topology_.size;
+  int my_len = static_cast<int>(mine.size());
+  std::vector<int> lens(size);
+  if (MPI_Allgather(&my_len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_) != MPI_SUCCESS) {
+    return Status::Error(ErrorKind::kMpi, "MPI_Allgather of the init() outcome failed");
   }
-  return Status::OK();
+  std::vector<int> displs(size);
+  int total = 0;
+  for (int r = 0; r < size; ++r) {
+    displs[r] = total;
+    total += lens[r];
+  }
+  if (total == 0) return Status::OK();
+  std::vector<char> text(static_cast<size_t>(total));
+  if (MPI_Allgatherv(mine.data(), my_len, MPI_CHAR, text.data(), lens.data(), displs.data(),
+                     MPI_CHAR, comm_) != MPI_SUCCESS) {
+    return Status::Error(ErrorKind::kMpi, "MPI_Allgatherv of the init() errors failed");
+  }
+  if (!local.ok()) return local;
+  std::string others;
+  for (int r = 0; r < size; ++r) {
+    if (lens[r] == 0) continue;
+    others += (others.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " +
+              std::string(text.data() + displs[r], static_cast<size_t>(lens[r]));
+  }
+  return Status::InvalidArgument("hvdlite.init() failed on another rank, so it fails here too (" +
+                                 others + ")");
 }
 
 void Engine::Loop() {
@@ -329,10 +374,21 @@ Status Engine::ValidateLocally(const EnqueueArgs& args, const ProcessSet& set) c
       return Status::InvalidArgument(what + ": compression works with Sum and Average, not " +
                                      ReduceOpName(q.reduce_op));
     }
-    if (c.type != CompressionType::kNone && q.dtype == DataType::kFloat32 &&
-        NumElements(q.shape) > INT32_MAX) {
+    const int64_t n = NumElements(q.shape);
+    if (c.type != CompressionType::kNone && q.dtype == DataType::kFloat32 && n > INT32_MAX) {
       return Status::InvalidArgument(what + ": compressed reductions of more than 2^31-1 "
                                      "elements are not supported; use Compression.none");
+    }
+    if (c.type == CompressionType::kTopK && q.dtype == DataType::kFloat32 &&
+        static_cast<double>(std::ceil(c.topk_ratio * static_cast<double>(n))) * 8 > INT32_MAX) {
+      // The k (value, index) pairs go out in one allgather whose count is an int.
+      return Status::InvalidArgument(what + ": top-k would put more than 2^31-1 bytes on the "
+                                     "wire for this tensor; lower the ratio or split the tensor");
+    }
+    if ((q.dtype == DataType::kFloat16 || q.dtype == DataType::kBFloat16) && n > INT32_MAX) {
+      // 16-bit floats are reduced widened to float32 in one MPI call.
+      return Status::InvalidArgument(what + ": 16-bit float reductions of more than 2^31-1 "
+                                     "elements are not supported; split the tensor or use float32");
     }
   }
   const int size = set.size();
@@ -371,9 +427,8 @@ Status Engine::ValidateLocally(const EnqueueArgs& args, const ProcessSet& set) c
 }
 
 Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
-  Status stopped = stopped_status();
-  if (!stopped.ok()) return stopped;
   auto set = sets_.Get(args.process_set);
+  if (!set && !stopped_status().ok()) return stopped_status();
   if (!set) {
     return Status::InvalidArgument("there is no process set with id " +
                                    std::to_string(args.process_set) +
@@ -399,6 +454,9 @@ Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
     q.splits.assign(static_cast<size_t>(size), q.shape[0] / size);
   }
   Status s = ValidateLocally(args, *set);
+  if (!s.ok()) return s;
+  // Bad input is reported as such even when the engine has stopped.
+  s = stopped_status();
   if (!s.ok()) return s;
   if (q.name.empty()) q.name = set->NextAutoName(q.op);
   q.rank = set->rank();

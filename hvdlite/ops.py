@@ -53,6 +53,24 @@ def _check_op(op, what):
     return op
 
 
+def _factor(value, label, what):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise exceptions.InvalidArgumentError(
+            f"{what}: {label} must be a finite number, not {value!r}") from None
+
+
+def _splits(splits):
+    out = []
+    for s in np.asarray(splits).reshape(-1):
+        if not float(s).is_integer():
+            raise exceptions.InvalidArgumentError(
+                f"alltoall: splits must be whole row counts, got {s!r}; pass one int per rank")
+        out.append(int(s))
+    return out
+
+
 def _addr(a):
     return _binding.ffi.from_buffer(a, require_writable=False)
 
@@ -83,6 +101,9 @@ def _check_out(out, tensor, what):
     if out is None:
         return np.empty_like(tensor)
     _check_array(out, what)
+    if not out.flags.writeable:
+        raise exceptions.InvalidArgumentError(
+            f"{what}: out= is read-only; pass a writable array (or leave out= unset)")
     if out.shape != tensor.shape or out.dtype != tensor.dtype:
         raise exceptions.InvalidArgumentError(
             f"{what}: out= must have the input's shape {tensor.shape} and dtype {tensor.dtype}, "
@@ -98,7 +119,8 @@ def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscal
     return _binding.enqueue(
         _binding.ALLREDUCE, name=name, dtype_code=code, shape=tensor.shape,
         input_ptr=_addr(tensor), output_ptr=_addr(out), reduce_op=op,
-        prescale=float(prescale_factor), postscale=float(postscale_factor),
+        prescale=_factor(prescale_factor, "prescale_factor", "allreduce"),
+        postscale=_factor(postscale_factor, "postscale_factor", "allreduce"),
         compression=as_spec(compression), process_set=process_set_id(process_set),
         keep=(tensor, out), finish=lambda _h: out)
 
@@ -161,7 +183,7 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
     code = _check_array(tensor, "alltoall")
     if splits is not None:
-        splits = [int(s) for s in np.asarray(splits).reshape(-1)]
+        splits = _splits(splits)
     pid = process_set_id(process_set)
     finish_data = _engine_array(tensor.dtype)
 
@@ -189,8 +211,10 @@ def reducescatter_async(tensor, op=Average, name=None, process_set=None, prescal
     _check_op(op, "reducescatter")
     return _binding.enqueue(
         _binding.REDUCESCATTER, name=name, dtype_code=code, shape=tensor.shape,
-        input_ptr=_addr(tensor), reduce_op=op, prescale=float(prescale_factor),
-        postscale=float(postscale_factor), compression=as_spec(compression),
+        input_ptr=_addr(tensor), reduce_op=op,
+        prescale=_factor(prescale_factor, "prescale_factor", "reducescatter"),
+        postscale=_factor(postscale_factor, "postscale_factor", "reducescatter"),
+        compression=as_spec(compression),
         process_set=process_set_id(process_set), keep=tensor, finish=_engine_array(tensor.dtype))
 
 
