@@ -1,17 +1,24 @@
 """Allreduce of the ResNet-50 gradient set and of many small tensors, hvdlite
-against raw mpi4py schedules and torch gloo, interleaved in one run.
+against raw mpi4py schedules, torch gloo and Horovod (when installed),
+interleaved in one run; optionally a sweep of the engine's fusion threshold and
+cycle time on both.
 
     mpiexec -n 2 python bench/allreduce.py --iters 15 --json bench/results/allreduce.json
+    mpiexec -n 2 python bench/allreduce.py --cases sweep --sweep-rounds 4
 
 Every contender runs once per iteration in a rotating order; times are the
 slowest rank's, reported as medians with min/max and as ratios to the best
-raw MPI schedule measured in the same run.
+raw MPI schedule measured in the same run. A contender runs with only its own
+engine alive: hvdlite is shut down while raw MPI, gloo or Horovod run (its idle
+negotiation rounds would otherwise share MPI and the cores with them), and
+started again, with one untimed warm-up call, when an hvdlite contender's turn
+comes. The sweep re-initialises hvdlite for every setting (the engine reads its
+settings at init()), in a rotating order of settings per round.
 """
 import argparse
 import json
 import os
 import socket
-import statistics
 import sys
 import time
 
@@ -21,10 +28,28 @@ from mpi4py import MPI  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hvdlite as hvd  # noqa: E402
+from _engines import Engines  # noqa: E402
+from _stats import load_average, rotated, summary  # noqa: E402
 from resnet50_shapes import resnet50_shapes  # noqa: E402
 
 comm = MPI.COMM_WORLD
+MB = 1 << 20
+RAW_R50 = ["mpi4py unfused", "mpi4py one buffer", "mpi4py 25 MB buckets"]
+RAW_SMALL = ["mpi4py loop", "mpi4py one buffer"]
 
+
+ENGINES = Engines(comm)
+
+
+class Contender:
+    """A callable to time, the engine it needs (None, "hvdlite", "horovod") and, for
+    hvdlite, the HVDLITE_* settings to start the engine with."""
+
+    def __init__(self, fn, engine=None, env=None):
+        self.fn, self.engine, self.env = fn, engine, env
+
+
+# ---- raw MPI schedules ------------------------------------------------------------
 
 def raw_unfused(tensors, outs):
     for t, o in zip(tensors, outs):
@@ -32,6 +57,7 @@ def raw_unfused(tensors, outs):
 
 
 def make_raw_buckets(tensors, outs, bucket_bytes):
+    """Pack tensors into buckets of at most bucket_bytes, one Allreduce per bucket, unpack."""
     buckets, current, size = [], [], 0
     for i, t in enumerate(tensors):
         if current and size + t.nbytes > bucket_bytes:
@@ -58,6 +84,8 @@ def make_raw_buckets(tensors, outs, bucket_bytes):
     return run
 
 
+# ---- hvdlite, gloo, Horovod ---------------------------------------------------------
+
 def make_hvdlite(tensors, outs, compression, tag):
     names = [f"{tag}.{i}" for i in range(len(tensors))]
 
@@ -69,13 +97,26 @@ def make_hvdlite(tensors, outs, compression, tag):
     return run
 
 
+def _free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
 def make_gloo(tensors):
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
     if not dist.is_initialized():
+        addr = os.environ.get("HVDLITE_BENCH_GLOO_ADDR")
+        if addr is None:  # rank 0's address as the other ranks see it
+            one_host = len(set(comm.allgather(MPI.Get_processor_name()))) == 1
+            addr = "127.0.0.1" if one_host else socket.gethostbyname(socket.gethostname())
+        addr = comm.bcast(addr if comm.rank == 0 else None, root=0)
         port = comm.bcast(_free_port() if comm.rank == 0 else None, root=0)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}",
                                 rank=comm.rank, world_size=comm.size)
     ts = [torch.from_numpy(t.copy()) for t in tensors]
 
@@ -86,90 +127,303 @@ def make_gloo(tensors):
     return run
 
 
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+def horovod_module():
+    """horovod.torch, or None with the reason in horovod_status()."""
+    try:
+        import horovod.torch as hvt
+    except Exception as e:  # ImportError, or a build that fails to load
+        horovod_module.why = f"not installed ({e.__class__.__name__}: {str(e)[:80]})"
+        return None
+    import horovod
+    horovod_module.why = f"Horovod {getattr(horovod, '__version__', '?')}"
+    return hvt
 
 
-def measure(contenders, iters):
-    times = {name: [] for name in contenders}
+horovod_module.why = "not checked"
+
+
+def make_horovod(hvt, tensors, compression, tag):
+    import torch
+    ts = [torch.from_numpy(t.copy()) for t in tensors]
+    names = [f"{tag}.{i}" for i in range(len(tensors))]
+    comp = hvt.Compression.fp16 if compression == "fp16" else hvt.Compression.none
+
+    def run():
+        work = []
+        for t, nm in zip(ts, names):
+            c, ctx = comp.compress(t)
+            work.append((hvt.allreduce_async_(c, name=nm, op=hvt.Sum), ctx))
+        for h, ctx in work:
+            comp.decompress(hvt.synchronize(h), ctx)
+    return run
+
+
+# ---- measuring ---------------------------------------------------------------------
+
+def measure(contenders, iters, warmup=1):
+    """Interleaved timing: every round runs each contender once, in a rotating order.
+    Returns {name: summary of the slowest rank's times (ms)} plus hvdlite engine counters
+    per call (collectives, negotiation rounds) for hvdlite contenders."""
     names = list(contenders)
-    for it in range(iters + 1):
-        order = names[it % len(names):] + names[:it % len(names)]
-        for name in order:
+    times = {n: [] for n in names}
+    counters = {n: {} for n in names}
+    for it in range(iters + warmup):
+        for name in rotated(names, it):
+            c = contenders[name]
+            if ENGINES.use(c.engine, c.env):
+                c.fn()  # a fresh engine: the first call fills the response cache
             comm.Barrier()
+            before = hvd.engine_stats() if c.engine == "hvdlite" else None
             t0 = time.perf_counter()
-            contenders[name]()
+            c.fn()
             elapsed = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-            if it > 0:  # the first round warms caches and the engine's response cache
+            if it >= warmup:
                 times[name].append(elapsed * 1e3)
-    return {n: {"median_ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v)}
-            for n, v in times.items()}
+                if before is not None:
+                    after = hvd.engine_stats()
+                    for k in ("collectives", "negotiations", "cycles", "cache_hits"):
+                        counters[name][k] = counters[name].get(k, 0) + after[k] - before[k]
+    out = {}
+    for n in names:
+        out[n] = summary(times[n])
+        if counters[n]:
+            out[n]["per_call"] = {k: v / len(times[n]) for k, v in counters[n].items()}
+    return out
 
+
+def add_ratios(results, raw_names, key="ratio_to_best_raw"):
+    raw = [n for n in raw_names if n in results]
+    if not raw:
+        return None
+    best = min(raw, key=lambda n: results[n]["median_ms"])
+    for r in results.values():
+        r[key] = r["median_ms"] / results[best]["median_ms"]
+    return best
+
+
+# ---- the cases -------------------------------------------------------------------------
+
+def resnet50_tensors(scale, rng):
+    shapes = resnet50_shapes()
+    if scale != 1.0:
+        shapes = [(max(1, int(np.prod(s) * scale)),) for s in shapes]
+    return [rng.standard_normal(s).astype(np.float32) for s in shapes]
+
+
+def resnet50_contenders(tensors, outs, scale=1.0, gloo=True, horovod=True, only=None):
+    c = {
+        "mpi4py unfused": Contender(lambda: raw_unfused(tensors, outs)),
+        "mpi4py one buffer": Contender(make_raw_buckets(tensors, outs, 1 << 40)),
+        "mpi4py 25 MB buckets": Contender(make_raw_buckets(tensors, outs, max(1, int(25 * MB * scale)))),
+        "hvdlite none": Contender(make_hvdlite(tensors, outs, hvd.Compression.none, "none"), "hvdlite"),
+        "hvdlite fp16": Contender(make_hvdlite(tensors, outs, hvd.Compression.fp16, "fp16"), "hvdlite"),
+        "hvdlite topk 1%": Contender(make_hvdlite(tensors, outs, hvd.Compression.topk(0.01), "topk"),
+                                     "hvdlite"),
+    }
+    if gloo and _wanted("torch gloo async", only):
+        try:
+            c["torch gloo async"] = Contender(make_gloo(tensors))
+        except ImportError:
+            pass
+    hvt = horovod_module() if horovod else None
+    if hvt is not None:
+        c["Horovod none"] = Contender(make_horovod(hvt, tensors, "none", "r50"), "horovod")
+        c["Horovod fp16"] = Contender(make_horovod(hvt, tensors, "fp16", "r50h"), "horovod")
+        ENGINES.horovod = hvt
+    return {k: v for k, v in c.items() if _wanted(k, only)}
+
+
+def small_contenders(count, elems, rng, horovod=True, only=None):
+    small = [rng.standard_normal(elems).astype(np.float32) for _ in range(count)]
+    outs = [np.empty_like(t) for t in small]
+    c = {
+        "mpi4py loop": Contender(lambda: raw_unfused(small, outs)),
+        "mpi4py one buffer": Contender(make_raw_buckets(small, outs, 1 << 40)),
+        "hvdlite": Contender(make_hvdlite(small, outs, hvd.Compression.none, "small"), "hvdlite"),
+    }
+    hvt = horovod_module() if horovod else None
+    if hvt is not None:
+        c["Horovod"] = Contender(make_horovod(hvt, small, "none", "small"), "horovod")
+        ENGINES.horovod = hvt
+    return {k: v for k, v in c.items() if _wanted(k, only)}
+
+
+def negotiation_contenders(counts, elems=1):
+    """Steps of N tiny tensors (cached names), with hvdlite's response cache on and off,
+    against one raw MPI allreduce of the same size (the collective alone)."""
+    c = {}
+    for n in counts:
+        ts = [np.full(elems, 1.0, np.float32) for _ in range(n)]
+        outs = [np.empty_like(t) for t in ts]
+        if n == counts[0]:
+            c["mpi4py 1 allreduce"] = Contender(make_raw_buckets(ts[:1], outs[:1], 1 << 40))
+        if n == max(counts) and n > 1:
+            c[f"mpi4py {n} packed"] = Contender(make_raw_buckets(ts, outs, 1 << 40))
+        c[f"hvdlite {n} cache on"] = Contender(make_hvdlite(ts, outs, hvd.Compression.none, f"neg{n}"),
+                                               "hvdlite")
+        c[f"hvdlite {n} cache off"] = Contender(make_hvdlite(ts, outs, hvd.Compression.none, f"neg{n}"),
+                                                "hvdlite", {"HVDLITE_CACHE_CAPACITY": 0})
+    return c
+
+
+def _wanted(name, only):
+    return only is None or any(name.startswith(o) for o in only)
+
+
+def parse_bytes(text):
+    text = text.strip().upper()
+    for suffix, mult in (("GB", 1 << 30), ("MB", MB), ("KB", 1 << 10), ("G", 1 << 30), ("M", MB),
+                         ("K", 1 << 10), ("B", 1)):
+        if text.endswith(suffix):
+            return int(float(text[:-len(suffix)]) * mult)
+    return int(text)
+
+
+def sweep(tensors, outs, small, small_outs, fusions, cycles, rounds, r50_calls, small_calls):
+    """Fusion threshold x cycle time grid on the ResNet-50 set (hvdlite none) and the
+    small tensors. Settings are visited in a rotating order every round; each visit
+    re-initialises the engine, makes one untimed call of each case, then times
+    r50_calls and small_calls calls."""
+    settings = [(f, c) for f in fusions for c in cycles]
+    r50 = make_hvdlite(tensors, outs, hvd.Compression.none, "sw")
+    sm = make_hvdlite(small, small_outs, hvd.Compression.none, "sws")
+    samples = {s: {"resnet50": [], "small": [], "r50_collectives": 0, "small_collectives": 0}
+               for s in settings}
+    for rnd in range(rounds):
+        for s in rotated(settings, rnd * 7 % len(settings) if len(settings) > 1 else 0):
+            ENGINES.use("hvdlite", {"HVDLITE_FUSION_THRESHOLD": s[0], "HVDLITE_CYCLE_TIME": s[1]})
+            for case, fn, calls in (("resnet50", r50, r50_calls), ("small", sm, small_calls)):
+                fn()
+                before = hvd.engine_stats()["collectives"]
+                for _ in range(calls):
+                    comm.Barrier()
+                    t0 = time.perf_counter()
+                    fn()
+                    samples[s][case].append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX) * 1e3)
+                key = "r50_collectives" if case == "resnet50" else "small_collectives"
+                samples[s][key] += hvd.engine_stats()["collectives"] - before
+    ENGINES.close()
+    out = []
+    for (f, c), v in samples.items():
+        out.append({"fusion_threshold": f, "cycle_time_ms": c,
+                    "resnet50": summary(v["resnet50"]), "small": summary(v["small"]),
+                    "resnet50_collectives_per_call": v["r50_collectives"] / max(1, len(v["resnet50"])),
+                    "small_collectives_per_call": v["small_collectives"] / max(1, len(v["small"]))})
+    return out
+
+
+# ---- command line --------------------------------------------------------------------
 
 def report(title, results, baseline_names):
-    best = min(baseline_names, key=lambda n: results[n]["median_ms"])
-    base = results[best]["median_ms"]
+    best = add_ratios(results, baseline_names)
     lines = [f"## {title}", f"(ratios against the best raw MPI schedule: {best})", "",
              "| contender | median ms | min | max | ratio |", "|---|---|---|---|---|"]
     for name, r in results.items():
-        ratio = r["median_ms"] / base
-        lines.append(f"| {name} | {r['median_ms']:.2f} | {r['min_ms']:.2f} | {r['max_ms']:.2f} | {ratio:.2f}x |")
-        r["ratio_to_best_raw"] = ratio
+        lines.append(f"| {name} | {r['median_ms']:.2f} | {r['min_ms']:.2f} | {r['max_ms']:.2f} | "
+                     f"{r['ratio_to_best_raw']:.2f}x |")
     return "\n".join(lines), best
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--iters", type=int, default=15)
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--iters", type=int, default=15, help="timed rounds of the ResNet-50 case")
+    ap.add_argument("--small-iters", type=int, default=None, help="timed rounds of the small case "
+                    "(default 4 x --iters)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--skip-gloo", action="store_true")
-    args = ap.parse_args()
-    hvd.init()
-    rng = np.random.default_rng(comm.rank)
-    tensors = [rng.standard_normal(s).astype(np.float32) for s in resnet50_shapes()]
-    outs = [np.empty_like(t) for t in tensors]
-    r50 = {
-        "mpi4py unfused": lambda: raw_unfused(tensors, outs),
-        "mpi4py one buffer": make_raw_buckets(tensors, outs, 1 << 40),
-        "mpi4py 25 MB buckets": make_raw_buckets(tensors, outs, 25 << 20),
-        "hvdlite none": make_hvdlite(tensors, outs, hvd.Compression.none, "none"),
-        "hvdlite fp16": make_hvdlite(tensors, outs, hvd.Compression.fp16, "fp16"),
-        "hvdlite topk 1%": make_hvdlite(tensors, outs, hvd.Compression.topk(0.01), "topk"),
-    }
-    if not args.skip_gloo:
-        try:
-            r50["torch gloo async"] = make_gloo(tensors)
-        except ImportError:
-            pass
-    try:
-        import horovod  # noqa: F401
-    except ImportError:
-        horovod_note = "Horovod: not installed (not measured)"
-    else:
-        horovod_note = "Horovod: installed; run bench/horovod_allreduce.py separately"
-    results = {"resnet50": measure(r50, args.iters)}
+    ap.add_argument("--no-horovod", action="store_true", help="do not look for Horovod")
+    ap.add_argument("--cases", default="resnet50,small", help="resnet50, small, negotiation, sweep")
+    ap.add_argument("--contenders", default=None,
+                    help="comma list of name prefixes to keep (e.g. 'mpi4py unfused,hvdlite none')")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="scale every ResNet-50 tensor's size (tiny runs)")
+    ap.add_argument("--small-count", type=int, default=100)
+    ap.add_argument("--small-elems", type=int, default=1024, help="float32 per small tensor")
+    ap.add_argument("--neg-tensors", default="1,32", help="tiny tensors per step (negotiation case)")
+    ap.add_argument("--neg-iters", type=int, default=200)
+    ap.add_argument("--sweep-fusion", default="0,1MB,4MB,16MB,64MB")
+    ap.add_argument("--sweep-cycle", default="0,0.25,1,5", help="ms")
+    ap.add_argument("--sweep-rounds", type=int, default=4)
+    ap.add_argument("--sweep-r50-calls", type=int, default=2)
+    ap.add_argument("--sweep-small-calls", type=int, default=10)
+    return ap.parse_args(argv)
 
-    small = [rng.standard_normal(1024).astype(np.float32) for _ in range(100)]
+
+def main(argv=None):
+    args = parse_args(argv)
+    cases = args.cases.split(",")
+    only = args.contenders.split(",") if args.contenders else None
+    rng = np.random.default_rng(comm.rank)
+    tensors = resnet50_tensors(args.scale, rng)
+    outs = [np.empty_like(t) for t in tensors]
+    small = [rng.standard_normal(args.small_elems).astype(np.float32) for _ in range(args.small_count)]
     small_outs = [np.empty_like(t) for t in small]
-    results["small"] = measure({
-        "mpi4py loop": lambda: raw_unfused(small, small_outs),
-        "hvdlite": make_hvdlite(small, small_outs, hvd.Compression.none, "small"),
-    }, args.iters * 4)
+    results = {}
+    t_start = time.time()
+    if "resnet50" in cases:
+        c = resnet50_contenders(tensors, outs, args.scale, gloo=not args.skip_gloo,
+                                horovod=not args.no_horovod, only=only)
+        results["resnet50"] = measure(c, args.iters)
+    if "small" in cases:
+        c = small_contenders(args.small_count, args.small_elems, rng, horovod=not args.no_horovod,
+                             only=only)
+        results["small"] = measure(c, args.small_iters or args.iters * 4)
+    if "negotiation" in cases:
+        counts = [int(x) for x in args.neg_tensors.split(",")]
+        results["negotiation"] = measure(negotiation_contenders(counts), args.neg_iters)
+    if "sweep" in cases:
+        results["sweep"] = sweep(tensors, outs, small, small_outs,
+                                 [parse_bytes(x) for x in args.sweep_fusion.split(",")],
+                                 [float(x) for x in args.sweep_cycle.split(",")],
+                                 args.sweep_rounds, args.sweep_r50_calls, args.sweep_small_calls)
+    ENGINES.close()
+    if args.no_horovod:
+        horovod_note = "Horovod: not looked for (--no-horovod)"
+    else:
+        horovod_module()
+        horovod_note = "Horovod: " + horovod_module.why
     if comm.rank == 0:
-        raw = ["mpi4py unfused", "mpi4py one buffer", "mpi4py 25 MB buckets"]
-        text1, _ = report(f"ResNet-50 gradient set, {comm.size} ranks (161 tensors, 102 MB, Sum)",
-                          results["resnet50"], raw)
-        text2, _ = report(f"100 x 4 KB tensors per step, {comm.size} ranks", results["small"], ["mpi4py loop"])
-        print(text1 + "\n\n" + text2 + "\n\n" + horovod_note, flush=True)
+        texts = []
+        n_tensors = len(tensors)
+        mbytes = sum(t.nbytes for t in tensors) / 1e6
+        if "resnet50" in results:
+            texts.append(report(f"ResNet-50 gradient set, {comm.size} ranks ({n_tensors} tensors, "
+                                f"{mbytes:.0f} MB, Sum)", results["resnet50"], RAW_R50)[0])
+        if "small" in results:
+            texts.append(report(f"{args.small_count} x {args.small_elems * 4 // 1024} KB tensors per step, "
+                                f"{comm.size} ranks", results["small"], RAW_SMALL)[0])
+            if "mpi4py loop" in results["small"]:
+                add_ratios(results["small"], ["mpi4py loop"], key="ratio_to_mpi4py_loop")
+        if "negotiation" in results:
+            lines = ["## negotiation: steps of tiny tensors", "",
+                     "| contender | median ms | min | max | rounds/step | collectives/step |",
+                     "|---|---|---|---|---|---|"]
+            for name, r in results["negotiation"].items():
+                pc = r.get("per_call", {})
+                lines.append(f"| {name} | {r['median_ms']:.3f} | {r['min_ms']:.3f} | {r['max_ms']:.3f} | "
+                             f"{pc.get('cycles', float('nan')):.1f} | {pc.get('collectives', float('nan')):.1f} |")
+            texts.append("\n".join(lines))
+        if "sweep" in results:
+            lines = ["## fusion threshold x cycle time (hvdlite none)", "",
+                     "| fusion | cycle ms | ResNet-50 ms | collectives/call | small ms |",
+                     "|---|---|---|---|---|"]
+            for r in results["sweep"]:
+                lines.append(f"| {r['fusion_threshold']} | {r['cycle_time_ms']} | "
+                             f"{r['resnet50']['median_ms']:.1f} | {r['resnet50_collectives_per_call']:.1f} | "
+                             f"{r['small']['median_ms']:.2f} |")
+            texts.append("\n".join(lines))
+        print("\n\n".join(texts + [horovod_note]), flush=True)
         if args.json:
             os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-            results["meta"] = {"ranks": comm.size, "iters": args.iters, "mpi": MPI.Get_library_version().split("\n")[0],
-                               "horovod": horovod_note, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-                               "env": {k: v for k, v in os.environ.items() if k.startswith("HVDLITE_")}}
+            results["meta"] = {
+                "ranks": comm.size, "iters": args.iters, "scale": args.scale,
+                "resnet50_tensors": n_tensors, "resnet50_mbytes": mbytes,
+                "small_count": args.small_count, "small_bytes": args.small_elems * 4,
+                "mpi": MPI.Get_library_version().split("\n")[0], "horovod": horovod_note,
+                "time": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": time.time() - t_start,
+                "loadavg_end": load_average(),
+                "env": {k: v for k, v in os.environ.items()
+                        if k.startswith(("HVDLITE_", "UCX_", "OMP_NUM"))}}
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)
 

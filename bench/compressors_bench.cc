@@ -2,7 +2,8 @@
 // (25,557,032 float32), single-threaded, against memcpy of the same buffer.
 // Not a test. Build and run:
 //   .venv/bin/mpicxx -std=c++17 -O3 -I csrc bench/compressors_bench.cc
-//       csrc/compressors/*.cc csrc/common.cc csrc/message.cc -o /tmp/cbench && /tmp/cbench [reps]
+//       csrc/compressors/*.cc csrc/common.cc csrc/message.cc -o /tmp/cbench && /tmp/cbench [reps [floats]]
+// (python -m hvdlite.bench builds and runs it as its "compression kernels" case.)
 #include <mpi.h>
 
 #include <algorithm>
@@ -25,7 +26,7 @@ using namespace hvdlite;
 
 namespace {
 
-constexpr int64_t kN = 25557032;  // ResNet-50's parameters
+int64_t kN = 25557032;  // ResNet-50's parameters (or argv[2])
 int g_reps = 7;
 
 // Wall time and this thread's CPU time: on a shared machine the CPU time
@@ -99,6 +100,7 @@ std::vector<Segment> ManySegments(int64_t n) {
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   if (argc > 1) g_reps = std::max(1, std::atoi(argv[1]));
+  if (argc > 2) kN = std::max<int64_t>(1000, std::atoll(argv[2]));
   std::vector<float> x = Gradients(kN, 1);
   std::vector<float> y(kN, 0.0f);
   std::vector<uint16_t> h(kN, 0), h2(kN, 0);
@@ -111,8 +113,8 @@ int main(int argc, char** argv) {
               "best/memcpy (wall, cpu)");
   Result mc = Time([&] { std::memcpy(y.data(), x.data(), kN * 4); });
   g_memcpy = mc;
-  Row("memcpy float32 (102 MB)", mc);
-  Row("memcpy 51 MB (the half buffer's size)", Time([&] { std::memcpy(h2.data(), h.data(), kN * 2); }));
+  Row("memcpy float32 (the whole buffer)", mc);
+  Row("memcpy of half the bytes (the fp16 buffer)", Time([&] { std::memcpy(h2.data(), h.data(), kN * 2); }));
 
   const Fp16Kernels& k = BestFp16Kernels();
   const Fp16Kernels& s = ScalarFp16Kernels();
@@ -125,7 +127,7 @@ int main(int argc, char** argv) {
   Row("fp16 decompress-add (float += half)", Time([&] { k.add_to_float(h.data(), y.data(), kN); }));
   k.to_half(x.data(), h2.data(), kN);
   MPI_Op op = Fp16SumOp();
-  Row("fp16 MPI sum op (MPI_Reduce_local, 25.6 M)", Time([&] {
+  Row("fp16 MPI sum op (MPI_Reduce_local)", Time([&] {
         MPI_Reduce_local(h.data(), h2.data(), static_cast<int>(kN), MPI_UINT16_T, op);
       }));
   Row("  scalar fallback: compress", Time([&] { s.to_half(x.data(), h.data(), kN); }, 1));

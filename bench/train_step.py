@@ -6,12 +6,18 @@ gradients), batch 64 per rank, 1 compute thread per rank, plain SGD.
 
     mpiexec -n 2 python bench/train_step.py                # prints a table
     mpiexec -n 2 python bench/train_step.py --plot docs/img/train_step.png --json out.json
+    mpiexec -n 2 python bench/train_step.py --compression fp16,topk
+    mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite --hvdlite-settings 4MB:1,64MB:1
 
 Each round runs every mode for --steps steps, in a rotating order, so slow
 phases of a shared machine hit all modes alike. The step time of a mode is
 the median over all its timed steps of the slowest rank's step time. "no
 communication" is the same ranks doing the same work with a plain optimizer
 (what a perfect overlap would achieve); ratios are relative to it.
+
+Only the measured mode's engine runs: hvdlite is shut down while the
+no-communication, DDP and Horovod modes run, and restarted (with that mode's
+settings, one untimed step) when an hvdlite mode's turn comes.
 """
 import argparse
 import json
@@ -22,34 +28,44 @@ import sys
 import time
 
 import torch
+from mpi4py import MPI
 
 import hvdlite.torch as hvd
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _engines import Engines  # noqa: E402
+from _stats import load_average, rotated, summary  # noqa: E402
+
 LAYERS, WIDTH, BATCH = 6, 2048, 64
+comm = MPI.COMM_WORLD
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=5, help="timed steps per mode per round")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--modes", default="nocomm,hvdlite,ddp,horovod")
-    p.add_argument("--compression", choices=["none", "fp16"], default="none",
-                   help="hvdlite's compression (fp16 adds an 'hvdlite fp16' mode when not none)")
+    p.add_argument("--compression", default="none",
+                   help="comma list of hvdlite compressions to run besides none: fp16, topk "
+                        "(each adds an 'hvdlite fp16' / 'hvdlite topk 1%%' mode)")
+    p.add_argument("--topk-ratio", type=float, default=0.01)
+    p.add_argument("--hvdlite-settings", default=None,
+                   help="comma list FUSION:CYCLE_MS (e.g. 4MB:1,64MB:0.25): one hvdlite mode each, "
+                        "in place of the plain 'hvdlite' mode")
+    p.add_argument("--layers", type=int, default=LAYERS)
+    p.add_argument("--width", type=int, default=WIDTH)
+    p.add_argument("--batch", type=int, default=BATCH)
     p.add_argument("--plot", help="write a PNG bar chart here (rank 0)")
     p.add_argument("--json", help="write the numbers here (rank 0)")
-    return p.parse_args()
-
-
-def make_model(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+    return p.parse_args(argv)
 
 
 class Mode:
-    def __init__(self, label, model, optimizer, forward=None):
+    def __init__(self, label, model, optimizer, forward=None, engine=None, env=None):
         self.label, self.model, self.optimizer = label, model, optimizer
         self.forward = forward or model
+        self.engine, self.env = engine, env or {}
         self.times = []
 
     def step(self, x, y):
@@ -65,103 +81,154 @@ def free_port():
         return s.getsockname()[1]
 
 
-def build_modes(names, rank, size, compression):
+def _bytes(text):
+    text = text.strip().upper()
+    for suffix, mult in (("MB", 1 << 20), ("KB", 1 << 10), ("M", 1 << 20), ("K", 1 << 10)):
+        if text.endswith(suffix):
+            return int(float(text[:-len(suffix)]) * mult)
+    return int(text)
+
+
+def build_modes(names, args, engines):
+    rank, size = comm.rank, comm.size
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width)
+                                     for _ in range(args.layers)])
+
+    def hvdlite_mode(label, prefix, compression, env):
+        m = model()
+        engines.use("hvdlite")  # the optimizer asks the engine for size(); settings come later
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1e-4),
+                                       named_parameters=[(prefix + n, p) for n, p in m.named_parameters()],
+                                       compression=compression)
+        return Mode(label, m, opt, engine="hvdlite", env=env)
+
     modes, absent = [], {}
     for name in names:
         if name == "nocomm":
-            m = make_model()
+            m = model()
             modes.append(Mode("no communication", m, torch.optim.SGD(m.parameters(), lr=1e-4)))
         elif name == "hvdlite":
-            m = make_model()
-            opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1e-4),
-                                           named_parameters=m.named_parameters())
-            modes.append(Mode("hvdlite", m, opt))
-            if compression == "fp16":
-                m = make_model()
-                opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1e-4),
-                                               named_parameters=[("fp16." + n, p) for n, p
-                                                                 in m.named_parameters()],
-                                               compression=hvd.Compression.fp16)
-                modes.append(Mode("hvdlite fp16", m, opt))
+            if args.hvdlite_settings:
+                for i, s in enumerate(args.hvdlite_settings.split(",")):
+                    f, c = s.split(":")
+                    env = {"HVDLITE_FUSION_THRESHOLD": _bytes(f), "HVDLITE_CYCLE_TIME": float(c)}
+                    modes.append(hvdlite_mode(f"hvdlite fusion {f} cycle {c} ms", f"s{i}.",
+                                              hvd.Compression.none, env))
+            else:
+                modes.append(hvdlite_mode("hvdlite", "", hvd.Compression.none, None))
+            for comp in [c for c in args.compression.split(",") if c and c != "none"]:
+                if comp == "fp16":
+                    modes.append(hvdlite_mode("hvdlite fp16", "fp16.", hvd.Compression.fp16, None))
+                elif comp == "topk":
+                    modes.append(hvdlite_mode(f"hvdlite topk {args.topk_ratio:g}".replace("0.01", "1%"),
+                                              "topk.", hvd.Compression.topk(args.topk_ratio), None))
+                else:
+                    raise SystemExit(f"unknown compression {comp}")
         elif name == "ddp":
             import torch.distributed as dist
-            port = hvd.broadcast_object(free_port() if rank == 0 else None, root_rank=0)
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ["MASTER_PORT"] = str(port)
-            dist.init_process_group("gloo", rank=rank, world_size=size)
-            m = make_model()
+            one_host = len(set(comm.allgather(MPI.Get_processor_name()))) == 1
+            addr = "127.0.0.1" if one_host else socket.gethostbyname(socket.gethostname())
+            addr, port = comm.bcast((addr, free_port()) if rank == 0 else None, root=0)
+            dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
+                                    world_size=size)
+            m = model()
             ddp = torch.nn.parallel.DistributedDataParallel(m)
             modes.append(Mode("torch DDP (gloo)", m, torch.optim.SGD(ddp.parameters(), lr=1e-4),
                               forward=ddp))
         elif name == "horovod":
             try:
-                import horovod.torch as horovod  # noqa: F401
-            except ImportError as e:
+                import horovod.torch as horovod
+            except Exception as e:  # ImportError, or a build that does not load
                 absent["Horovod"] = f"not installed ({e.__class__.__name__})"
                 continue
-            horovod.init()
-            m = make_model()
+            engines.horovod = horovod
+            engines.use("horovod")
+            m = model()
             opt = horovod.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1e-4),
                                                named_parameters=m.named_parameters())
-            modes.append(Mode("Horovod", m, opt))
+            modes.append(Mode("Horovod", m, opt, engine="horovod"))
         else:
             raise SystemExit(f"unknown mode {name}")
     return modes, absent
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    args = parse_args(argv)
     torch.set_num_threads(1)
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    modes, absent = build_modes(args.modes.split(","), rank, size, args.compression)
+    rank, size = comm.rank, comm.size
+    engines = Engines(comm)
+    modes, absent = build_modes(args.modes.split(","), args, engines)
     g = torch.Generator().manual_seed(rank)
-    x = torch.randn(BATCH, WIDTH, generator=g)
-    y = torch.randn(BATCH, WIDTH, generator=g)
+    x = torch.randn(args.batch, args.width, generator=g)
+    y = torch.randn(args.batch, args.width, generator=g)
+
+    def enter(mode):
+        """Start the mode's engine (hvdlite with the mode's settings); True when it was
+        (re)started, so a warm-up step is due."""
+        return engines.use(mode.engine, mode.env)
 
     for mode in modes:
+        enter(mode)
         for _ in range(args.warmup):
             mode.step(x, y)
     for rnd in range(args.rounds):
-        order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]
-        for mode in order:
-            hvd.barrier()
+        for mode in rotated(modes, rnd):
+            if enter(mode):
+                mode.step(x, y)  # a fresh engine: fill its response cache first
+            comm.Barrier()
             local = []
             for _ in range(args.steps):
                 t0 = time.perf_counter()
                 mode.step(x, y)
                 local.append(time.perf_counter() - t0)
-            slowest = hvd.allreduce(torch.tensor(local, dtype=torch.float64), op=hvd.Max,
-                                    name=f"bench.{mode.label}")
-            mode.times.extend(slowest.tolist())
+            slowest = comm.allreduce(local, op=_max_lists)
+            mode.times.extend(slowest)
+    engines.close()
 
     if rank != 0:
         return
     base = next((m for m in modes if m.label == "no communication"), None)
     base_ms = statistics.median(base.times) * 1e3 if base else None
-    results = {"ranks": size, "layers": LAYERS, "width": WIDTH, "batch_per_rank": BATCH,
+    results = {"ranks": size, "layers": args.layers, "width": args.width, "batch_per_rank": args.batch,
+               "params": args.layers * (args.width * args.width + args.width),
                "threads_per_rank": torch.get_num_threads(), "rounds": args.rounds,
                "steps_per_round": args.steps, "modes": {}, "absent": absent,
-               "mpi": hvd._hvdlite.mpi_library_version().splitlines()[0][:60]}
-    print(f"train step, {LAYERS} x Linear({WIDTH}, {WIDTH}), batch {BATCH}/rank, {size} ranks, "
-          f"1 thread/rank, {args.rounds} rounds x {args.steps} steps (interleaved)")
-    print(f"{'mode':24s} {'median ms':>10s} {'p25':>8s} {'p75':>8s} {'x no-comm':>10s}")
+               "mpi": MPI.Get_library_version().splitlines()[0][:60],
+               "loadavg_end": load_average()}
+    print(f"train step, {args.layers} x Linear({args.width}, {args.width}), batch {args.batch}/rank, "
+          f"{size} ranks, 1 thread/rank, {args.rounds} rounds x {args.steps} steps (interleaved)")
+    print(f"{'mode':34s} {'median ms':>10s} {'p25':>8s} {'p75':>8s} {'x no-comm':>10s}")
     for m in modes:
         ms = sorted(t * 1e3 for t in m.times)
         med = statistics.median(ms)
         q = statistics.quantiles(ms, n=4) if len(ms) >= 4 else [ms[0], med, ms[-1]]
         ratio = med / base_ms if base_ms else float("nan")
-        results["modes"][m.label] = {"median_ms": round(med, 2), "p25_ms": round(q[0], 2),
-                                     "p75_ms": round(q[2], 2), "ratio_to_nocomm": round(ratio, 3)}
-        print(f"{m.label:24s} {med:10.1f} {q[0]:8.1f} {q[2]:8.1f} {ratio:10.2f}")
+        r = summary(ms)
+        r.update({"median_ms": round(med, 2), "p25_ms": round(q[0], 2), "p75_ms": round(q[2], 2),
+                  "ratio_to_nocomm": round(ratio, 3)})
+        if m.env:
+            r["env"] = {k: str(v) for k, v in m.env.items()}
+        results["modes"][m.label] = r
+        print(f"{m.label:34s} {med:10.1f} {q[0]:8.1f} {q[2]:8.1f} {ratio:10.2f}")
     for label, why in absent.items():
-        print(f"{label:24s} {'absent':>10s}   {why}")
+        print(f"{label:34s} {'absent':>10s}   {why}")
     if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
     if args.plot:
         plot(results, args.plot)
     sys.stdout.flush()
+
+
+def _max_lists_fn(a, b, datatype=None):
+    return [max(x, y) for x, y in zip(a, b)]
+
+
+_max_lists = MPI.Op.Create(_max_lists_fn, commute=True)
 
 
 def plot(results, path):

@@ -124,8 +124,11 @@ def cleanup_stale():
 class NetnsHosts:
     """N SSH hosts in network namespaces.  Use ``up()`` / ``down()`` (or ``with``)."""
 
-    def __init__(self, count=2, prefix=None):
+    def __init__(self, count=2, prefix=None, rate=None, delay=None):
         self.count = count
+        # Optional link shaping (tc on both ends of each host's link), to emulate a
+        # slower network: rate like "1gbit", delay like "100us" (netem).
+        self.rate, self.delay = rate, delay
         self.prefix = prefix or "%s%d" % (NS_PREFIX, os.getpid())
         self.scratch = None
         self.net = None
@@ -373,6 +376,17 @@ class NetnsHosts:
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
             _run(["ip", "-n", ns, "addr", "add", "%s/24" % self.addr(k), "dev", "eth0"])
             _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+            if self.rate or self.delay:
+                self._shape(sw, "v%d" % k)
+                self._shape(ns, "eth0")
+
+    def _shape(self, ns, dev):
+        """Limit the egress of ``dev`` in ``ns`` to self.rate and/or delay it by self.delay."""
+        if self.delay:
+            args = ["netem", "delay", self.delay] + (["rate", self.rate] if self.rate else [])
+        else:
+            args = ["tbf", "rate", self.rate, "burst", "256kb", "latency", "50ms"]
+        _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root"] + args)
 
     def _start_anchor(self, k):
         script = 'hostname "$1" && mount --bind "$2" /etc/hosts && exec sleep infinity'

@@ -1,0 +1,821 @@
+"""Turns a results JSON of ``python -m hvdlite.bench`` into docs/benchmarks.md and plots.
+
+    python -m hvdlite.bench --report bench/results/<date>.json
+
+Everything in the document that depends on numbers is computed here from the
+JSON (tables, ratios, targets met or not, the best settings of the sweep, the
+network analysis), so regenerating it from another run keeps text and numbers
+consistent.
+"""
+import math
+import os
+import statistics
+
+from . import kernels as kernels_mod
+
+R50_RAW = ["mpi4py unfused", "mpi4py one buffer", "mpi4py 25 MB buckets"]
+TARGETS = {"resnet50": 1.10, "train_step": 1.15, "small": 2.0, "net_topk": 10.0, "net_fp16": 1.8}
+RESNET50_FLOATS = 25557032
+
+
+# ---- small helpers --------------------------------------------------------------------
+
+def ms(x):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if x < 1:
+        return "%.3f" % x
+    if x < 10:
+        return "%.2f" % x
+    if x < 100:
+        return "%.1f" % x
+    return "%.0f" % x
+
+
+def ratio(x):
+    return "-" if x is None else "%.2fx" % x
+
+
+def table(headers, rows, align=None):
+    align = align or ["---"] + ["---:"] * (len(headers) - 1)
+    out = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def best_of(results, names):
+    names = [n for n in names if n in results]
+    if not names:
+        return None
+    return min(names, key=lambda n: results[n]["median_ms"])
+
+
+def met(value, limit, higher_is_better=False):
+    if value is None:
+        return "not measured"
+    ok = value >= limit if higher_is_better else value <= limit
+    return "**met**" if ok else "**not met**"
+
+
+def fmt_bytes(b):
+    b = int(b)
+    if b == 0:
+        return "0"
+    if b % (1 << 20) == 0:
+        return "%d MB" % (b >> 20)
+    if b % 1024 == 0:
+        return "%d KB" % (b >> 10)
+    return "%d B" % b
+
+
+def load_str(case):
+    la = case.get("_loadavg") if isinstance(case, dict) else None
+    if not la:
+        return "?"
+    return "%s -> %s" % (la["start"][0] if la.get("start") else "?", la["end"][0] if la.get("end") else "?")
+
+
+def ok(data, name):
+    c = data["cases"].get(name)
+    return c is not None and "error" not in c and "skipped" not in c
+
+
+# ---- headlines (one line per case for the progress output) ----------------------------
+
+def headline(case, res):
+    try:
+        if "error" in res or "skipped" in res:
+            return res.get("skipped", "")
+        if case == "allreduce":
+            r, s = res["resnet50"], res["small"]
+            b = best_of(r, R50_RAW)
+            parts = ["ResNet-50: hvdlite none %s, fp16 %s, topk %s (best raw %s %s ms)" % (
+                ratio(r["hvdlite none"]["median_ms"] / r[b]["median_ms"]),
+                ratio(r["hvdlite fp16"]["median_ms"] / r[b]["median_ms"]),
+                ratio(r["hvdlite topk 1%"]["median_ms"] / r[b]["median_ms"]), b, ms(r[b]["median_ms"]))]
+            parts.append("small: hvdlite %s of mpi4py loop" %
+                         ratio(s["hvdlite"]["median_ms"] / s["mpi4py loop"]["median_ms"]))
+            return "; ".join(parts)
+        if case == "train_step":
+            m = res["modes"]
+            return ", ".join("%s %s ms (%s)" % (k, ms(v["median_ms"]), ratio(v["ratio_to_nocomm"]))
+                             for k, v in m.items())
+        if case == "kernels":
+            rows = res["rows"]
+            return "fp16 round trip %s memcpy, top-k 1%% (161 tensors) %s memcpy" % (
+                ratio(rows["fp16 round trip (sum of the two)"]["ratio_best"]),
+                ratio(rows["top-k 0.01 compress, 161 segments"]["ratio_best"]))
+        if case == "network":
+            n = network_numbers(res)
+            return "fp32 %s ms, fp16 %s ms (%s faster), topk %s ms (%s faster)" % (
+                ms(n["none"]), ms(n["fp16"]), ratio(n["fp16_speedup"]), ms(n["topk"]), ratio(n["topk_speedup"]))
+        if case == "sweep":
+            b = sweep_best(res["allreduce"]["sweep"])
+            return "best ResNet-50: fusion %s cycle %s ms; best small: fusion %s cycle %s ms" % (
+                fmt_bytes(b["resnet50"][0]), b["resnet50"][1], fmt_bytes(b["small"][0]), b["small"][1])
+    except (KeyError, TypeError, ZeroDivisionError):
+        return ""
+    return ""
+
+
+# ---- derived numbers ------------------------------------------------------------------
+
+def network_numbers(net):
+    r = net["resnet50"]
+    get = lambda k: r[k]["median_ms"] if k in r else None  # noqa: E731
+    n = {"none": get("hvdlite none"), "fp16": get("hvdlite fp16"), "topk": get("hvdlite topk 1%"),
+         "raw_unfused": get("mpi4py unfused"), "raw_buckets": get("mpi4py 25 MB buckets")}
+    n["fp16_speedup"] = n["none"] / n["fp16"] if n["none"] and n["fp16"] else None
+    n["topk_speedup"] = n["none"] / n["topk"] if n["none"] and n["topk"] else None
+    meta = net.get("resnet50_meta") or {}
+    mbytes = meta.get("resnet50_mbytes", RESNET50_FLOATS * 4 / 1e6)
+    best_raw = min(x for x in (n["raw_unfused"], n["raw_buckets"]) if x) if (n["raw_unfused"] or n["raw_buckets"]) else None
+    # A 2-rank ring (or recursive-doubling) allreduce sends the whole buffer once each way.
+    n["link_MBps"] = mbytes / (best_raw / 1e3) if best_raw else None
+    n["mbytes"] = mbytes
+    m = net["train_step"]["modes"]
+    n["steps"] = {k: v["median_ms"] for k, v in m.items()}
+    return n
+
+
+def sweep_best(rows):
+    out = {}
+    for case in ("resnet50", "small"):
+        b = min(rows, key=lambda r: r[case]["median_ms"])
+        out[case] = (b["fusion_threshold"], b["cycle_time_ms"], b[case]["median_ms"])
+    return out
+
+
+def sweep_grid(rows, case):
+    fusions = sorted({r["fusion_threshold"] for r in rows})
+    cycles = sorted({r["cycle_time_ms"] for r in rows})
+    grid = {(r["fusion_threshold"], r["cycle_time_ms"]): r for r in rows}
+    return fusions, cycles, grid
+
+
+# ---- plots ----------------------------------------------------------------------------
+
+COLORS = {"hvdlite": "#2a7ab9", "mpi4py": "#7f7f7f", "torch": "#e08a2c", "Horovod": "#c0504d",
+          "no communication": "#bbbbbb"}
+
+
+def color(name):
+    for k, c in COLORS.items():
+        if name.startswith(k):
+            return c
+    return "#555555"
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def bars(path, results, title, xlabel="ms (median; whiskers: min-max)", absent=()):
+    plt = _plt()
+    names = list(results) + list(absent)
+    med = [results[n]["median_ms"] if n in results else 0 for n in names]
+    lo = [results[n]["median_ms"] - results[n]["min_ms"] if n in results else 0 for n in names]
+    hi = [results[n]["max_ms"] - results[n]["median_ms"] if n in results else 0 for n in names]
+    fig, ax = plt.subplots(figsize=(7.5, 0.42 * len(names) + 1.3))
+    y = list(range(len(names)))[::-1]
+    ax.barh(y, med, xerr=[lo, hi], color=[color(n) for n in names], capsize=3, ecolor="#333333")
+    ax.set_yticks(y)
+    ax.set_yticklabels(names, fontsize=8)
+    top = max((results[n]["max_ms"] for n in results), default=1)
+    for yi, n, m in zip(y, names, med):
+        x = results[n]["max_ms"] if n in results else top * 0.01
+        ax.text(x, yi, "  absent" if n not in results else "  %s ms" % ms(m), va="center", fontsize=7)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlim(0, top * 1.25)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_kernels(path, res):
+    plt = _plt()
+    rows = res["rows"]
+    items = [(label, rows[k]) for k, label in kernels_mod.HEADLINE if k in rows]
+    fig, ax = plt.subplots(figsize=(7.5, 0.42 * len(items) + 1.3))
+    y = list(range(len(items)))[::-1]
+    ax.barh([v - 0.2 for v in y], [r["ratio_best"] for _, r in items], height=0.4, label="wall (best)",
+            color="#2a7ab9")
+    ax.barh([v + 0.2 for v in y], [r["ratio_cpu"] for _, r in items], height=0.4, label="thread CPU (best)",
+            color="#9cc3e4")
+    ax.set_yticks(y)
+    ax.set_yticklabels([label for label, _ in items], fontsize=8)
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="#333333", lw=0.8)
+    ax.set_xlabel("time / memcpy of the fp32 buffer (log scale)", fontsize=8)
+    ax.set_title("compression kernels on %d floats, 1 thread" % res["floats"], fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_network(path, net):
+    plt = _plt()
+    r = net["resnet50"]
+    t = net["train_step"]["modes"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    for ax, res, title in ((a1, r, "ResNet-50 set allreduce across the link"),
+                           (a2, t, "train step across the link")):
+        names = list(res)
+        med = [res[n]["median_ms"] for n in names]
+        lo = [res[n]["median_ms"] - res[n]["min_ms"] for n in names]
+        hi = [res[n]["max_ms"] - res[n]["median_ms"] for n in names]
+        ax.bar(range(len(names)), med, yerr=[lo, hi], color=[color(n) for n in names], capsize=3)
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=25, ha="right", fontsize=7)
+        ax.set_ylabel("ms (median; min-max)", fontsize=8)
+        ax.set_title("%s (%s%s)" % (title, net["rate"], ", delay " + net["delay"] if net.get("delay") else ""),
+                     fontsize=9)
+        for i, m in enumerate(med):
+            ax.text(i, m, ms(m), ha="center", va="bottom", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_scaling(path, sc, neg):
+    plt = _plt()
+    panels = []
+    if sc:
+        panels += [("resnet50", "ResNet-50 set allreduce"), ("train_step", "train step")]
+    if neg:
+        panels.append(("negotiation", "steps of tiny tensors (negotiation)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.4), squeeze=False)
+    for ax, (key, title) in zip(axes[0], panels):
+        by = neg["by_ranks"] if key == "negotiation" else sc[key]
+        ranks = sorted(by, key=int)
+        names = []
+        for n in ranks:
+            names += [k for k in by[n] if k not in names]
+        for name in names:
+            xs = [int(n) for n in ranks if name in by[n]]
+            ys = [by[str(n)][name]["median_ms"] for n in xs]
+            ax.plot(xs, ys, marker="o", label=name,
+                    linestyle="--" if ("cache off" in name or name.startswith("mpi4py")) else "-")
+        ax.set_xticks([int(n) for n in ranks])
+        ax.set_xlabel("ranks (%d cores)" % (sc or neg).get("cpus", 0), fontsize=8)
+        ax.set_ylabel("ms (median)", fontsize=8)
+        if key == "negotiation":
+            ax.set_yscale("log")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_sweep(path, sw):
+    plt = _plt()
+    rows = sw["allreduce"]["sweep"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    for ax, case, title in ((axes[0], "resnet50", "ResNet-50 set (hvdlite none)"),
+                            (axes[1], "small", "100 x 4 KB")):
+        fusions, cycles, grid = sweep_grid(rows, case)
+        vals = [[grid[(f, c)][case]["median_ms"] if (f, c) in grid else float("nan") for c in cycles]
+                for f in fusions]
+        im = ax.imshow(vals, cmap="viridis_r", aspect="auto")
+        ax.set_xticks(range(len(cycles)))
+        ax.set_xticklabels(["%g" % c for c in cycles], fontsize=8)
+        ax.set_yticks(range(len(fusions)))
+        ax.set_yticklabels([fmt_bytes(f) for f in fusions], fontsize=8)
+        ax.set_xlabel("HVDLITE_CYCLE_TIME (ms)", fontsize=8)
+        ax.set_ylabel("HVDLITE_FUSION_THRESHOLD", fontsize=8)
+        ax.set_title(title + ", median ms", fontsize=9)
+        for i, row in enumerate(vals):
+            for j, v in enumerate(row):
+                ax.text(j, i, ms(v), ha="center", va="center", fontsize=7, color="white")
+        fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- the document ---------------------------------------------------------------------
+
+def write(data, doc_path, img_dir, json_path):
+    os.makedirs(img_dir, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(doc_path)), exist_ok=True)
+    written = []
+    img_rel = os.path.relpath(img_dir, os.path.dirname(os.path.abspath(doc_path)))
+
+    def img(name, fn, *a):
+        path = os.path.join(img_dir, name)
+        try:
+            fn(path, *a)
+        except Exception as e:  # noqa: BLE001 -- a plot must not lose the tables
+            return "(plot %s failed: %s)" % (name, e)
+        written.append(path)
+        return "![%s](%s)" % (name, os.path.join(img_rel, name))
+
+    cases = data["cases"]
+    m = data["meta"]
+    json_rel = os.path.relpath(os.path.abspath(json_path), os.path.dirname(os.path.abspath(doc_path)))
+    repo_json = os.path.relpath(os.path.abspath(json_path), os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
+    L = []
+    L.append("# Benchmarks\n")
+    L.append("<!-- generated by `python -m hvdlite.bench --report %s`; edit bench/report.py, not this file -->\n"
+             % repo_json)
+    L.append("Numbers from one run of `python -m hvdlite.bench` (%s, commit `%s`%s), results in "
+             "[`%s`](%s). Regenerate this page from that file with\n"
+             % (m.get("date", "?"), m.get("git_commit", "?"),
+                ", with uncommitted changes in %s" % ", ".join(m["git_dirty_paths"]) if m.get("git_dirty_paths") else "",
+                repo_json, json_rel))
+    L.append("```\npython -m hvdlite.bench --report %s\n```\n" % repo_json)
+    L.append("and rerun everything (about an hour on 2 vCPUs; `--cases` picks some, `--tiny` is a "
+             "seconds-long smoke run that writes to a temporary folder) with\n")
+    L.append("```\npython -m hvdlite.bench            # or: python bench/run.py\n```\n")
+    if m.get("tiny"):
+        L.append("> **Tiny mode**: sizes and iteration counts are cut down; these numbers only show "
+                 "that the suite works.\n")
+    L.append(summary_section(data))
+    L.append(method_section(data))
+    if "allreduce" in cases:
+        L.append(allreduce_section(cases["allreduce"], img))
+    if "train_step" in cases:
+        L.append(train_section(cases["train_step"], img))
+    if "allreduce" in cases:
+        L.append(small_section(cases["allreduce"], img))
+    if "kernels" in cases:
+        L.append(kernels_section(cases["kernels"], img))
+    if "network" in cases:
+        L.append(network_section(data, img))
+    if "scaling" in cases or "negotiation" in cases:
+        L.append(scaling_section(cases.get("scaling"), cases.get("negotiation"), img))
+    if "sweep" in cases:
+        L.append(sweep_section(cases["sweep"], img))
+    L.append(advice_section(data))
+    with open(doc_path, "w") as f:
+        f.write("\n".join(s.rstrip() + "\n" for s in L if s))
+    written.insert(0, doc_path)
+    return written
+
+
+def case_failed(case):
+    if "error" in case:
+        return "**This case failed**; the error:\n\n```\n%s\n```\n" % case["error"][-1500:]
+    if "skipped" in case:
+        return "**Skipped**: %s\n" % case["skipped"]
+    return None
+
+
+def summary_section(data):
+    c = data["cases"]
+    rows = []
+    if ok(data, "allreduce"):
+        r = c["allreduce"]["resnet50"]
+        b = best_of(r, R50_RAW)
+        v = r["hvdlite none"]["median_ms"] / r[b]["median_ms"] if b and "hvdlite none" in r else None
+        rows.append(["ResNet-50 set allreduce, hvdlite none / best raw MPI schedule (%s)" % b,
+                     "<= %.2fx" % TARGETS["resnet50"], ratio(v), met(v, TARGETS["resnet50"])])
+    if ok(data, "train_step"):
+        mo = c["train_step"]["modes"]
+        v = mo["hvdlite"]["ratio_to_nocomm"] if "hvdlite" in mo else None
+        rows.append(["train step, hvdlite / no communication", "<= %.2fx" % TARGETS["train_step"],
+                     ratio(v), met(v, TARGETS["train_step"])])
+    if ok(data, "allreduce"):
+        s = c["allreduce"]["small"]
+        v = s["hvdlite"]["median_ms"] / s["mpi4py loop"]["median_ms"] if "mpi4py loop" in s else None
+        rows.append(["100 x 4 KB, hvdlite / mpi4py loop", "<= %.1fx" % TARGETS["small"], ratio(v),
+                     met(v, TARGETS["small"])])
+    if ok(data, "network"):
+        n = network_numbers(c["network"])
+        rows.append(["emulated %s: top-k 1%% exchange speed-up over fp32" % c["network"]["rate"],
+                     ">= %.0fx" % TARGETS["net_topk"], ratio(n["topk_speedup"]),
+                     met(n["topk_speedup"], TARGETS["net_topk"], True)])
+        rows.append(["emulated %s: fp16 exchange speed-up over fp32" % c["network"]["rate"],
+                     ">= %.1fx" % TARGETS["net_fp16"], ratio(n["fp16_speedup"]),
+                     met(n["fp16_speedup"], TARGETS["net_fp16"], True)])
+    elif "network" in c:
+        rows.append(["emulated network targets", "", "-", "not measured (%s)" % (
+            c["network"].get("skipped") or "failed")])
+    if not rows:
+        return ""
+    out = ["## Targets\n", table(["what (%d ranks unless noted)" % data["meta"].get("np", 2), "target",
+                                  "measured", ""], rows, ["---", "---:", "---:", "---"])]
+    out.append("\nRatios are of medians measured side by side in the same run (see Method); the "
+               "absolute times drift with the machine's load, the ratios much less.\n")
+    return "\n".join(out)
+
+
+def method_section(data):
+    m = data["meta"]
+    P = m.get("profile", {})
+    env = m.get("local_env", {})
+    out = ["## Method\n"]
+    out.append(
+        "- **Machine**: %s, %s CPUs (%s), Python %s, torch %s, %s. hvdlite engine `%s`.\n"
+        % (m.get("host", "?"), m.get("cpus", "?"), m.get("cpu_model", "?"), m.get("python", "?"),
+           m.get("torch", "?"), m.get("mpi", "?"), m.get("engine_sha256", "?")))
+    la = m.get("loadavg_start"), m.get("loadavg_end")
+    out.append(
+        "- **Load**: the machine was shared with other jobs. Load average (1, 5, 15 min) at the start "
+        "%s, at the end %s; each case's load is in its section and in the JSON. Absolute times drift "
+        "up to 2x with it, so every comparison below is between contenders measured in the same "
+        "interleaved run.\n" % (la[0], la[1]))
+    out.append(
+        "- **Interleaving**: each case runs all its contenders in one MPI job, once per round, in an "
+        "order that rotates every round, so a slow phase of the machine hits every contender alike. "
+        "The first round is a warm-up and is not timed.\n"
+        "- **Statistic**: a sample is the *slowest rank's* time for one call (one allreduce of the "
+        "whole set, one training step), taken with `MPI_Allreduce(MAX)` after a barrier. Tables "
+        "show the median with min and max over all samples, and ratios of medians.\n"
+        "- **One engine at a time**: hvdlite's engine (and Horovod's) runs a negotiation round every "
+        "cycle time even when idle; left running it would share MPI's lock and the cores with the "
+        "raw MPI and gloo contenders. So an engine runs only while its own contender is timed: "
+        "hvdlite is shut down for the others and restarted, with one untimed warm-up call that fills "
+        "its response cache, when its turn comes.\n"
+        "- **Threads and MPI**: `OMP_NUM_THREADS=%s` and `torch.set_num_threads(1)` per rank; ranks "
+        "start through `hvdrun`; MPI settings for local runs: %s. The emulated network uses "
+        "`UCX_TLS=tcp,self` so traffic really crosses the shaped link.\n"
+        % (env.get("OMP_NUM_THREADS", "1"), ", ".join("`%s=%s`" % kv for kv in env.items()
+                                                      if kv[0] not in ("OMP_NUM_THREADS", "PYTHONUNBUFFERED"))
+           or "defaults"))
+    out.append(
+        "- **Iterations**: ResNet-50 %s timed rounds, small tensors %s, train step %s rounds x %s steps, "
+        "kernels %s runs x %s reps; the full profile is in the JSON (`meta.profile`).\n"
+        % (P.get("r50_iters"), P.get("small_iters"), P.get("train_rounds"), P.get("train_steps"),
+           P.get("kernel_runs"), P.get("kernel_reps")))
+    out.append("- **Horovod**: %s.\n" % m.get("horovod", "?"))
+    return "".join(out)
+
+
+def contender_table(results, base_names, extra_ratio=None):
+    b = best_of(results, base_names)
+    rows = []
+    for name, r in results.items():
+        row = [name, ms(r["median_ms"]), ms(r["min_ms"]), ms(r["max_ms"]),
+               ratio(r["median_ms"] / results[b]["median_ms"]) if b else "-"]
+        if extra_ratio:
+            e = extra_ratio
+            row.append(ratio(r["median_ms"] / results[e]["median_ms"]) if e in results else "-")
+        pc = r.get("per_call")
+        row.append("%.1f" % pc["collectives"] if pc else "")
+        rows.append(row)
+    headers = ["contender", "median ms", "min", "max", "x best raw"]
+    if extra_ratio:
+        headers.append("x " + extra_ratio)
+    headers.append("MPI collectives per call")
+    return table(headers, rows), b
+
+
+def allreduce_section(case, img):
+    out = ["## 1. ResNet-50 gradient set allreduce\n"]
+    f = case_failed(case)
+    if f:
+        return "\n".join(out + [f])
+    meta = case.get("meta", {})
+    r = case["resnet50"]
+    t, b = contender_table(r, R50_RAW, "torch gloo async" if "torch gloo async" in r else None)
+    out.append("%d ranks on one machine, %d tensors, %.0f MB of float32, Sum; each call reduces the "
+               "whole set (hvdlite: `allreduce_async` of every tensor, then `synchronize`). Load %s.\n"
+               % (meta.get("ranks", 2), meta.get("resnet50_tensors", 161), meta.get("resnet50_mbytes", 102),
+                  load_str(case)))
+    out.append(t)
+    hv = r.get("hvdlite none")
+    if hv and b:
+        out.append("\nThe best raw MPI schedule in this run was **%s** (%s ms); hvdlite without "
+                   "compression took %s of it. \"mpi4py one buffer\" packs all 161 tensors into one "
+                   "buffer, reduces it and unpacks (the packing costs two memcpys of 102 MB); \"25 MB "
+                   "buckets\" does the same per bucket without overlap. On one machine the wire is "
+                   "shared memory, so fp16 and top-k mostly trade memory traffic for kernel work.\n"
+                   % (b, ms(r[b]["median_ms"]), ratio(hv["median_ms"] / r[b]["median_ms"])))
+    out.append(img("bench_resnet50.png", bars, r, "ResNet-50 set allreduce, %d ranks" % meta.get("ranks", 2)))
+    return "\n".join(out)
+
+
+def small_section(case, img):
+    out = ["## 3. Small tensors: 100 x 4 KB per step\n"]
+    f = case_failed(case)
+    if f:
+        return "\n".join(out + [f])
+    meta = case.get("meta", {})
+    s = case["small"]
+    t, b = contender_table(s, ["mpi4py loop", "mpi4py one buffer"], "mpi4py loop")
+    out.append("%d ranks, same job as case 1. Load %s. The engine negotiates (the response cache makes it one bit-vector "
+               "allreduce per cycle), fuses the 100 tensors and reduces them; the raw loop pays 100 MPI "
+               "latencies; \"one buffer\" packs them by hand (the floor for any library).\n"
+               % (meta.get("ranks", 2), load_str(case)))
+    out.append(t)
+    out.append("\n" + img("bench_small.png", bars, s, "100 x 4 KB allreduce, %d ranks" % meta.get("ranks", 2)))
+    return "\n".join(out)
+
+
+def train_section(case, img):
+    out = ["## 2. Training step: %s x Linear(%s, %s)\n" % (case.get("layers", 6), case.get("width", 2048),
+                                                           case.get("width", 2048))]
+    f = case_failed(case)
+    if f:
+        return "\n".join(out + [f])
+    mo = case["modes"]
+    out.append("%d x Linear(%d, %d) (%.1f M parameters, %.0f MB of float32 gradients), batch %d per rank, "
+               "%d ranks, %d compute thread per rank, SGD; %d rounds x %d steps per mode, interleaved. "
+               "\"no communication\" is the same step with a plain optimizer: what perfect overlap "
+               "would reach. Load %s.\n"
+               % (case["layers"], case["width"], case["width"], case.get("params", 0) / 1e6,
+                  case.get("params", 0) * 4 / 1e6, case["batch_per_rank"], case["ranks"],
+                  case.get("threads_per_rank", 1), case["rounds"], case["steps_per_round"], load_str(case)))
+    rows = [[k, ms(v["median_ms"]), ms(v["min_ms"]), ms(v["max_ms"]), ratio(v["ratio_to_nocomm"])]
+            for k, v in mo.items()]
+    rows += [[k, "absent", "", "", why] for k, why in case.get("absent", {}).items()]
+    out.append(table(["mode", "median ms", "min", "max", "x no-comm"], rows))
+    out.append("\n" + img("bench_train_step.png", bars, mo, "train step, %d ranks" % case["ranks"],
+                          "ms per step (median; min-max)", list(case.get("absent", {}))))
+    return "\n".join(out)
+
+
+def kernels_section(case, img):
+    out = ["## 4. Compression kernels alone\n"]
+    f = case_failed(case)
+    if f:
+        return "\n".join(out + [f])
+    rows = case["rows"]
+    out.append("`bench/compressors_bench.cc` built with `%s %s` (the engine's flags) on %d float32 "
+               "(%.0f MB), one thread, %d runs x %d repetitions. Wall: best time over repetitions; "
+               "CPU: the thread's CPU time, steadier on a shared machine. Ratios are to a memcpy of "
+               "the fp32 buffer measured in the same run. Load %s.\n"
+               % (os.path.basename(case["compiler"]), case["flags"], case["floats"], case["floats"] * 4 / 1e6,
+                  case["runs"], case["reps"], load_str(case)))
+    t = []
+    for k, label in kernels_mod.HEADLINE:
+        if k in rows:
+            r = rows[k]
+            t.append([label, ms(r["median_ms"]), ms(r["best_ms"]), ms(r["cpu_best_ms"]),
+                      ratio(r["ratio_best"]), ratio(r["ratio_cpu"])])
+    out.append(table(["kernel", "median ms", "best ms", "CPU ms", "x memcpy (wall)", "x memcpy (CPU)"], t))
+    out.append("\n" + img("bench_kernels.png", plot_kernels, case))
+    return "\n".join(out)
+
+
+def network_section(data, img):
+    case = data["cases"]["network"]
+    out = ["## 5. Emulated network\n"]
+    f = case_failed(case)
+    if f:
+        return "\n".join(out + [f])
+    n = network_numbers(case)
+    out.append("Two hosts made of network namespaces with their own sshd (`tests/hosts_fixture.py`), "
+               "one rank each, the link shaped with `tc` to **%s**%s on both ends, `UCX_TLS=tcp,self`. "
+               "Started by `hvdrun -H host1:1,host2:1` on host 1. Both ranks still share the same 2 "
+               "cores, so compute is not faster than in the local cases. Load %s.\n"
+               % (case["rate"], " and %s delay" % case["delay"] if case.get("delay") else "", load_str(case)))
+    t, _ = contender_table(case["resnet50"], R50_RAW, "hvdlite none")
+    out.append(t)
+    out.append("\nExchange speed-up over fp32 (hvdlite none): fp16 **%s** (target >= %.1fx), top-k 1%% "
+               "**%s** (target >= %.0fx). The best raw schedule moved the %.0f MB set at %s MB/s, the "
+               "shaped link's rate (1 gbit/s is 125 MB/s before TCP overhead).\n"
+               % (ratio(n["fp16_speedup"]), TARGETS["net_fp16"], ratio(n["topk_speedup"]), TARGETS["net_topk"],
+                  n["mbytes"], "%.0f" % n["link_MBps"] if n["link_MBps"] else "?"))
+    ts = case["train_step"]
+    rows = [[k, ms(v["median_ms"]), ms(v["min_ms"]), ms(v["max_ms"]), ratio(v["ratio_to_nocomm"])]
+            for k, v in ts["modes"].items()]
+    out.append("Training step (%d x Linear(%d), batch %d) across the link:\n"
+               % (ts["layers"], ts["width"], ts["batch_per_rank"]))
+    out.append(table(["mode", "median ms", "min", "max", "x no-comm"], rows))
+    out.append("\n" + network_analysis(data, n))
+    out.append(img("bench_network.png", plot_network, case))
+    return "\n".join(out)
+
+
+def network_analysis(data, n):
+    """What limits the speed-ups: a two-term model t = fixed work + wire bytes / link rate."""
+    if not (n["none"] and n["link_MBps"]):
+        return ""
+    mb = n["mbytes"]
+    bw = n["link_MBps"] / 1e3     # MB per ms
+    wire = {"none": mb, "fp16": mb / 2, "topk": mb * 0.01 * 2 * 1}   # 2-rank allgather of k (value, index)
+    out = ["**What limits the speed-ups.** Model each exchange as fixed work plus wire bytes over the "
+           "link rate measured above (%.0f MB/s). Per rank, fp32 sends %.1f MB, fp16 %.1f MB and top-k 1%% "
+           "about %.1f MB (k values and k indices, 8 bytes each, to the other rank):\n"
+           % (n["link_MBps"], wire["none"], wire["fp16"], wire["topk"])]
+    rows = []
+    for key, label in (("none", "fp32"), ("fp16", "fp16"), ("topk", "top-k 1%")):
+        if not n.get(key):
+            continue
+        on_wire = wire[key] / bw
+        rows.append([label, ms(n[key]), ms(on_wire), ms(max(0.0, n[key] - on_wire))])
+    out.append(table(["", "measured ms", "wire time at link rate", "the rest (compute, copies, latency)"], rows))
+    out.append("")
+    ideal_fp16 = n["none"] / max(1e-9, n["none"] - wire["fp16"] / bw) if n["none"] > wire["fp16"] / bw else None
+    lim = []
+    if n.get("fp16") and n["fp16_speedup"] and n["fp16_speedup"] < TARGETS["net_fp16"]:
+        rest = n["fp16"] - wire["fp16"] / bw
+        lim.append("fp16 halves the bytes but keeps %s ms of other work (conversion of 25.6 M floats each "
+                   "way, the reduction in fp32, copies in and out of the fusion buffer), so it cannot "
+                   "reach 2x; the best it could reach with that fixed work is %s." %
+                   (ms(rest), ratio(n["none"] / (n["fp16"]))))
+    if n.get("topk") and n["topk_speedup"] and n["topk_speedup"] < TARGETS["net_topk"]:
+        rest = n["topk"] - wire["topk"] / bw
+        lim.append("top-k's wire time is only %s ms; its %s ms are selection, error-feedback and "
+                   "scatter work on 2 shared cores. Reaching %.0fx needs that fixed work below %s ms."
+                   % (ms(wire["topk"] / bw), ms(n["topk"]), TARGETS["net_topk"], ms(n["none"] / TARGETS["net_topk"])))
+    if lim:
+        out.append(" ".join(lim) + "\n")
+    del ideal_fp16
+    st = n["steps"]
+    if "no communication" in st and "hvdlite" in st:
+        parts = ["fp32 %s ms" % ms(st["hvdlite"])]
+        for k in st:
+            if k.startswith("hvdlite ") and k != "hvdlite":
+                parts.append("%s %s ms (speed-up over fp32 %s)" % (k[len("hvdlite "):], ms(st[k]),
+                                                                    ratio(st["hvdlite"] / st[k])))
+        out.append("**Step-time effect**: no communication %s ms; %s.\n"
+                   % (ms(st["no communication"]), "; ".join(parts)))
+    return "\n".join(out)
+
+
+def scaling_section(sc, neg, img):
+    out = ["## 6. Scaling and negotiation overhead\n"]
+    if sc and (case_failed(sc)):
+        out.append(case_failed(sc))
+        sc = None
+    if neg and case_failed(neg):
+        out.append(case_failed(neg))
+        neg = None
+    if sc:
+        cpus = sc.get("cpus", 2)
+        out.append("Every rank count is its own MPI job; the jobs ran %d time(s) each, alternating "
+                   "1, 2, 4, ..., and the samples are pooled. **With %d cores, more than %d ranks "
+                   "oversubscribe** the machine: ranks then wait for a core, and times measure the "
+                   "scheduler as much as the library. Load %s.\n" % (sc.get("rounds", 1), cpus, cpus, load_str(sc)))
+        for key, title in (("resnet50", "ResNet-50 set allreduce, median ms (min-max)"),
+                           ("train_step", "train step, median ms (min-max)")):
+            by = sc[key]
+            ranks = sorted(by, key=int)
+            names = []
+            for r in ranks:
+                names += [k for k in by[r] if k not in names]
+            rows = []
+            for name in names:
+                rows.append([name] + ["%s (%s-%s)" % (ms(by[r][name]["median_ms"]), ms(by[r][name]["min_ms"]),
+                                                      ms(by[r][name]["max_ms"])) if name in by[r] else "-"
+                                      for r in ranks])
+            heads = ["%s rank%s%s" % (r, "s" if int(r) > 1 else "", " (oversubscribed)" if int(r) > cpus else "")
+                     for r in ranks]
+            out.append("%s:\n" % title)
+            out.append(table(["contender"] + heads, rows))
+            out.append("")
+    if neg:
+        cpus = neg.get("cpus", 2)
+        out.append("**Negotiation overhead.** One step enqueues N tiny (4-byte) tensors with names the "
+                   "engine has seen before and waits for them. With the response cache on, a cycle is one "
+                   "bit-vector allreduce; with `HVDLITE_CACHE_CAPACITY=0` every cycle sends the names to "
+                   "the coordinator and waits for its response list. \"mpi4py 1 allreduce\" is one raw "
+                   "allreduce of 4 bytes (the floor of any step); \"rounds\" are the engine's negotiation "
+                   "cycles per step. Load %s.\n" % load_str(neg))
+        by = neg["by_ranks"]
+        ranks = sorted(by, key=int)
+        names = []
+        for r in ranks:
+            names += [k for k in by[r] if k not in names]
+        rows = []
+        for name in names:
+            row = [name]
+            for r in ranks:
+                v = by[r].get(name)
+                if not v:
+                    row.append("-")
+                    continue
+                pc = v.get("per_call")
+                row.append("%s%s" % (ms(v["median_ms"]), " (%.1f rounds)" % pc["cycles"] if pc else ""))
+            rows.append(row)
+        heads = ["%s ranks%s" % (r, " (oversubscribed)" if int(r) > cpus else "") for r in ranks]
+        out.append(table(["ms per step (median)"] + heads, rows))
+        out.append("")
+        per = []
+        for r in ranks:
+            d = by[r]
+            on = [k for k in d if k.endswith("cache on")]
+            for k in on:
+                off = k.replace("cache on", "cache off")
+                if off in d and "mpi4py 1 allreduce" in d:
+                    per.append("%s ranks, %s tensors: cache on %s ms over the raw allreduce, off %s ms"
+                               % (r, k.split()[1], ms(d[k]["median_ms"] - d["mpi4py 1 allreduce"]["median_ms"]),
+                                  ms(d[off]["median_ms"] - d["mpi4py 1 allreduce"]["median_ms"])))
+        if per:
+            out.append("Overhead per step beyond one raw allreduce: " + "; ".join(per) + ".\n")
+    out.append(img("bench_scaling.png", plot_scaling, sc, neg))
+    return "\n".join(out)
+
+
+def sweep_section(case, img):
+    out = ["## Fusion threshold and cycle time\n"]
+    f = case_failed(case)
+    if f:
+        return "\n".join(out + [f])
+    rows = case["allreduce"]["sweep"]
+    out.append("hvdlite (no compression) on cases 1 and 3 for every combination of "
+               "`HVDLITE_FUSION_THRESHOLD` and `HVDLITE_CYCLE_TIME`. The engine reads both at `init()`, "
+               "so each visit of a setting restarts it (`hvd.shutdown()`, set the variables, "
+               "`hvd.init()`), makes one untimed call of each case, then times a few calls; settings are "
+               "visited in a rotating order, several rounds. Load %s.\n" % load_str(case))
+    for key, title in (("resnet50", "ResNet-50 set, median ms (MPI collectives per call)"),
+                       ("small", "100 x 4 KB, median ms")):
+        fusions, cycles, grid = sweep_grid(rows, key)
+        t = []
+        for fu in fusions:
+            row = [fmt_bytes(fu)]
+            for c in cycles:
+                g = grid.get((fu, c))
+                if not g:
+                    row.append("-")
+                    continue
+                extra = " (%.0f)" % g["resnet50_collectives_per_call"] if key == "resnet50" else ""
+                row.append(ms(g[key]["median_ms"]) + extra)
+            t.append(row)
+        out.append("%s:\n" % title)
+        out.append(table(["fusion \\ cycle"] + ["%g ms" % c for c in cycles], t))
+        out.append("")
+    b = sweep_best(rows)
+    out.append("Best in this run: ResNet-50 set at fusion **%s**, cycle **%g ms** (%s ms); small tensors at "
+               "fusion **%s**, cycle **%g ms** (%s ms).\n"
+               % (fmt_bytes(b["resnet50"][0]), b["resnet50"][1], ms(b["resnet50"][2]),
+                  fmt_bytes(b["small"][0]), b["small"][1], ms(b["small"][2])))
+    tr = case.get("train_step")
+    if tr and "modes" in tr:
+        out.append("The same settings in the training step (%d x Linear(%d), %d ranks):\n"
+                   % (tr["layers"], tr["width"], tr["ranks"]))
+        out.append(table(["mode", "median ms", "min", "max", "x no-comm"],
+                         [[k, ms(v["median_ms"]), ms(v["min_ms"]), ms(v["max_ms"]), ratio(v["ratio_to_nocomm"])]
+                          for k, v in tr["modes"].items()]))
+        out.append("")
+    out.append(img("bench_sweep.png", plot_sweep, case))
+    return "\n".join(out)
+
+
+def advice_section(data):
+    c = data["cases"]
+    out = ["## What this means for your settings\n"]
+    if ok(data, "sweep"):
+        rows = c["sweep"]["allreduce"]["sweep"]
+        fusions, cycles, grid = sweep_grid(rows, "resnet50")
+        # Per fusion threshold: the median over cycle times of the medians (robust to one bad cell).
+        per_f = {f: statistics.median([grid[(f, cy)]["resnet50"]["median_ms"] for cy in cycles if (f, cy) in grid])
+                 for f in fusions}
+        per_f_small = {f: statistics.median([grid[(f, cy)]["small"]["median_ms"] for cy in cycles if (f, cy) in grid])
+                       for f in fusions}
+        per_c = {cy: statistics.median([grid[(f, cy)]["resnet50"]["median_ms"] for f in fusions if (f, cy) in grid])
+                 for cy in cycles}
+        per_c_small = {cy: statistics.median([grid[(f, cy)]["small"]["median_ms"] for f in fusions if (f, cy) in grid])
+                       for cy in cycles}
+        bf = min(per_f, key=per_f.get)
+        bc = min(per_c, key=per_c.get)
+        out.append("- **Fusion threshold** (`HVDLITE_FUSION_THRESHOLD`, `hvdrun --fusion-threshold-mb`): "
+                   "over all cycle times, the ResNet-50 set was fastest with %s (median %s ms; %s) and the "
+                   "small tensors with %s (%s). 0 disables fusion: every tensor is its own MPI call.\n"
+                   % (fmt_bytes(bf), ms(per_f[bf]),
+                      ", ".join("%s %s" % (fmt_bytes(f), ms(v)) for f, v in per_f.items()),
+                      fmt_bytes(min(per_f_small, key=per_f_small.get)),
+                      ", ".join("%s %s" % (fmt_bytes(f), ms(v)) for f, v in per_f_small.items())))
+        out.append("- **Cycle time** (`HVDLITE_CYCLE_TIME`, `--cycle-time-ms`): over all thresholds, "
+                   "ResNet-50 %s; small %s (ms). New work starts a round at once, so the cycle time "
+                   "mostly sets how often an idle engine negotiates: 0 makes it spin.\n"
+                   % (", ".join("%g ms: %s" % (cy, ms(v)) for cy, v in per_c.items()),
+                      ", ".join("%g ms: %s" % (cy, ms(v)) for cy, v in per_c_small.items())))
+        del bc
+        tr = c["sweep"].get("train_step", {}).get("modes", {})
+        if tr:
+            best = min((k for k in tr if k.startswith("hvdlite")), key=lambda k: tr[k]["median_ms"], default=None)
+            if best:
+                out.append("- In the training step the best setting was **%s** (%s of no communication).\n"
+                           % (best, ratio(tr[best]["ratio_to_nocomm"])))
+    if ok(data, "network") and ok(data, "allreduce"):
+        n = network_numbers(c["network"])
+        loc = c["allreduce"]["resnet50"]
+        out.append("- **Compression by network speed**: on shared memory (one machine) fp16 took %s and "
+                   "top-k 1%% %s of fp32's time; on the %s link fp16 took %s and top-k %s. "
+                   % (ratio(loc["hvdlite fp16"]["median_ms"] / loc["hvdlite none"]["median_ms"]),
+                      ratio(loc["hvdlite topk 1%"]["median_ms"] / loc["hvdlite none"]["median_ms"]),
+                      c["network"]["rate"], ratio(1 / n["fp16_speedup"]) if n["fp16_speedup"] else "-",
+                      ratio(1 / n["topk_speedup"]) if n["topk_speedup"] else "-"))
+        # Break-even link rate: fixed work f_c + bytes_c / bw = f_none + bytes_none / bw.
+        if n["link_MBps"]:
+            bw = n["link_MBps"] / 1e3
+            mb = n["mbytes"]
+            fixed = {k: n[k] - b / bw for k, b in (("none", mb), ("fp16", mb / 2), ("topk", mb * 0.02)) if n.get(k)}
+            txt = []
+            for k, b in (("fp16", mb / 2), ("topk", mb * 0.02)):
+                if k in fixed and "none" in fixed and fixed[k] > fixed["none"]:
+                    be = (mb - b) / (fixed[k] - fixed["none"])  # MB per ms
+                    txt.append("%s pays below about %.1f GB/s (%.0f gbit/s)" % (
+                        "fp16" if k == "fp16" else "top-k 1%", be, be * 8))
+            if txt:
+                out.append("With the fixed costs measured here, %s; above that, send fp32. "
+                           % "; ".join(txt))
+        out.append("Top-k changes the optimisation (error feedback keeps the rest for later steps): "
+                   "check accuracy before using it; fp16 is the safe first step on slow links.\n")
+    if ok(data, "scaling"):
+        out.append("- **Ranks per machine**: keep ranks <= cores. Oversubscribed ranks (more ranks than "
+                   "cores) wait for the scheduler, and every collective then costs scheduler time slices.\n")
+    if len(out) == 1:
+        return ""
+    return "\n".join(out)

@@ -1,0 +1,438 @@
+"""Runs hvdlite's benchmark suite and writes the results, a Markdown report and plots.
+
+    python -m hvdlite.bench                        # everything (about an hour on 2 vCPUs)
+    python -m hvdlite.bench --cases allreduce,train_step
+    python -m hvdlite.bench --tiny --out-dir /tmp/b   # seconds: the smoke test's run
+    python -m hvdlite.bench --report bench/results/2026-11-22.json   # docs from a JSON
+
+(``python bench/run.py ...`` is the same.) Every case runs real ranks through
+hvdrun; each contender inside a case is interleaved with its peers (a rotating
+order every round) and reported as the median of the slowest rank's times, with
+min and max, and as ratios to peers measured in the same run. Writes
+``bench/results/<date>.json``, ``docs/benchmarks.md`` and ``docs/img/bench_*.png``
+(or the same names under ``--out-dir``).
+"""
+import argparse
+import datetime
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+if __name__ == "__main__" and not __package__:   # python bench/run.py
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    __package__ = "bench"
+    import bench  # noqa: F401
+
+from . import kernels, report  # noqa: E402
+from ._stats import load_average, summary  # noqa: E402
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH)
+ALLREDUCE = os.path.join(BENCH, "allreduce.py")
+TRAIN = os.path.join(BENCH, "train_step.py")
+CASES = ["allreduce", "train_step", "kernels", "network", "scaling", "negotiation", "sweep"]
+TINY_CASES = ["allreduce", "train_step", "sweep"]
+
+FULL = dict(
+    scale=1.0, r50_iters=15, small_iters=60,
+    layers=6, width=2048, batch=64, train_rounds=8, train_steps=4, warmup=3,
+    kernel_floats=25557032, kernel_reps=7, kernel_runs=3,
+    net_iters=8, net_train_rounds=4, net_train_steps=3,
+    scaling_ranks=[1, 2, 4], scaling_rounds=2, scaling_r50_iters=5, scaling_train_rounds=3,
+    scaling_train_steps=3,
+    neg_ranks=[2, 4, 8], neg_iters=150, neg_tensors="1,32",
+    sweep_fusion="0,1MB,4MB,16MB,64MB", sweep_cycle="0,0.25,1,5", sweep_rounds=4,
+    sweep_r50_calls=2, sweep_small_calls=10,
+    sweep_train="1MB:1,4MB:1,16MB:1,64MB:1,64MB:0.25,64MB:5,4MB:0.25,4MB:5",
+    sweep_train_rounds=4, sweep_train_steps=3,
+    job_timeout=2400,
+)
+TINY = dict(
+    scale=0.01, r50_iters=2, small_iters=4,
+    layers=2, width=128, batch=8, train_rounds=2, train_steps=2, warmup=1,
+    kernel_floats=200000, kernel_reps=2, kernel_runs=1,
+    net_iters=2, net_train_rounds=1, net_train_steps=2,
+    scaling_ranks=[1, 2], scaling_rounds=1, scaling_r50_iters=2, scaling_train_rounds=1,
+    scaling_train_steps=2,
+    neg_ranks=[2], neg_iters=10, neg_tensors="1,8",
+    sweep_fusion="0,4MB", sweep_cycle="1", sweep_rounds=1, sweep_r50_calls=1, sweep_small_calls=2,
+    sweep_train="4MB:1", sweep_train_rounds=1, sweep_train_steps=1,
+    job_timeout=300,
+)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m hvdlite.bench",
+                                 description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="cases: " + ", ".join(CASES))
+    ap.add_argument("--cases", default=None,
+                    help="comma list (default: all; with --tiny: %s)" % ",".join(TINY_CASES))
+    ap.add_argument("--tiny", action="store_true",
+                    help="few iterations, small sizes, no network case (a smoke run)")
+    ap.add_argument("--np", type=int, default=2, help="ranks of the main cases (default 2)")
+    ap.add_argument("--out-dir", help="write results/, benchmarks.md and img/ here instead of "
+                    "bench/results, docs/benchmarks.md and docs/img")
+    ap.add_argument("--rate", default="1gbit", help="emulated link rate (network case)")
+    ap.add_argument("--delay", default=None, help="emulated one-way delay, e.g. 100us (network case)")
+    ap.add_argument("--report", metavar="JSON", help="only write the Markdown and plots from a results JSON")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a profile setting (e.g. r50_iters=30); see bench/run.py")
+    ap.add_argument("--keep-logs", action="store_true", help="keep the ranks' output (printed path)")
+    return ap.parse_args(argv)
+
+
+# ---- paths ---------------------------------------------------------------------------
+
+def output_paths(args):
+    if args.out_dir:
+        base = os.path.abspath(args.out_dir)
+        return os.path.join(base, "results"), os.path.join(base, "benchmarks.md"), os.path.join(base, "img")
+    if args.tiny:
+        base = os.path.join(tempfile.gettempdir(), "hvdlite-bench-tiny")
+        return os.path.join(base, "results"), os.path.join(base, "benchmarks.md"), os.path.join(base, "img")
+    return (os.path.join(BENCH, "results"), os.path.join(REPO, "docs", "benchmarks.md"),
+            os.path.join(REPO, "docs", "img"))
+
+
+def results_file(results_dir):
+    os.makedirs(results_dir, exist_ok=True)
+    day = datetime.date.today().isoformat()
+    path = os.path.join(results_dir, day + ".json")
+    k = 2
+    while os.path.exists(path):
+        path = os.path.join(results_dir, "%s-%d.json" % (day, k))
+        k += 1
+    return path
+
+
+# ---- running jobs ---------------------------------------------------------------------
+
+def hvdrun_argv():
+    """argv prefix that runs hvdrun, and extra environment (a checkout without install)."""
+    try:
+        if importlib.util.find_spec("hvdlite.launcher") is not None:
+            return [sys.executable, "-m", "hvdlite.launcher"], {}
+    except ImportError:
+        pass
+    return [sys.executable, "-m", "launcher"], {"PYTHONPATH": REPO}
+
+
+def mpi_flavour():
+    try:
+        from hvdlite import _build_info
+        return _build_info.MPI_FLAVOUR
+    except ImportError:
+        return "unknown"
+
+
+def local_env():
+    """Settings for every local job: 1 compute thread per rank, shared memory for MPICH."""
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
+    if mpi_flavour() == "mpich":
+        env["UCX_TLS"] = os.environ.get("UCX_TLS", "self,sm")
+    return env
+
+
+class Runner:
+    def __init__(self, log_dir, timeout):
+        self.log_dir, self.timeout = log_dir, timeout
+        self.count = 0
+
+    def job(self, np, script, args, env=None, hvdrun_args=(), wrap=None, timeout=None):
+        """Run ``script args`` on np ranks through hvdrun; return the JSON it wrote."""
+        self.count += 1
+        tag = "%02d-%s-np%d" % (self.count, os.path.basename(script).split(".")[0], np)
+        out = os.path.join(self.log_dir, tag + ".json")
+        log = os.path.join(self.log_dir, tag + ".log")
+        prefix, extra = hvdrun_argv()
+        argv = prefix + ["-np", str(np)] + list(hvdrun_args) + [sys.executable, script] + list(args) + \
+            ["--json", out]
+        if wrap:
+            argv = wrap(argv)
+        full_env = dict(os.environ)
+        full_env.update(extra)
+        full_env.update(local_env())
+        full_env.update(env or {})
+        with open(log, "w") as f:
+            f.write("$ %s\n" % " ".join(shlex.quote(a) for a in argv))
+            f.flush()
+            try:
+                p = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=full_env,
+                                   timeout=timeout or self.timeout, cwd=REPO)
+                rc = p.returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        if rc != 0 or not os.path.exists(out):
+            with open(log) as f:
+                tail = f.read()[-2500:]
+            raise RuntimeError("job %s failed (%s); log %s:\n%s" % (tag, rc, log, tail))
+        with open(out) as f:
+            return json.load(f)
+
+
+def progress(msg):
+    print(msg, flush=True)
+
+
+# ---- the cases -------------------------------------------------------------------------
+
+def sweep_args(P):
+    return ["--sweep-fusion", P["sweep_fusion"], "--sweep-cycle", P["sweep_cycle"],
+            "--sweep-rounds", str(P["sweep_rounds"]), "--sweep-r50-calls", str(P["sweep_r50_calls"]),
+            "--sweep-small-calls", str(P["sweep_small_calls"])]
+
+
+def train_args(P, rounds=None, steps=None):
+    return ["--layers", str(P["layers"]), "--width", str(P["width"]), "--batch", str(P["batch"]),
+            "--rounds", str(rounds or P["train_rounds"]), "--steps", str(steps or P["train_steps"]),
+            "--warmup", str(P["warmup"])]
+
+
+def case_allreduce(R, P, args, tiny):
+    a = ["--cases", "resnet50,small", "--iters", str(P["r50_iters"]), "--small-iters", str(P["small_iters"]),
+         "--scale", str(P["scale"])]
+    if tiny:
+        a += ["--skip-gloo"]
+    return R.job(args.np, ALLREDUCE, a)
+
+
+def case_train(R, P, args, tiny):
+    modes = "nocomm,hvdlite,ddp,horovod" if not tiny else "nocomm,hvdlite,horovod"
+    return R.job(args.np, TRAIN, train_args(P) + ["--modes", modes, "--compression", "fp16"])
+
+
+def case_kernels(R, P, args, tiny):
+    res = kernels.run(P["kernel_floats"], P["kernel_reps"], P["kernel_runs"],
+                      progress=lambda i, n: progress("      kernels run %d/%d done" % (i, n)))
+    return res
+
+
+def case_sweep(R, P, args, tiny):
+    out = {"allreduce": R.job(args.np, ALLREDUCE, ["--cases", "sweep", "--scale", str(P["scale"]),
+                                                   "--no-horovod"] + sweep_args(P))}
+    out["train_step"] = R.job(args.np, TRAIN, train_args(P, P["sweep_train_rounds"], P["sweep_train_steps"]) +
+                              ["--modes", "nocomm,hvdlite", "--hvdlite-settings", P["sweep_train"]])
+    return out
+
+
+def _merge(runs):
+    """Merge per-contender samples of repeated jobs into one summary each."""
+    merged = {}
+    for r in runs:
+        for name, v in r.items():
+            merged.setdefault(name, []).extend(v["samples_ms"])
+    return {name: summary(s) for name, s in merged.items()}
+
+
+def case_scaling(R, P, args, tiny):
+    ranks = P["scaling_ranks"]
+    r50_runs = {n: [] for n in ranks}
+    train_runs = {n: [] for n in ranks}
+    contenders = "mpi4py unfused,mpi4py 25 MB,hvdlite none,torch gloo"
+    for rnd in range(P["scaling_rounds"]):
+        for n in ranks:
+            a = ["--cases", "resnet50", "--contenders", contenders, "--iters", str(P["scaling_r50_iters"]),
+                 "--scale", str(P["scale"]), "--no-horovod"]
+            if tiny:
+                a.append("--skip-gloo")
+            r50_runs[n].append(R.job(n, ALLREDUCE, a)["resnet50"])
+            modes = "nocomm,hvdlite" + ("" if tiny else ",ddp")
+            t = R.job(n, TRAIN, train_args(P, P["scaling_train_rounds"], P["scaling_train_steps"]) +
+                      ["--modes", modes])
+            train_runs[n].append({k: v for k, v in t["modes"].items()})
+            progress("      scaling round %d/%d: %d ranks done (load %s)"
+                     % (rnd + 1, P["scaling_rounds"], n, load_average()))
+    out = {"ranks": ranks, "cpus": os.cpu_count(), "rounds": P["scaling_rounds"], "resnet50": {}, "train_step": {}}
+    for n in ranks:
+        out["resnet50"][str(n)] = _merge(r50_runs[n])
+        out["train_step"][str(n)] = _merge(train_runs[n])
+    return out
+
+
+def case_negotiation(R, P, args, tiny):
+    out = {"ranks": P["neg_ranks"], "cpus": os.cpu_count(), "tensors": P["neg_tensors"], "by_ranks": {}}
+    for n in P["neg_ranks"]:
+        r = R.job(n, ALLREDUCE, ["--cases", "negotiation", "--neg-iters", str(P["neg_iters"]),
+                                 "--neg-tensors", P["neg_tensors"], "--no-horovod"])
+        out["by_ranks"][str(n)] = r["negotiation"]
+        progress("      negotiation: %d ranks done (load %s)" % (n, load_average()))
+    return out
+
+
+def load_fixture():
+    path = os.path.join(REPO, "tests", "hosts_fixture.py")
+    if not os.path.exists(path):
+        return None, "tests/hosts_fixture.py not found (run from a checkout)"
+    spec = importlib.util.spec_from_file_location("hvdlite_bench_hosts_fixture", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod, None
+
+
+def case_network(R, P, args, tiny):
+    fixture, why = load_fixture()
+    if fixture is None:
+        return {"skipped": why}
+    reasons = fixture.missing_requirements()
+    if shutil.which("tc") is None:
+        reasons.append("missing tc (iproute2)")
+    if reasons:
+        return {"skipped": "cannot make emulated hosts: %s" % "; ".join(reasons)}
+    hosts = fixture.NetnsHosts(2, rate=args.rate, delay=args.delay).up()
+    try:
+        n1, n2 = hosts.names
+        hv = ["-H", "%s:1,%s:1" % (n1, n2), "-i", hosts.key]
+        env = {"PATH": hosts.bin_dir + os.pathsep + os.environ["PATH"], "UCX_TLS": "tcp,self"}
+        wrap = lambda argv: hosts.on_host(1, argv, cwd=REPO)  # noqa: E731
+        before = hosts.link_bytes(2)
+        r = R.job(2, ALLREDUCE, ["--cases", "resnet50", "--iters", str(P["net_iters"]), "--scale", str(P["scale"]),
+                                 "--contenders", "mpi4py unfused,mpi4py 25 MB,hvdlite", "--skip-gloo",
+                                 "--no-horovod"], env=env, hvdrun_args=hv, wrap=wrap)
+        mid = hosts.link_bytes(2)
+        progress("      network: allreduce done (load %s)" % load_average())
+        t = R.job(2, TRAIN, train_args(P, P["net_train_rounds"], P["net_train_steps"]) +
+                  ["--modes", "nocomm,hvdlite", "--compression", "fp16,topk"],
+                  env=env, hvdrun_args=hv, wrap=wrap)
+        after = hosts.link_bytes(2)
+    finally:
+        hosts.down()
+    return {"rate": args.rate, "delay": args.delay, "hosts": 2, "ranks_per_host": 1,
+            "ucx_tls": "tcp,self", "resnet50": r["resnet50"], "resnet50_meta": r.get("meta"),
+            "train_step": t,
+            "host2_link_bytes": {"allreduce_rx_tx": [mid[0] - before[0], mid[1] - before[1]],
+                                 "train_rx_tx": [after[0] - mid[0], after[1] - mid[1]]}}
+
+
+RUNNERS = {"allreduce": case_allreduce, "train_step": case_train, "kernels": case_kernels,
+           "network": case_network, "scaling": case_scaling, "negotiation": case_negotiation,
+           "sweep": case_sweep}
+TITLES = {"allreduce": "cases 1+3: ResNet-50 set and 100 x 4 KB allreduce",
+          "train_step": "case 2: train step 6 x Linear(2048, 2048)",
+          "kernels": "case 4: compression kernels", "network": "case 5: emulated network",
+          "scaling": "case 6: scaling over 1/2/4 ranks", "negotiation": "case 6: negotiation overhead",
+          "sweep": "sweep: fusion threshold x cycle time"}
+
+
+# ---- meta ----------------------------------------------------------------------------
+
+def _git(*a):
+    try:
+        return subprocess.run(["git"] + list(a), cwd=REPO, capture_output=True, text=True,
+                              timeout=10).stdout.rstrip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def meta(args, P, tiny):
+    m = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+         "command": "python -m hvdlite.bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+         "tiny": tiny, "profile": P, "np": args.np,
+         "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+         "loadavg_start": load_average(), "git_commit": _git("rev-parse", "--short", "HEAD").strip(),
+         "git_dirty_paths": [l[3:] for l in _git("status", "--porcelain", "--untracked-files=no").splitlines()],
+         "mpi_flavour": mpi_flavour(), "local_env": local_env()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            m["cpu_model"] = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+    except OSError:
+        pass
+    try:
+        from mpi4py import MPI
+        m["mpi"] = MPI.Get_library_version().splitlines()[0].strip()
+    except Exception as e:  # noqa: BLE001
+        m["mpi"] = "unknown (%s)" % e
+    try:
+        import hvdlite
+        m["hvdlite"] = getattr(hvdlite, "__version__", "?")
+        so = [f for f in os.listdir(os.path.dirname(hvdlite.__file__)) if f.startswith("_engine") and f.endswith(".so")]
+        if so:
+            with open(os.path.join(os.path.dirname(hvdlite.__file__), so[0]), "rb") as f:
+                m["engine_sha256"] = hashlib.sha256(f.read()).hexdigest()[:16]
+    except ImportError:
+        pass
+    try:
+        import torch
+        m["torch"] = torch.__version__
+    except ImportError:
+        m["torch"] = None
+    spec = importlib.util.find_spec("horovod")
+    m["horovod"] = ("installed at %s" % os.path.dirname(spec.origin)) if spec else \
+        "not installed (bench/install_horovod.sh installs 0.28.1); Horovod rows are absent"
+    m["engine_env"] = {k: v for k, v in os.environ.items() if k.startswith(("HVDLITE_", "HOROVOD_"))}
+    return m
+
+
+# ---- main ----------------------------------------------------------------------------
+
+def main(argv=None):
+    args = parse_args(argv)
+    results_dir, doc, img = output_paths(args)
+    if args.report:
+        with open(args.report) as f:
+            data = json.load(f)
+        written = report.write(data, doc, img, args.report)
+        print("wrote " + ", ".join(written))
+        return 0
+    tiny = args.tiny
+    P = dict(TINY if tiny else FULL)
+    for kv in args.set:
+        k, v = kv.split("=", 1)
+        if k not in P:
+            raise SystemExit("unknown setting %s (one of %s)" % (k, ", ".join(sorted(P))))
+        P[k] = type(P[k])(v) if not isinstance(P[k], list) else [int(x) for x in v.split(",")]
+    cases = args.cases.split(",") if args.cases else (TINY_CASES if tiny else CASES)
+    for c in cases:
+        if c not in RUNNERS:
+            raise SystemExit("unknown case %s (one of %s)" % (c, ", ".join(CASES)))
+    path = results_file(results_dir)
+    log_dir = tempfile.mkdtemp(prefix="hvdlite-bench-")
+    R = Runner(log_dir, P["job_timeout"])
+    data = {"meta": meta(args, P, tiny), "cases": {}}
+    progress("hvdlite bench: %d case(s) -> %s (load %s; logs in %s)"
+             % (len(cases), path, data["meta"]["loadavg_start"], log_dir))
+    start = time.time()
+    failed = 0
+    for i, c in enumerate(cases, 1):
+        t0, la0 = time.time(), load_average()
+        progress("[%d/%d] %s ..." % (i, len(cases), TITLES[c]))
+        try:
+            res = RUNNERS[c](R, P, args, tiny)
+            status = "done"
+        except Exception as e:  # noqa: BLE001 -- a failed case is reported, the others still run
+            res = {"error": str(e)[-3000:]}
+            status = "FAILED: " + str(e).splitlines()[0]
+            failed += 1
+        res = dict(res) if isinstance(res, dict) else {"value": res}
+        res["_seconds"] = round(time.time() - t0, 1)
+        res["_loadavg"] = {"start": la0, "end": load_average()}
+        data["cases"][c] = res
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1)
+        headline = report.headline(c, res)
+        progress("[%d/%d] %s %s in %.0f s (load %s)%s" % (i, len(cases), c, status, time.time() - t0,
+                                                          res["_loadavg"]["end"],
+                                                          ("\n      " + headline) if headline else ""))
+    data["meta"]["loadavg_end"] = load_average()
+    data["meta"]["seconds"] = round(time.time() - start, 1)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+    written = report.write(data, doc, img, path)
+    progress("wrote %s, %s" % (path, ", ".join(written)))
+    if not args.keep_logs and not failed:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    elif failed:
+        progress("logs of the failed case(s) kept in %s" % log_dir)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Smoke test of the benchmark suite (python -m hvdlite.bench): a tiny run of the
+allreduce and train-step cases writes the results JSON, the Markdown report and
+the plots, and --report regenerates the report from the JSON alone."""
+
+import glob
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = os.path.join(REPO, "bench", "run.py")
+REQUIRE_ALL = os.environ.get("HVDLITE_TEST_REQUIRE_ALL") == "1"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _have(module):
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
+
+
+def _require(module):
+    if not _have(module):
+        if REQUIRE_ALL:
+            pytest.fail("%s is required in CI" % module)
+        pytest.skip("%s not importable" % module)
+
+
+def _run(args, timeout):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, RUN] + args, capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=REPO)
+
+
+def _check_png(path):
+    with open(path, "rb") as f:
+        assert f.read(8) == PNG, path
+    assert os.path.getsize(path) > 2000, path
+
+
+def test_tiny_suite_writes_json_markdown_and_plots(tmp_path):
+    _require("hvdlite._engine")
+    _require("matplotlib")
+    with_torch = _have("torch")
+    cases = "allreduce,train_step" if with_torch else "allreduce"
+    p = _run(["--tiny", "--cases", cases, "--out-dir", str(tmp_path)], timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    # one progress line per case, start and end
+    assert "[1/%d]" % len(cases.split(",")) in p.stdout
+
+    files = glob.glob(str(tmp_path / "results" / "*.json"))
+    assert len(files) == 1, files
+    with open(files[0]) as f:
+        data = json.load(f)
+    meta = data["meta"]
+    assert meta["tiny"] is True and len(meta["loadavg_start"]) == 3 and meta["mpi"]
+    r50 = data["cases"]["allreduce"]["resnet50"]
+    for name in ("mpi4py unfused", "mpi4py one buffer", "mpi4py 25 MB buckets",
+                 "hvdlite none", "hvdlite fp16", "hvdlite topk 1%"):
+        r = r50[name]
+        assert 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"], (name, r)
+    small = data["cases"]["allreduce"]["small"]
+    assert {"mpi4py loop", "hvdlite"} <= set(small)
+    assert small["hvdlite"]["per_call"]["collectives"] >= 1
+    if with_torch:
+        modes = data["cases"]["train_step"]["modes"]
+        assert {"no communication", "hvdlite", "hvdlite fp16"} <= set(modes)
+        assert modes["no communication"]["ratio_to_nocomm"] == 1.0
+        assert "Horovod" in modes or "Horovod" in data["cases"]["train_step"]["absent"]
+
+    doc = (tmp_path / "benchmarks.md").read_text()
+    assert "## Targets" in doc and "## Method" in doc and "## 1. ResNet-50" in doc
+    assert "| hvdlite none |" in doc and "Tiny mode" in doc
+    pngs = ["bench_resnet50.png", "bench_small.png"] + (["bench_train_step.png"] if with_torch else [])
+    for name in pngs:
+        _check_png(str(tmp_path / "img" / name))
+        assert "(img/%s)" % name in doc
+
+    # The report alone, from the JSON: same sections, plots written again.
+    out2 = tmp_path / "again"
+    q = _run(["--report", files[0], "--out-dir", str(out2)], timeout=120)
+    assert q.returncode == 0, q.stdout + q.stderr
+    doc2 = (out2 / "benchmarks.md").read_text()
+    assert doc2.count("\n## ") == doc.count("\n## ")
+    for name in pngs:
+        _check_png(str(out2 / "img" / name))
+
+
+def test_kernel_table_parser():
+    """The compression-kernel case parses compressors_bench's table (no build needed)."""
+    sys.path.insert(0, REPO)
+    try:
+        from bench import kernels
+    finally:
+        sys.path.remove(REPO)
+    text = "\n".join([
+        "25557032 float32 (102.2 MB), 7 reps, fp16 kernels: f16c",
+        "ms                                               median     best cpu best   best/memcpy (wall, cpu)",
+        "memcpy float32 (the whole buffer)                 10.07     9.20     9.10    1.00x   1.00x",
+        "fp16 round trip (sum of the two)                  18.63    16.64    16.50    1.81x   1.81x",
+        "  scalar fallback: compress                       30.28    30.28     5.60   77.02x  14.18x",
+        "top-k 0.01 compress, 161 segments                 60.16    52.08    52.09    5.66x   5.72x",
+        "  (repeated passes 0, mid-pass trims 14)",
+    ])
+    header, rows = kernels.parse(text)
+    assert header.startswith("25557032 float32")
+    assert set(rows) == {"memcpy float32 (the whole buffer)", "fp16 round trip (sum of the two)",
+                         "scalar fallback: compress", "top-k 0.01 compress, 161 segments"}
+    assert rows["fp16 round trip (sum of the two)"] == {
+        "median_ms": 18.63, "best_ms": 16.64, "cpu_best_ms": 16.5, "ratio_wall": 1.81, "ratio_cpu": 1.81}
