@@ -2,16 +2,21 @@
 
 Each test is one mpiexec launch running many checks (TF start-up costs a few
 seconds per rank); the scripts live in tests/scripts/tf_*.py."""
+import importlib.util
+
 import pytest
 
-from mpi_harness import REQUIRE_ALL, require, run_ranks
+from mpi_harness import REQUIRE_ALL, run_ranks
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _tensorflow():
-    require("tensorflow")
-    require("keras")
-    require("sklearn")
+    # find_spec, not import: importing TF here would cost seconds for nothing
+    for name in ("tensorflow", "keras", "sklearn"):
+        if importlib.util.find_spec(name) is None:
+            if REQUIRE_ALL:
+                pytest.fail(f"{name} is required in CI but is not installed")
+            pytest.skip(f"{name} not installed")
 
 
 def test_collectives_tape_and_bad_input():

@@ -16,12 +16,12 @@ def load(name):
     return module
 
 
-keras_digits = load("keras_digits").main(["--epochs", "6", "--json"])
-assert keras_digits["test_accuracy"] >= 93.0, keras_digits
+keras_digits = load("keras_digits").main(["--epochs", "5", "--json"])
+assert keras_digits["test_accuracy"] >= 90.0, keras_digits
 
-tape_digits = load("tensorflow2_digits").main(["--epochs", "2", "--check", "--json"])
+tape_digits = load("tensorflow2_digits").main(["--epochs", "1", "--check", "--json"])
 assert tape_digits["max_diff_vs_single_process"] <= 1e-5, tape_digits
-assert tape_digits["test_accuracy"] >= 90.0, tape_digits
+assert tape_digits["test_accuracy"] >= 80.0, tape_digits
 
 bench = load("tensorflow2_synthetic_benchmark").main(
     ["--width", "256", "--batch-size", "8", "--num-warmup-batches", "1", "--num-batches-per-iter", "2",
