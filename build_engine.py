@@ -118,7 +118,10 @@ ENGINE_SOURCES = [
 
 
 def engine_sources():
-    return [os.path.join("csrc", f) for f in ENGINE_SOURCES]
+    # setuptools wants paths relative to setup.py; cffi's own compile (used by
+    # scripts/rebuild_engine.py) runs in a temp dir and needs absolute ones.
+    base = CSRC if os.environ.get("HVDLITE_ABSOLUTE_SOURCES") == "1" else "csrc"
+    return [os.path.join(base, f) for f in ENGINE_SOURCES]
 
 
 def write_build_info(flavour, mpicxx, library_dirs):
