@@ -58,14 +58,16 @@ void OnForkChild() {
   new std::shared_ptr<Engine>(std::move(runtime().engine));
 }
 
+int ForkedChildError() {
+  return SetError(ErrorKind::kInvalidArgument,
+                  "hvdlite cannot be used in a process forked after hvdlite.init(): the child has "
+                  "no engine thread. Use the 'spawn' start method, or call init() before forking "
+                  "only in processes that use hvdlite");
+}
+
 std::shared_ptr<Engine> CurrentEngine(bool quiet = false) {
   if (g_in_forked_child) {
-    if (!quiet) {
-      SetError(ErrorKind::kInvalidArgument,
-               "hvdlite cannot be used in a process forked after hvdlite.init(): the child has "
-               "no engine thread. Use the 'spawn' start method, or call init() before forking "
-               "only in processes that use hvdlite");
-    }
+    if (!quiet) ForkedChildError();
     return nullptr;
   }
   std::lock_guard<std::mutex> lock(runtime().mutex);
@@ -81,14 +83,22 @@ std::shared_ptr<Engine> CurrentEngine(bool quiet = false) {
   return runtime().engine;
 }
 
-// Handles stay readable after shutdown, until the next init.
+// Handles stay readable after shutdown, until the next init. In a forked
+// child the mutex may have been held by a thread that does not exist there,
+// so the child never takes it.
 std::shared_ptr<hvdlite::Work> FindWork(int64_t handle) {
+  if (g_in_forked_child) return nullptr;
   std::shared_ptr<Engine> engine;
   {
     std::lock_guard<std::mutex> lock(runtime().mutex);
     engine = runtime().engine;
   }
   return engine ? engine->FindWork(handle) : nullptr;
+}
+
+int UnknownHandle() {
+  if (g_in_forked_child) return ForkedChildError();
+  return SetError(ErrorKind::kInvalidArgument, "unknown or released handle");
 }
 
 template <typename F>
@@ -120,15 +130,16 @@ int hvd_init(int64_t comm_fortran_handle) {
 }
 
 int hvd_shutdown(const char* reason) {
+  if (g_in_forked_child) return 0;
   std::shared_ptr<Engine> engine;
   {
     std::lock_guard<std::mutex> lock(runtime().mutex);
-    if (g_in_forked_child || !runtime().engine || runtime().shut_down_locally) return 0;
+    if (!runtime().engine || runtime().shut_down_locally) return 0;
     runtime().shut_down_locally = true;
     engine = runtime().engine;
   }
   engine->Shutdown(reason && reason[0] ? reason : "called shutdown()");
-  return 0;
+  return static_cast<int>(engine->stopped_status().kind());
 }
 
 int hvd_is_initialized(void) { return CurrentEngine(/*quiet=*/true) != nullptr; }
@@ -164,7 +175,7 @@ int hvd_mpi_library_version(char* buffer, int length) {
 int64_t hvd_enqueue(const hvd_tensor_request* r) {
   auto engine = CurrentEngine();
   if (!engine) return -t_last_error_kind;
-  if (r->op < 0 || r->op > static_cast<int>(OpType::kRemoveProcessSet)) {
+  if (r->op < 0 || r->op > static_cast<int>(OpType::kJoin)) {
     return SetError(ErrorKind::kInvalidArgument, "unknown collective operation code");
   }
   if (!hvdlite::IsValidDataType(r->dtype)) {
@@ -201,19 +212,19 @@ int64_t hvd_enqueue(const hvd_tensor_request* r) {
 
 int hvd_poll(int64_t handle) {
   auto work = FindWork(handle);
-  if (!work) return SetError(ErrorKind::kInvalidArgument, "unknown or released handle");
+  if (!work) return UnknownHandle();
   return work->IsCompleted() ? 1 : 0;
 }
 
 int hvd_wait(int64_t handle, double timeout_seconds) {
   auto work = FindWork(handle);
-  if (!work) return SetError(ErrorKind::kInvalidArgument, "unknown or released handle");
+  if (!work) return UnknownHandle();
   return work->Wait(timeout_seconds) ? 1 : 0;
 }
 
 int hvd_handle_error(int64_t handle, char* buffer, int64_t length) {
   auto work = FindWork(handle);
-  if (!work) return SetError(ErrorKind::kInvalidArgument, "unknown or released handle");
+  if (!work) return UnknownHandle();
   Status s = work->status();
   if (buffer && length > 0) {
     size_t n = std::min<size_t>(s.message().size(), static_cast<size_t>(length - 1));
@@ -226,7 +237,7 @@ int hvd_handle_error(int64_t handle, char* buffer, int64_t length) {
 int hvd_handle_take_output(int64_t handle, void** data, int64_t* nbytes, int64_t* shape,
                            int32_t max_dims) {
   auto work = FindWork(handle);
-  if (!work) return SetError(ErrorKind::kInvalidArgument, "unknown or released handle");
+  if (!work) return UnknownHandle();
   const int ndim = static_cast<int>(work->output_shape.size());
   if (ndim > max_dims) return SetError(ErrorKind::kInvalidArgument, "too many dimensions");
   std::copy(work->output_shape.begin(), work->output_shape.end(), shape);
@@ -237,7 +248,7 @@ int hvd_handle_take_output(int64_t handle, void** data, int64_t* nbytes, int64_t
 
 int hvd_handle_received_splits(int64_t handle, int64_t* splits, int32_t count) {
   auto work = FindWork(handle);
-  if (!work) return SetError(ErrorKind::kInvalidArgument, "unknown or released handle");
+  if (!work) return UnknownHandle();
   const int n = std::min<int>(count, static_cast<int>(work->received_splits.size()));
   std::copy(work->received_splits.begin(), work->received_splits.begin() + n, splits);
   return static_cast<int>(work->received_splits.size());
@@ -249,6 +260,7 @@ int64_t hvd_handle_value(int64_t handle) {
 }
 
 void hvd_release(int64_t handle) {
+  if (g_in_forked_child) return;
   std::shared_ptr<Engine> engine;
   {
     std::lock_guard<std::mutex> lock(runtime().mutex);

@@ -33,6 +33,9 @@ typedef struct hvd_tensor_request {
 
 /* comm: the Fortran handle of an MPI communicator (mpi4py's Comm.py2f()). */
 int hvd_init(int64_t comm_fortran_handle);
+/* Returns the ErrorKind the engine stopped with (0 if it was not running):
+   kShutdown after a normal shutdown; kTimeout or kMpi when a peer stopped
+   answering, in which case MPI_Finalize would wait for it forever. */
 int hvd_shutdown(const char* reason);
 int hvd_is_initialized(void);
 const char* hvd_last_error(void);

@@ -66,6 +66,7 @@ const char* OpTypeName(OpType op) {
     case OpType::kBarrier: return "barrier";
     case OpType::kAddProcessSet: return "add_process_set";
     case OpType::kRemoveProcessSet: return "remove_process_set";
+    case OpType::kJoin: return "join";
   }
   return "unknown";
 }

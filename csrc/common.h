@@ -39,6 +39,7 @@ enum class OpType : int32_t {
   kBarrier = 5,
   kAddProcessSet = 6,
   kRemoveProcessSet = 7,
+  kJoin = 8,  // this rank is out of data; it contributes zeros until all join
 };
 
 enum class CompressionType : int32_t {
@@ -57,6 +58,7 @@ enum class ErrorKind : int32_t {
   kStall = 5,            // the stall inspector gave up waiting
   kInternal = 6,
   kNotInitialized = 7,   // no engine: init() not called, or shutdown() was
+  kTimeout = 8,          // a peer did not answer in time (dead or hung rank)
 };
 
 bool IsValidDataType(int32_t value);

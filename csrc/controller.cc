@@ -20,10 +20,10 @@ template <typename F>
 std::string DescribeByRank(const std::vector<Request>& by_rank, F value_of) {
   std::map<std::string, std::vector<int>> groups;
   std::vector<std::string> order;
-  for (size_t r = 0; r < by_rank.size(); ++r) {
-    std::string v = value_of(by_rank[r]);
+  for (const auto& q : by_rank) {
+    std::string v = value_of(q);
     if (!groups.count(v)) order.push_back(v);
-    groups[v].push_back(static_cast<int>(r));
+    groups[v].push_back(q.rank);
   }
   std::ostringstream out;
   for (size_t i = 0; i < order.size(); ++i) {
@@ -73,6 +73,11 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
   mine.shutdown_reason = shutdown_reason;
   mine.requests.swap(retry_);
   for (auto& q : new_requests) {
+    if (q.op == OpType::kJoin) {
+      i_joined_ = true;
+      mine.requests.push_back(std::move(q));
+      continue;
+    }
     const int slot = cache_.Lookup(q);
     if (slot >= 0 && !cached_waiting_.count(slot)) {
       cached_waiting_[slot] = CachedWait{std::move(q), now};
@@ -142,7 +147,11 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
   for (auto& response : slow.responses) {
     const std::string& name = response.names.at(0);
     auto mine_it = sent_.find(name);
-    const bool cacheable = response.kind == Response::Kind::kCollective &&
+    if (response.op == OpType::kJoin) i_joined_ = false;
+    // Unnamed tensors get a fresh name per call: caching them only evicts others.
+    const bool cacheable = response.kind == Response::Kind::kCollective && response.cacheable &&
+                           name.find(".noname.") == std::string::npos &&
+                           response.op != OpType::kJoin && response.op != OpType::kBarrier &&
                            response.op != OpType::kAddProcessSet &&
                            response.op != OpType::kRemoveProcessSet && mine_it != sent_.end();
     if (cacheable && cache_.enabled()) {
@@ -244,8 +253,25 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& all) {
   const auto now = Clock::now();
   std::vector<std::string> ready;
   std::unordered_set<std::string> invalidated;
+  if (joined_.size() != static_cast<size_t>(size)) joined_.assign(size, false);
+  std::string join_name;
   for (int r = 0; r < size; ++r) {
     for (const Request& q : all[r].requests) {
+      if (q.op == OpType::kJoin) {
+        if (!joined_[r]) {
+          joined_[r] = true;
+          ++num_joined_;
+          last_joined_ = r;
+        }
+        join_name = q.name;
+        // Cached responses assume every rank submits: drop them all.
+        for (int s = 0; s < cache_.num_slots(); ++s) {
+          if (!cache_.used(s)) continue;
+          const std::string& name = cache_.response(s).names.at(0);
+          if (invalidated.insert(name).second) result.invalidated.push_back(name);
+        }
+        continue;
+      }
       // An uncached request for a cached name means its metadata changed on
       // that rank (or it waited too long): the slot is dropped everywhere.
       if (cache_.SlotOf(q.name) >= 0 && invalidated.insert(q.name).second) {
@@ -267,20 +293,50 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& all) {
       if (++p.count == size) ready.push_back(q.name);
     }
   }
+  if (num_joined_ > 0) {
+    // Tensors waiting only on joined ranks are ready: those ranks send zeros.
+    std::unordered_set<std::string> already(ready.begin(), ready.end());
+    for (const auto& kv : table_) {
+      int have = 0;
+      for (int r = 0; r < size; ++r) have += kv.second.present[r] || joined_[r];
+      if (have == size && !already.count(kv.first)) ready.push_back(kv.first);
+    }
+  }
   for (const auto& name : ready) {
     result.responses.push_back(Decide(table_[name]));
     table_.erase(name);
+  }
+  if (num_joined_ == size) {
+    Response join;
+    join.op = OpType::kJoin;
+    join.names.push_back(join_name.empty() ? "join" : join_name);
+    join.sizes.push_back(last_joined_);
+    join.cacheable = false;
+    result.responses.push_back(std::move(join));
+    joined_.assign(size, false);
+    num_joined_ = 0;
   }
   return result;
 }
 
 Response Controller::Decide(const Pending& pending) const {
-  const auto& q = pending.by_rank;
+  // Only ranks that submitted take part in the checks; joined ranks follow.
+  std::vector<Request> q;
+  std::string joined;
+  for (size_t r = 0; r < pending.by_rank.size(); ++r) {
+    if (pending.present[r]) {
+      q.push_back(pending.by_rank[r]);
+    } else {
+      joined += (joined.empty() ? "" : ", ") + std::to_string(r);
+    }
+  }
   const Request& first = q[0];
   Response response;
   response.op = first.op;
   response.dtype = first.dtype;
   response.names.push_back(first.name);
+  response.tmpl = first;
+  response.cacheable = joined.empty();
 
   auto mismatch = [&](const char* field, const std::string& values) {
     response.kind = Response::Kind::kError;
@@ -351,10 +407,26 @@ Response Controller::Decide(const Pending& pending) const {
                     DescribeByRank(q, [](const Request& x) { return ShapeString(x.splits); }));
   }
 
-  const int64_t size = static_cast<int64_t>(q.size());
+  const int64_t size = static_cast<int64_t>(pending.by_rank.size());
+  if (!joined.empty()) {
+    auto refuse = [&](const std::string& why) {
+      response.kind = Response::Kind::kError;
+      response.error = std::string(OpTypeName(op)) + " of '" + first.name + "' " + why +
+                       " while ranks [" + joined + "] have joined; finish it before join()";
+      return response;
+    };
+    if (op == OpType::kAlltoall) return refuse("cannot run");
+    if (op == OpType::kBroadcast && !pending.present[first.root_rank]) {
+      return refuse("cannot take its root from a joined rank");
+    }
+    if (op == OpType::kAddProcessSet || op == OpType::kRemoveProcessSet) return refuse("cannot run");
+  }
   switch (op) {
     case OpType::kAllgather:
-      for (const auto& x : q) response.sizes.push_back(x.shape.empty() ? 1 : x.shape[0]);
+      for (size_t r = 0; r < pending.by_rank.size(); ++r) {
+        const auto& x = pending.by_rank[r];
+        response.sizes.push_back(!pending.present[r] ? 0 : x.shape.empty() ? 1 : x.shape[0]);
+      }
       break;
     case OpType::kAlltoall:
       for (const auto& x : q) {

@@ -67,6 +67,8 @@ class Engine {
 
   void ThreadMain();
   Status Setup();
+  // Allgathers every rank's setup outcome; fails on all ranks if any failed.
+  Status AgreeOnSetup(const Status& local);
   void Loop();
   // One negotiation + execution round on `set`. Returns false to stop.
   bool RunCycle(ProcessSet& set, bool is_global);
@@ -77,6 +79,7 @@ class Engine {
   MPI_Comm user_comm_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   EngineOptions options_;
+  Status options_status_;  // a malformed HVDLITE_* setting, reported after AgreeOnSetup
   Topology topology_;
   EngineStats stats_;
   Timeline timeline_;

@@ -89,6 +89,36 @@ CompressionSpec GetCompression(Reader& r) {
   return c;
 }
 
+void PutRequest(Writer& w, const Request& q) {
+  w.Put<int32_t>(q.rank);
+  w.Put<int32_t>(static_cast<int32_t>(q.op));
+  w.PutString(q.name);
+  w.Put<int32_t>(static_cast<int32_t>(q.dtype));
+  w.PutInts(q.shape);
+  w.Put<int32_t>(static_cast<int32_t>(q.reduce_op));
+  w.Put<double>(q.prescale);
+  w.Put<double>(q.postscale);
+  w.Put<int32_t>(q.root_rank);
+  w.PutInts(q.splits);
+  PutCompression(w, q.compression);
+}
+
+Request GetRequest(Reader& r) {
+  Request q;
+  q.rank = r.Get<int32_t>();
+  q.op = static_cast<OpType>(r.Get<int32_t>());
+  q.name = r.GetString();
+  q.dtype = static_cast<DataType>(r.Get<int32_t>());
+  q.shape = r.GetInts();
+  q.reduce_op = static_cast<ReduceOp>(r.Get<int32_t>());
+  q.prescale = r.Get<double>();
+  q.postscale = r.Get<double>();
+  q.root_rank = r.Get<int32_t>();
+  q.splits = r.GetInts();
+  q.compression = GetCompression(r);
+  return q;
+}
+
 }  // namespace
 
 std::vector<uint8_t> Serialize(const RequestList& list) {
@@ -96,19 +126,7 @@ std::vector<uint8_t> Serialize(const RequestList& list) {
   w.Put<uint8_t>(list.shutdown ? 1 : 0);
   w.PutString(list.shutdown_reason);
   w.Put<uint64_t>(list.requests.size());
-  for (const auto& q : list.requests) {
-    w.Put<int32_t>(q.rank);
-    w.Put<int32_t>(static_cast<int32_t>(q.op));
-    w.PutString(q.name);
-    w.Put<int32_t>(static_cast<int32_t>(q.dtype));
-    w.PutInts(q.shape);
-    w.Put<int32_t>(static_cast<int32_t>(q.reduce_op));
-    w.Put<double>(q.prescale);
-    w.Put<double>(q.postscale);
-    w.Put<int32_t>(q.root_rank);
-    w.PutInts(q.splits);
-    PutCompression(w, q.compression);
-  }
+  for (const auto& q : list.requests) PutRequest(w, q);
   return w.Take();
 }
 
@@ -118,20 +136,8 @@ RequestList DeserializeRequestList(const uint8_t* data, size_t size) {
   list.shutdown = r.Get<uint8_t>() != 0;
   list.shutdown_reason = r.GetString();
   auto n = r.Get<uint64_t>();
-  list.requests.resize(n);
-  for (auto& q : list.requests) {
-    q.rank = r.Get<int32_t>();
-    q.op = static_cast<OpType>(r.Get<int32_t>());
-    q.name = r.GetString();
-    q.dtype = static_cast<DataType>(r.Get<int32_t>());
-    q.shape = r.GetInts();
-    q.reduce_op = static_cast<ReduceOp>(r.Get<int32_t>());
-    q.prescale = r.Get<double>();
-    q.postscale = r.Get<double>();
-    q.root_rank = r.Get<int32_t>();
-    q.splits = r.GetInts();
-    q.compression = GetCompression(r);
-  }
+  list.requests.reserve(n);
+  for (uint64_t i = 0; i < n; ++i) list.requests.push_back(GetRequest(r));
   return list;
 }
 
@@ -155,6 +161,8 @@ std::vector<uint8_t> Serialize(const ResponseList& list) {
     w.PutString(p.error);
     w.Put<int32_t>(static_cast<int32_t>(p.dtype));
     w.PutInts(p.sizes);
+    PutRequest(w, p.tmpl);
+    w.Put<uint8_t>(p.cacheable ? 1 : 0);
   }
   return w.Take();
 }
@@ -182,6 +190,8 @@ ResponseList DeserializeResponseList(const uint8_t* data, size_t size) {
     p.error = r.GetString();
     p.dtype = static_cast<DataType>(r.Get<int32_t>());
     p.sizes = r.GetInts();
+    p.tmpl = GetRequest(r);
+    p.cacheable = r.Get<uint8_t>() != 0;
   }
   return list;
 }

@@ -55,6 +55,12 @@ struct Response {
   // allgather: first dimension of every rank; alltoall: the size x size
   // matrix of splits (row = sender); reducescatter: rows per rank.
   std::vector<int64_t> sizes;
+  // Metadata of the tensor as submitted (by the lowest submitting rank), so a
+  // rank that has joined can take part without having submitted it.
+  Request tmpl;
+  // False when decided while some rank had joined: such a response depends
+  // on who joined and must not enter the response cache.
+  bool cacheable = true;
 };
 
 struct ResponseList {

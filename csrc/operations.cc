@@ -95,11 +95,25 @@ void OperationRunner::ResetCompression() {
 
 Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& responses) {
   std::vector<TensorEntry> taken(responses.size());
+  joined_scratch_.clear();
   for (size_t i = 0; i < responses.size(); ++i) {
-    if (!set.queue().Take(responses[i].names.at(0), &taken[i])) {
-      return Status::Error(ErrorKind::kInternal, "negotiated tensor '" + responses[i].names.at(0) +
-                                                     "' is not in this rank's queue");
+    const Response& r = responses[i];
+    if (set.queue().Take(r.names.at(0), &taken[i])) continue;
+    if (r.cacheable) {
+      return Status::Error(ErrorKind::kInternal,
+                           "negotiated tensor '" + r.names.at(0) + "' is not in this rank's queue");
     }
+    // This rank has joined: it takes part with zeros and discards the result.
+    TensorEntry& e = taken[i];
+    e.request = r.tmpl;
+    e.request.rank = set.rank();
+    if (r.op == OpType::kAllgather && !e.request.shape.empty()) e.request.shape[0] = 0;
+    const size_t bytes = static_cast<size_t>(NumElements(e.request.shape)) * DataTypeSize(e.request.dtype);
+    joined_scratch_.emplace_back(bytes + 64, 0);
+    e.input = joined_scratch_.back().data();
+    joined_scratch_.emplace_back(bytes + 64, 0);
+    e.output = joined_scratch_.back().data();
+    e.work = std::make_shared<Work>(r.op, r.names.at(0));
   }
   Status fatal;
   // Allreduces that can share a buffer: same dtype, op and compression.
@@ -134,7 +148,10 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
       e.work->Finish();
     } else {
       e.work->Fail(s);
-      if (s.kind() == ErrorKind::kMpi || s.kind() == ErrorKind::kShutdown) fatal = s;
+      if (s.kind() == ErrorKind::kMpi || s.kind() == ErrorKind::kShutdown ||
+          s.kind() == ErrorKind::kTimeout) {
+        fatal = s;
+      }
     }
   }
   for (auto& group : groups) {
@@ -158,6 +175,9 @@ Status OperationRunner::RunOne(ProcessSet& set, const Response& r, TensorEntry& 
       return Effective(e.request).type == CompressionType::kNone ? Reducescatter(set, e, r)
                                                                  : CompressedReducescatter(set, e, r);
     case OpType::kBarrier: return set.mpi().Barrier();
+    case OpType::kJoin:
+      e.work->value = r.sizes.at(0);  // the rank that joined last
+      return Status::OK();
     default: return Status::Error(ErrorKind::kInternal, "unexpected operation in response");
   }
 }
@@ -184,7 +204,10 @@ Status OperationRunner::RunAllreduces(ProcessSet& set, std::vector<TensorEntry*>
   bool open = false;
   for (TensorEntry* e : entries) {
     const int64_t count = NumElements(e->request.shape);
-    const int64_t bytes = count * staged_elem;
+    int64_t bytes = count * staged_elem;
+    // Top-k's wire form (value + index) is larger than the dense input at
+    // high ratios; the bucket must fit one MPI call on the wire too.
+    if (compressor) bytes = std::max<int64_t>(bytes, compressor->CompressedBytes(One(*e, count)));
     if (!compressor && !widen && bytes >= threshold) {
       if (count > INT_MAX) {  // beyond one MPI call: the chunked path
         Phase({e}, "QUEUE", false);

@@ -7,6 +7,7 @@
 // completed here.
 #pragma once
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -61,6 +62,7 @@ class OperationRunner {
   std::map<std::string, std::unique_ptr<Compressor>> compressors_;
   std::vector<float> widened_;
   std::vector<float> widened_out_;
+  std::deque<std::vector<uint8_t>> joined_scratch_;  // zeros in, results out, for a joined rank
 };
 
 }  // namespace hvdlite

@@ -12,12 +12,12 @@ from .basics import (cross_rank, cross_size, init, is_initialized, local_rank, l
                      mpi_library_version, mpi_threads_supported, rank, shutdown, size)
 from .compression import Compression, Compressor
 from .engine_control import engine_stats, reset_compression_state, start_timeline, stop_timeline
-from .exceptions import (HvdliteError, HvdliteShutdownError, InvalidArgumentError, MPIError,
-                         NotInitializedError, StallError, TensorMismatchError,
-                         UnsupportedDTypeError)
+from .exceptions import (HvdliteError, HvdliteShutdownError, HvdliteTimeoutError,
+                         InvalidArgumentError, MPIError, NotInitializedError, StallError,
+                         TensorMismatchError, UnsupportedDTypeError)
 from .ops import (Average, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
                   allreduce_async, alltoall, alltoall_async, barrier, broadcast, broadcast_async,
-                  grouped_allreduce, grouped_allreduce_async, poll, reducescatter,
+                  grouped_allreduce, grouped_allreduce_async, join, poll, reducescatter,
                   reducescatter_async, synchronize)
 from .process_sets import (ProcessSet, add_process_set, global_process_set, remove_process_set)
 

@@ -17,7 +17,7 @@ except ImportError as e:  # pragma: no cover - only on a broken install
 
 # Collective kinds (csrc/common.h OpType).
 ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER = 0, 1, 2, 3, 4, 5
-ADD_PROCESS_SET, REMOVE_PROCESS_SET = 6, 7
+ADD_PROCESS_SET, REMOVE_PROCESS_SET, JOIN = 6, 7, 8
 
 # DataType codes.
 DTYPE_CODES = {
@@ -98,14 +98,26 @@ class Handle:
 
     def __del__(self):
         # A handle dropped before completion must not free buffers the engine
-        # still writes to: it is waited for first.
+        # still writes to. Waiting here would hang whenever the collective
+        # never completes (an exception unwinding past pending handles, while
+        # the other ranks wait for this one's next tensors), so the buffers
+        # are parked until the engine is done with them instead.
         if self._id is not None:
-            try:
-                while lib.hvd_wait(self._id, _WAIT_SLICE_SECONDS) == 0:
-                    pass
-                lib.hvd_release(self._id)
-            except Exception:
-                pass
+            _orphans[self._id] = self._keep
+            self._id = None
+
+
+# Buffers of dropped, still pending handles: {handle id: buffers}. Swept on
+# every enqueue; plain dict operations, since __del__ may run in any thread
+# at any point (a lock could be held by the very thread the GC interrupts).
+_orphans = {}
+
+
+def _sweep_orphans():
+    for handle_id in list(_orphans):
+        if lib.hvd_poll(handle_id) != 0:  # done, failed, or unknown after a re-init
+            _orphans.pop(handle_id, None)
+            lib.hvd_release(handle_id)
 
 
 _local = threading.local()
@@ -124,10 +136,15 @@ def enqueue(op, *, name=None, dtype_code, shape, input_ptr=0, output_ptr=0, redu
 
     The request struct is reused per thread: the engine copies what it needs
     before hvd_enqueue returns, and this path runs once per gradient."""
+    if _orphans:
+        _sweep_orphans()
     req = getattr(_local, "request", None)
     if req is None:
         req = _local.request = ffi.new("hvd_tensor_request *")
     shape_buf = ffi.new("int64_t[]", shape) if len(shape) else ffi.NULL
+    if name is not None and not isinstance(name, str):
+        raise exceptions.InvalidArgumentError(
+            f"name must be a str (or None for an automatic name), not {type(name).__name__}")
     name_buf = ffi.new("char[]", name.encode()) if name else ffi.NULL
     nsplits = len(splits) if splits is not None else 0
     req.op = op

@@ -231,3 +231,15 @@ def barrier(process_set=None):
     """Returns once every rank of the set has called barrier()."""
     synchronize(_binding.enqueue(_binding.BARRIER, dtype_code=0, shape=[],
                                  process_set=process_set_id(process_set)))
+
+
+def join(process_set=None):
+    """Tells the other ranks this rank has run out of data. Until every rank
+    of the set has joined, this rank takes part in their collectives with zeros
+    (allreduce, reducescatter) or no rows (allgather). Blocks until all ranks
+    have joined; returns the rank that joined last."""
+    from ._binding import lib
+    handle = _binding.enqueue(_binding.JOIN, dtype_code=0, shape=[],
+                              process_set=process_set_id(process_set),
+                              finish=lambda h: int(lib.hvd_handle_value(h)))
+    return synchronize(handle)

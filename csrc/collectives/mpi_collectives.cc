@@ -2,6 +2,7 @@
 
 #include <climits>
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <thread>
 
@@ -94,16 +95,18 @@ Status MpiCollectives::Wait(MPI_Request* request, const char* what) {
     if (abort_ != nullptr && abort_->load(std::memory_order_relaxed)) {
       // The request cannot be cancelled portably; leaving it is acceptable
       // because the engine stops using this communicator after an abort.
-      return Status::Error(ErrorKind::kShutdown,
-                           std::string(what) + " abandoned: the engine is shutting down");
+      return Status::Error(ErrorKind::kTimeout,
+                           std::string(what) + " abandoned: the engine is shutting down and a "
+                           "peer rank stopped answering");
     }
     if (wait_.timeout_seconds > 0 &&
         waited > std::chrono::duration<double>(wait_.timeout_seconds)) {
+      char limit[32];
+      std::snprintf(limit, sizeof(limit), "%g", wait_.timeout_seconds);
       return Status::Error(
-          ErrorKind::kShutdown,
-          std::string(what) + " did not complete within HVDLITE_TIMEOUT_SECONDS=" +
-              std::to_string(wait_.timeout_seconds) +
-              "s: a peer rank has probably died or stopped calling hvdlite");
+          ErrorKind::kTimeout,
+          std::string(what) + " did not complete within HVDLITE_TIMEOUT_SECONDS=" + limit +
+              " s: a peer rank has probably died, hangs, or stopped calling hvdlite");
     }
     if (waited >= spin) std::this_thread::sleep_for(nap);
   }
@@ -258,12 +261,16 @@ Status MpiCollectives::Barrier() {
 
 Status MpiCollectives::StartAllreduce(const void* send, void* recv, int64_t count,
                                       MPI_Datatype type, MPI_Op op, MPI_Request* request) {
+  // Callers keep buckets within one call; this guards against a silent
+  // truncation of the count should that ever change.
+  if (count > INT_MAX) return TooLarge("allreduce bucket");
   return Check(MPI_Iallreduce(send, recv, static_cast<int>(count), type, op, comm_, request),
                "MPI_Iallreduce");
 }
 
 Status MpiCollectives::StartAllgather(const void* send, int64_t bytes, void* recv,
                                       MPI_Request* request) {
+  if (bytes > INT_MAX) return TooLarge("allgather of a compressed bucket");
   return Check(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv,
                               static_cast<int>(bytes), MPI_BYTE, comm_, request),
                "MPI_Iallgather");

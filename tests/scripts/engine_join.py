@@ -1,0 +1,39 @@
+"""join(): ranks that run out of data take part with zeros until all join."""
+import numpy as np
+
+import hvdlite as hvd
+
+
+def main():
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    # Warm the response cache first, so join() must also undo cached state.
+    for _ in range(3):
+        got = hvd.allreduce(np.full(4, r + 1.0, np.float32), op=hvd.Sum, name="warm")
+        assert np.array_equal(got, np.full(4, n * (n + 1) / 2, np.float32))
+    early = set(range(n // 2, n))  # the upper half runs out of data first
+    busy = [k for k in range(n) if k not in early]
+    if r in early:
+        last = hvd.join()
+    else:
+        for step in range(5):
+            got = hvd.allreduce(np.full(4, r + 1.0, np.float32), op=hvd.Sum, name="warm")
+            assert np.array_equal(got, np.full(4, sum(k + 1.0 for k in busy), np.float32)), got
+            avg = hvd.allreduce(np.full(3, 2.0 * (r + 1), np.float64), op=hvd.Average, name=f"avg.{step}")
+            assert np.allclose(avg, sum(2.0 * (k + 1) for k in busy) / n), avg
+            rows = hvd.allgather(np.full((r + 1, 2), r, np.int32), name=f"rows.{step}")
+            want = np.concatenate([np.full((k + 1, 2), k, np.int32) for k in busy])
+            assert np.array_equal(rows, want), rows
+            b = hvd.broadcast(np.full(2, r, np.int64), root_rank=busy[0], name=f"b.{step}")
+            assert np.array_equal(b, np.full(2, busy[0], np.int64))
+        last = hvd.join()
+    assert last in busy, f"last joined rank {last} should be one of {busy}"
+    # After everyone joined, collectives (and the cache) work as before.
+    for _ in range(3):
+        got = hvd.allreduce(np.full(4, r + 1.0, np.float32), op=hvd.Sum, name="warm")
+        assert np.array_equal(got, np.full(4, n * (n + 1) / 2, np.float32))
+    print(f"RANK {r} OK", flush=True)
+
+
+if __name__ == "__main__":
+    main()
