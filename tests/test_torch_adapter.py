@@ -30,15 +30,13 @@ def _digits(ranks, *args):
     return proc.stdout
 
 
-@pytest.mark.parametrize("ranks,epochs", [(2, 12), (4, 3)])
+@pytest.mark.parametrize("ranks,epochs", [(2, 6), (4, 3)])
 def test_digits_identical_and_matches_single_process(ranks, epochs):
     # --check: after every step, parameters bitwise identical on all ranks and
     # within 1e-5 of one process trained with SGD on the combined batch.
+    # (Accuracy is asserted by test_digits_compression_accuracy.)
     out = _digits(ranks, "--check", "--epochs", epochs)
     assert "parameters bitwise identical on all ranks" in out, out
-    if epochs >= 12:
-        accuracy = float(out.split("final test accuracy ")[1].split("%")[0])
-        assert accuracy >= 95.0, out
 
 
 def test_digits_compression_accuracy():
@@ -55,7 +53,4 @@ def test_synthetic_benchmark_runs():
 
 
 def test_join_with_distributed_optimizer():
-    import hvdlite
-    if not hasattr(hvdlite, "join"):
-        pytest.skip("the engine does not provide hvdlite.join() yet")
     run_ranks("scripts/torch_join.py", 2)

@@ -636,38 +636,25 @@ def barrier(process_set=global_process_set):
     hvdlite.barrier(process_set=process_set)
 
 
-def join(device=-1, process_set=None):
+def join(device=-1, process_set=global_process_set):
     """Tells the other ranks this rank has run out of data: until every rank
-    has joined, this rank takes part in their allreduces with zeros. Blocks
-    until all ranks have joined and returns the rank that joined last.
-    ``device`` is accepted for Horovod compatibility (CPU only)."""
+    has joined, this rank takes part in their reductions with zeros (and in
+    allgathers with no rows), so a DistributedOptimizer on the other ranks
+    keeps averaging over all ranks. Blocks until all ranks have joined and
+    returns the rank that joined last. ``device`` is Horovod's GPU id for the
+    zero tensors; only -1 (CPU) is supported in this build."""
     if device not in (-1, None) and not hvdlite.cuda_built():
         raise exceptions.InvalidArgumentError(
             f"join(device={device}): hvdlite was built without GPU support; use device=-1")
-    engine_join = getattr(hvdlite, "join", None)
-    if engine_join is None:
-        raise NotImplementedError(
-            "join() needs hvdlite.join() from the engine, which this build does not have yet")
-    if process_set is None:
-        return int(engine_join())
-    return int(engine_join(process_set=process_set))
+    return int(hvdlite.join(process_set=process_set))
 
 
 def start_timeline(file_path, mark_cycles=False):
-    """Starts writing a Chrome-trace timeline (rank 0 writes the file)."""
-    fn = getattr(hvdlite, "start_timeline", None)
-    if fn is None:
-        raise NotImplementedError(
-            "start_timeline() needs hvdlite.start_timeline() from the engine, which this build "
-            "does not have yet; set HVDLITE_TIMELINE=<file> before starting instead")
-    return fn(file_path, mark_cycles=mark_cycles)
+    """Starts writing a Chrome-trace timeline; ``%r`` in the path becomes the
+    rank (every rank writes its own file), without it only rank 0 writes."""
+    return hvdlite.start_timeline(file_path, mark_cycles=mark_cycles)
 
 
 def stop_timeline():
     """Stops the timeline started by :func:`start_timeline` and closes the file."""
-    fn = getattr(hvdlite, "stop_timeline", None)
-    if fn is None:
-        raise NotImplementedError(
-            "stop_timeline() needs hvdlite.stop_timeline() from the engine, which this build "
-            "does not have yet")
-    return fn()
+    return hvdlite.stop_timeline()

@@ -453,12 +453,9 @@ e = raises("dtype mismatch", hvdlite.HvdliteError,
 check("still works after mismatch", hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == N)
 check("HorovodInternalError alias", hvd.HorovodInternalError is hvdlite.HvdliteError)
 
-# join and timeline need the engine's support
-if hasattr(hvdlite, "join"):
-    last = hvd.join()
-    check("join", 0 <= last < N)
-else:
-    raises("join absent", NotImplementedError, lambda: hvd.join(), "hvdlite.join")
+last = hvd.join()
+check("join", 0 <= last < N)
+raises("join on a GPU", hvdlite.InvalidArgumentError, lambda: hvd.join(device=0), "GPU")
 
 hvd.barrier()
 hvd.shutdown()

@@ -17,10 +17,14 @@ opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                named_parameters=model.named_parameters())
 steps = 2 + 2 * R                     # rank N-1 has the most data and joins last
 x = torch.ones(5, 4) * (R + 1)
+twin = torch.nn.Linear(4, 3)          # no hooks: this rank's own gradient
 for step in range(steps):
+    twin.load_state_dict(model.state_dict())
+    twin.zero_grad()
+    twin(x).square().mean().backward()
+    local = [p.grad for p in twin.parameters()]
     opt.zero_grad()
     model(x).square().mean().backward()
-    local = [p.grad.clone() for p in model.parameters()]
     opt.synchronize()
     active = sum(1 for r in range(N) if step < 2 + 2 * r)
     if active < N:

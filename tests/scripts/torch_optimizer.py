@@ -179,9 +179,11 @@ frozen_before = m.frozen.weight.detach().clone()
 opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
                                named_parameters=m.named_parameters())
 x, y = batch(20, B * N)
+twin = TwoHeads()           # same weights, no hooks: this rank's own gradient
+loss_fn(twin(shard(x), use_b=(R == 1)), shard(y)).backward()
+local_b = twin.b.weight.grad if R == 1 else None
 opt.zero_grad()
 loss_fn(m(shard(x), use_b=(R == 1)), shard(y)).backward()
-local_b = m.b.weight.grad.clone() if R == 1 else None
 opt.synchronize()
 all_b = hvd.broadcast_object(local_b, root_rank=1)
 check("unused param reduced with zeros", torch.allclose(m.b.weight.grad, all_b / N))
@@ -375,9 +377,9 @@ for step in range(3):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(shard(x))
     loss = loss_fn(out.float(), shard(y))
-    scaler.scale(loss).backward()
     if step == 1 and R == 0:
-        next(model.parameters()).grad[0, 0] = float("inf")   # overflow on one rank only
+        loss = loss * float("inf")      # overflow on one rank only (inside backward, not racing)
+    scaler.scale(loss).backward()
     opt.synchronize()
     scaler.unscale_(opt)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
