@@ -4,6 +4,9 @@
 class HvdliteError(RuntimeError):
     """Base class of every error hvdlite raises."""
 
+    # TensorFlow's autograph would rewrap it in a generic StagingError.
+    ag_pass_through = True
+
 
 class InvalidArgumentError(HvdliteError, ValueError):
     """The call was wrong on this rank (bad shape, root rank, splits, ...)."""
@@ -25,6 +28,11 @@ class HvdliteShutdownError(HvdliteError):
     """The engine stopped: shutdown() was called, or another rank left."""
 
 
+class HvdliteTimeoutError(HvdliteShutdownError):
+    """A peer rank stopped answering (dead or hung) and the engine gave up
+    waiting: after HVDLITE_TIMEOUT_SECONDS, or at shutdown."""
+
+
 class MPIError(HvdliteError):
     """An MPI call inside the engine failed."""
 
@@ -42,7 +50,11 @@ _BY_KIND = {
     5: StallError,
     6: HvdliteError,
     7: NotInitializedError,
+    8: HvdliteTimeoutError,
 }
+
+# Kinds after which this rank's MPI_Finalize would wait for a lost peer.
+PEER_LOST_KINDS = (4, 8)
 
 
 def from_kind(kind, message):
