@@ -12,13 +12,12 @@ from contextlib import contextmanager
 
 import torch
 
-import hvdlite
 from hvdlite import exceptions
 from hvdlite.compression import Compression, as_spec
 from hvdlite.process_sets import global_process_set, process_set_id
 
 from . import mpi_ops
-from .mpi_ops import Adasum, Average, _DTYPE_CODES, _binding, _resolve_op
+from .mpi_ops import Adasum, Average, _DTYPE_CODES, _resolve_op
 
 
 # id(parameter) -> (weakref to it, weakref to the DistributedOptimizer hooking it, hook

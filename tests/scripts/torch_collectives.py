@@ -4,7 +4,6 @@ Every rank can rebuild every other rank's input (seeded by rank), so each
 result is checked against what it must be. Run on 2 or 3 ranks.
 """
 import sys
-import warnings
 
 import torch
 
