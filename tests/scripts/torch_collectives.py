@@ -148,6 +148,22 @@ check("grouped_allreduce_async_", all(torch.allclose(c.double(), e, atol=1e-5)
                                       for c, e in zip(cl, refs)))
 check("grouped empty", hvd.grouped_allreduce([]) == [])
 
+# compression runs in the engine
+big = [data(r, (300,), salt=21) for r in range(N)]
+ref = sum(b.double() for b in big)
+got = hvd.allreduce(big[R], op=hvd.Sum, compression=hvd.Compression.fp16, name="c.fp16")
+check("allreduce fp16 compression", got.dtype == torch.float32 and
+      torch.allclose(got.double(), ref, atol=5e-3 * N), f"{(got.double() - ref).abs().max()}")
+got = hvd.allreduce(big[R], op=hvd.Sum, compression=hvd.Compression.topk(1.0), name="c.topk1")
+check("allreduce topk(1.0) is exact", torch.allclose(got.double(), ref, atol=1e-5))
+got = hvd.allreduce(big[R], op=hvd.Sum, compression=hvd.Compression.topk(0.1, error_feedback=False),
+                    name="c.topk")
+check("allreduce topk(0.1) is sparse", 0 < int((got != 0).sum()) <= 30 * N)
+got = hvd.grouped_allreduce([big[R]], op=hvd.Sum, compression=hvd.Compression.fp16)
+check("grouped_allreduce fp16", torch.allclose(got[0].double(), ref, atol=5e-3 * N))
+got = hvd.reducescatter(torch.stack([big[R]] * N), op=hvd.Sum, compression=hvd.Compression.fp16)
+check("reducescatter fp16", torch.allclose(got[0].double(), ref, atol=5e-3 * N))
+
 # ------------------------------------------------------------ allgather
 for dtype in [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8, torch.bool]:
     rows = [r + 1 for r in range(N)]
