@@ -158,7 +158,10 @@ def enqueue(op, *, name=None, dtype_code, shape, input_ptr=0, output_ptr=0, redu
     req.prescale = prescale
     req.postscale = postscale
     req.root_rank = root_rank
-    req.splits = ffi.new("int64_t[]", list(splits)) if nsplits else ffi.NULL
+    # Held in a local: a cdata assigned only to a struct field is freed at
+    # once, and the engine would read freed memory (found by ASan).
+    splits_buf = ffi.new("int64_t[]", list(splits)) if nsplits else ffi.NULL
+    req.splits = splits_buf
     req.nsplits = nsplits
     req.compression, req.topk_ratio, req.error_feedback = compression
     req.process_set = process_set

@@ -4,6 +4,7 @@ import json
 import os
 import sys
 import threading
+import time
 import traceback
 
 from . import exceptions
@@ -12,7 +13,10 @@ from ._binding import check, ffi, last_error, lib
 _state_lock = threading.Lock()
 _init_comm = None          # the mpi4py communicator init() was given
 _atexit_registered = False
-_exit_reason = None        # set when the process dies of an unhandled exception
+_exit_reason = None        # set when the process dies of an unhandled exception or sys.exit
+_exit_code = None          # the code given to sys.exit, when it was called
+_peer_lost = False         # the engine stopped because a peer stopped answering
+_reported = False          # a "failing" line went to hvdrun
 
 
 def _mpi():
@@ -55,12 +59,10 @@ def init(comm=None, process_sets=None):
     global _init_comm, _atexit_registered
     with _state_lock:
         if lib.hvd_is_initialized():
-            if comm is not None and _init_comm is not None and not isinstance(comm, (list, tuple)):
-                MPI = _mpi()
-                if MPI.Comm.Compare(comm, _init_comm) not in (MPI.IDENT, MPI.CONGRUENT):
-                    raise exceptions.InvalidArgumentError(
-                        "hvdlite is already initialised with a different communicator; call "
-                        "hvdlite.shutdown() before init() with another one")
+            if comm is not None and _init_comm is not None and not _same_comm(comm, _init_comm):
+                raise exceptions.InvalidArgumentError(
+                    "hvdlite is already initialised with a different communicator; call "
+                    "hvdlite.shutdown() before init() with another one")
             return
         resolved = _resolve_comm(comm)
         check(lib.hvd_init(resolved.py2f()))
@@ -70,6 +72,7 @@ def init(comm=None, process_sets=None):
             # engine stops before MPI is finalised.
             atexit.register(_shutdown_at_exit)
             _install_excepthook()
+            _install_exit_hook()
             _atexit_registered = True
     if process_sets:
         from .process_sets import add_process_set
@@ -77,10 +80,30 @@ def init(comm=None, process_sets=None):
             add_process_set(ps)
 
 
+def _same_comm(comm, current):
+    MPI = _mpi()
+    if isinstance(comm, (list, tuple)):
+        # init(comm=[ranks]) built ``current`` from such a list: compare the
+        # COMM_WORLD ranks, in order, without creating a communicator.
+        world = current.Get_group().Translate_ranks(list(range(current.Get_size())),
+                                                    MPI.COMM_WORLD.Get_group())
+        return [int(r) for r in comm] == list(world)
+    if not hasattr(comm, "py2f"):
+        return False
+    return MPI.Comm.Compare(comm, current) in (MPI.IDENT, MPI.CONGRUENT)
+
+
+def _stop(reason):
+    global _peer_lost
+    kind = lib.hvd_shutdown(reason)
+    if kind in exceptions.PEER_LOST_KINDS:
+        _peer_lost = True
+
+
 def shutdown():
     """Stops the engine on this rank; the other ranks' engines stop too, and
     their pending and future collectives fail with an error naming this rank."""
-    lib.hvd_shutdown(b"called hvdlite.shutdown()")
+    _stop(b"called hvdlite.shutdown()")
 
 
 def is_initialized():
@@ -135,19 +158,62 @@ def _install_excepthook():
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
-        global _exit_reason
+        global _exit_reason, _exit_code
+        _exit_code = None  # the process now exits with 1, whatever sys.exit saw before
         text = "".join(traceback.format_exception_only(exc_type, exc)).strip()
         _exit_reason = f"exited with an unhandled exception: {text}"
-        if os.environ.get("HVDLITE_RANK_REPORTS") == "1":
-            # hvdrun's rank wrapper reads this line to name the failing rank
-            # even while MPI_Finalize keeps the process alive.
-            line = json.dumps({"event": "failing", "code": 1, "reason": text})
-            os.write(2, f"@hvdlite-ctl@ {line}\n".encode())
+        _report_failing(1, text)
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook
 
 
+def _report_failing(code, reason):
+    """Tells hvdrun (when it started this rank) that this rank is failing."""
+    global _reported
+    if os.environ.get("HVDLITE_RANK_REPORTS") == "1":
+        # hvdrun's rank wrapper reads this line to name the failing rank
+        # even while MPI_Finalize keeps the process alive.
+        line = json.dumps({"event": "failing", "code": code, "reason": reason})
+        os.write(2, f"@hvdlite-ctl@ {line}\n".encode())
+        _reported = True
+
+
+def _install_exit_hook():
+    """Wraps sys.exit so the other ranks learn this rank's exit code.
+
+    A code passed to sys.exit is invisible to atexit handlers; raising
+    SystemExit directly is not seen (the reason then says only "exited")."""
+    original = sys.exit
+    if getattr(original, "_hvdlite_wrapped", False):
+        return
+
+    def exit(status=None):
+        global _exit_reason, _exit_code
+        code = 0 if status is None else status if isinstance(status, int) else 1
+        _exit_code = code
+        _exit_reason = f"called sys.exit({status!r}) (exit code {code})"
+        original(status)
+
+    exit._hvdlite_wrapped = True
+    exit.__doc__ = original.__doc__
+    sys.exit = exit
+
+
 def _shutdown_at_exit():
     reason = _exit_reason or "exited (its Python process ended)"
-    lib.hvd_shutdown(reason.encode(errors="replace"))
+    if _exit_code:
+        _report_failing(_exit_code, reason)
+    _stop(reason.encode(errors="replace"))
+    if _peer_lost:
+        # A peer that stopped answering would keep MPI_Finalize (mpi4py's exit
+        # hook, after this one) waiting forever: end the whole job instead.
+        os.write(2, b"[hvdlite] a peer rank stopped answering; ending the job with MPI_Abort "
+                    b"instead of waiting for it in MPI_Finalize\n")
+        if os.environ.get("HVDLITE_RANK_REPORTS") == "1":
+            # Under hvdrun, let the report reach it first: MPI_Abort kills the
+            # rank wrappers that forward it. hvdrun stops the job on the report.
+            if not _reported:
+                _report_failing(_exit_code or 1, "lost contact with a peer rank (hvdlite timeout)")
+            time.sleep(5)
+        _mpi().COMM_WORLD.Abort(_exit_code or 1)

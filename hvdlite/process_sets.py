@@ -76,6 +76,8 @@ def set_root_rank(root_rank, process_set, what):
     """Horovod's root_rank is a rank of the job; the engine wants the root's
     position within the process set."""
     try:
+        if isinstance(root_rank, float) and not root_rank.is_integer():
+            raise ValueError  # 0.7 must not quietly become rank 0
         root_rank = int(root_rank)
     except (TypeError, ValueError):
         raise exceptions.InvalidArgumentError(

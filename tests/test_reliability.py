@@ -1,0 +1,261 @@
+"""Reliability: a failed rank becomes a prompt error on every other rank, bad
+input becomes a clear exception, and long or threaded runs stay correct.
+
+Failure modes run through plain ``mpiexec`` here; the same with hvdrun and a
+rank on another host is in test_reliability_multihost.py. docs/reliability.md
+lists what the user sees in each case.
+"""
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from hosts_fixture import hvdrun_argv, wait_until_gone
+from mpi_harness import TESTS, mpiexec, rank_env, require, run_ranks
+
+FAILURE_LIMIT_S = 10.0
+REPO = os.path.dirname(TESTS)
+HOST = socket.gethostname()
+
+
+def launch(script, ranks, args, env=None, timeout=120, hvdrun=False):
+    """Runs ``script`` on ``ranks`` ranks (through plain mpiexec, or hvdrun)
+    with a unique tag as its first argument; returns (CompletedProcess, tag,
+    time the job ended). Fails if any of its processes is left."""
+    tag = "hvdlrel-" + uuid.uuid4().hex[:10]
+    rank_cmd = [sys.executable, os.path.join(TESTS, script), tag, *map(str, args)]
+    if hvdrun:
+        argv, extra = hvdrun_argv()
+        env = dict(env or {}, **extra)
+        env.pop("HVDLITE_MPIEXEC", None)
+        cmd = argv + ["-np", str(ranks)] + rank_cmd
+    else:
+        cmd = [mpiexec(), "-n", str(ranks)] + rank_cmd
+    try:
+        proc = subprocess.run(cmd, env=rank_env(env), capture_output=True, text=True, timeout=timeout)
+    finally:
+        left = wait_until_gone(tag, timeout=5)
+        for pid in left:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+    assert not left, f"processes left behind: {left}"
+    return proc, tag, time.time()
+
+
+def parse(stdout):
+    ready = {int(m.group(1)): int(m.group(2)) for m in re.finditer(r"READY (\d+) (\d+)", stdout)}
+    fail_at = [float(x) for x in re.findall(r"FAIL_AT (\S+)", stdout)]
+    survivors = {int(m.group(1)): (float(m.group(2)), m.group(3))
+                 for m in re.finditer(r"SURVIVOR (\d+) ERROR_AT (\S+) (.*)", stdout)}
+    return ready, (fail_at[0] if fail_at else None), survivors
+
+
+# What every survivor's error must say, per failure mode of rank {v}.
+EXPECTED = {
+    "raise": ("HvdliteShutdownError", "rank {v} exited with an unhandled exception: "
+                                      "ValueError: simulated failure in rank {v}"),
+    "raise_pending": ("HvdliteShutdownError", "rank {v} exited with an unhandled exception: "
+                                              "ValueError: simulated failure in rank {v}"),
+    "exit": ("HvdliteShutdownError", "rank {v} called sys.exit(3) (exit code 3)"),
+    "shutdown": ("HvdliteShutdownError", "rank {v} called hvdlite.shutdown()"),
+}
+
+
+@pytest.mark.parametrize("mode,ranks,victim", [
+    ("raise", 2, 1), ("raise", 4, 0),        # rank 0 is also the coordinator
+    ("raise_pending", 2, 1), ("raise_pending", 4, 3),
+    ("exit", 2, 1), ("exit", 4, 2),
+    ("shutdown", 2, 0), ("shutdown", 4, 3),
+])
+def test_failed_rank_named_on_every_rank(mode, ranks, victim):
+    proc, _, _ = launch("scripts/reliability_failure.py", ranks, [mode, victim])
+    out = proc.stdout + proc.stderr
+    ready, fail_at, survivors = parse(proc.stdout)
+    assert len(ready) == ranks and fail_at is not None, out[-4000:]
+    assert set(survivors) == set(range(ranks)) - {victim}, out[-4000:]
+    cls, words = EXPECTED[mode]
+    words = words.format(v=victim)
+    for r, (at, message) in survivors.items():
+        assert message.startswith(cls) and words in message, f"rank {r}: {message}"
+        assert at - fail_at < FAILURE_LIMIT_S, f"rank {r} learnt it after {at - fail_at:.1f} s"
+    assert proc.returncode != 0
+    if mode == "exit":
+        assert proc.returncode == 3, proc.returncode  # hydra passes on the largest code
+    took = max(at for at, _ in survivors.values()) - fail_at
+    print(f"\n{mode} on rank {victim} of {ranks}: every survivor raised within {took:.3f} s")
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_sigkilled_rank_ends_the_job_under_mpiexec(ranks):
+    """Plain mpiexec (hydra) sees the killed rank and kills the others at once.
+    Its banner names a PID, not necessarily the killed one: hvdrun names it."""
+    victim = ranks - 1
+    proc, _, ended = launch("scripts/reliability_failure.py", ranks, ["sigkill", victim])
+    out = proc.stdout + proc.stderr
+    ready, fail_at, _ = parse(proc.stdout)
+    assert proc.returncode != 0, out[-4000:]
+    assert "BAD TERMINATION" in out and any(f"PID {pid} " in out for pid in ready.values()), out[-4000:]
+    assert ended - fail_at < FAILURE_LIMIT_S
+    print(f"\nSIGKILL of rank {victim} of {ranks} (mpiexec): job gone {ended - fail_at:.2f} s later")
+
+
+# hvdrun's last line, per failure mode of rank {v}: (exit code, words).
+HVDRUN_EXPECTED = {
+    "raise": (1, r"hvdrun: rank {v} on host {h} failed: ValueError: simulated failure in rank {v}; "
+                 r"hvdrun stopped the {o} other ranks? still running"),
+    "exit": (3, r"hvdrun: rank {v} on host {h} failed: called sys.exit\(3\) \(exit code 3\); "
+                r"hvdrun stopped the {o} other ranks? still running"),
+    "sigkill": (137, r"hvdrun: rank {v} on host {h} was killed by SIGKILL; "
+                     r"hvdrun stopped the {o} other ranks? still running"),
+    # The victim stays alive; the first survivor to fail names it in its reason.
+    "shutdown": (1, r"hvdrun: rank \d on host {h} failed: (hvdlite\.exceptions\.)?HvdliteShutdownError: hvdlite has shut "
+                    r"down: rank {v} called hvdlite.shutdown\(\)"),
+}
+
+
+@pytest.mark.parametrize("mode,ranks", [("raise", 2), ("exit", 4), ("sigkill", 2), ("sigkill", 4),
+                                        ("shutdown", 4)])
+def test_failed_rank_named_by_hvdrun(mode, ranks):
+    victim = ranks - 1
+    proc, _, ended = launch("scripts/reliability_failure.py", ranks, [mode, victim], hvdrun=True)
+    out = proc.stdout + proc.stderr
+    _, fail_at, _ = parse(proc.stdout)
+    code, pattern = HVDRUN_EXPECTED[mode]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert re.match(pattern.format(v=victim, h=re.escape(HOST), o=ranks - 1), last), out[-4000:]
+    assert proc.returncode == code, out[-4000:]
+    assert ended - fail_at < FAILURE_LIMIT_S
+    print(f"\n{mode} of rank {victim} of {ranks} (hvdrun): job gone {ended - fail_at:.2f} s later: {last}")
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_hung_rank_times_out(ranks):
+    """A rank that stops (SIGSTOP: no launcher can tell it from a slow one):
+    with HVDLITE_TIMEOUT_SECONDS the others raise HvdliteTimeoutError and end
+    the job with MPI_Abort instead of waiting in MPI_Finalize."""
+    victim = 1
+    proc, _, ended = launch("scripts/reliability_failure.py", ranks, ["sigstop", victim],
+                            env={"HVDLITE_TIMEOUT_SECONDS": "2"})
+    out = proc.stdout + proc.stderr
+    _, fail_at, survivors = parse(proc.stdout)
+    assert proc.returncode != 0, out[-4000:]
+    # The first survivor to give up aborts the job, so later ones may not get to print.
+    assert survivors, out[-4000:]
+    for r, (at, message) in survivors.items():
+        assert message.startswith("HvdliteTimeoutError") and "HVDLITE_TIMEOUT_SECONDS=2" in message
+        assert at - fail_at < FAILURE_LIMIT_S
+    assert "ending the job with MPI_Abort" in out
+    assert ended - fail_at < FAILURE_LIMIT_S + 5
+    print(f"\nSIGSTOP of rank {victim} of {ranks}: first error {min(a for a, _ in survivors.values()) - fail_at:.2f} s, "
+          f"job gone {ended - fail_at:.2f} s later")
+
+
+def test_stall_shutdown_stops_every_rank():
+    """A rank that never submits a tensor the others wait for: the stall
+    inspector warns naming it, then stops every rank with StallError."""
+    proc, _, _ = launch("scripts/reliability_failure.py", 2, ["stall", 1],
+                        env={"HVDLITE_STALL_CHECK_TIME_SECONDS": "1",
+                             "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "3"})
+    out = proc.stdout + proc.stderr
+    _, start, failed = parse(proc.stdout)
+    assert proc.returncode != 0 and set(failed) == {0, 1}, out[-4000:]
+    assert "WARNING stall inspector: tensor 'stalled'" in proc.stderr, out[-4000:]
+    for r, (at, message) in failed.items():
+        assert message.startswith("StallError") and "not by ranks [1]" in message, message
+        assert 3 <= at - start < FAILURE_LIMIT_S, at - start
+
+
+# ---------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_bad_input_catalogue(ranks):
+    proc = run_ranks("scripts/reliability_bad_input.py", ranks,
+                     args=["calls,init_twice,fork,settings,large_lazy"])
+    counts = {int(c) for c in re.findall(r"OK cases=(\d+)", proc.stdout)}
+    assert len(counts) == 1 and counts.pop() >= 20
+
+
+def _mem_available_gb():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2 ** 20
+    return 0.0
+
+
+def test_large_count_allreduce():
+    """2^31+3 int8 elements on 2 ranks: right at the 2^30-element chunk borders
+    and in the last partial chunk (about 5 GB per rank at the peak)."""
+    need = 12.0
+    if _mem_available_gb() < need:
+        pytest.skip(f"needs {need} GB of free memory, {_mem_available_gb():.1f} GB available")
+    proc = run_ranks("scripts/reliability_bad_input.py", 2, args=["large"], timeout=900)
+    print("\n" + "\n".join(l for l in proc.stdout.splitlines() if "LARGE" in l))
+
+
+TORCH_CUDA = r"""
+import sys, torch
+import hvdlite.torch as hvd
+
+class FakeCuda(torch.Tensor):
+    # What a CUDA tensor looks like to the adapter; this torch has no CUDA.
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+    @property
+    def is_cuda(self):
+        return True
+
+hvd.init()
+assert not hvd.cuda_built()
+t = torch.ones(4).as_subclass(FakeCuda)
+calls = [lambda: hvd.allreduce(t), lambda: hvd.allreduce_(t), lambda: hvd.allgather(t),
+         lambda: hvd.broadcast(t, 0), lambda: hvd.alltoall(t), lambda: hvd.reducescatter(t),
+         lambda: hvd.grouped_allreduce([t]), lambda: hvd.broadcast_parameters({"w": t}, 0)]
+for fn in calls:
+    try:
+        fn()
+    except hvd.HvdliteError as e:
+        assert "cuda:0" in str(e) and "tensor.cpu()" in str(e), e
+    else:
+        raise AssertionError("a CUDA tensor was accepted by a CPU-only build")
+print("RANK %d OK" % hvd.rank(), flush=True)
+"""
+
+
+def test_cuda_tensor_on_cpu_only_build(tmp_path):
+    require("torch")
+    script = tmp_path / "cuda_on_cpu.py"
+    script.write_text(TORCH_CUDA)
+    run_ranks(str(script), 2)
+
+
+# ---------------------------------------------------------------- long and threaded runs
+
+def test_concurrent_threads_data_integrity():
+    proc = run_ranks("scripts/reliability_threads.py", 2, args=[4, 300])
+    print("\n" + "\n".join(l for l in proc.stdout.splitlines() if "checked" in l))
+
+
+def test_soak_short(tmp_path):
+    """500 steps of bench/soak.py: every result checked, RSS flat after warm-up,
+    no descriptor leak."""
+    import json
+    out = tmp_path / "soak.json"
+    run_ranks(os.path.join(REPO, "bench", "soak.py"), 2,
+              args=["--steps", 500, "--warmup", 200, "--json", out], timeout=600)
+    for r in (0, 1):
+        s = json.loads((tmp_path / f"soak.json.{r}").read_text())
+        growth = (s["rss_end_kb"] - s["rss_warm_kb"]) / s["rss_warm_kb"]
+        assert growth < 0.05, s
+        assert s["fds_end"] == s["fds_warm"], s
+        assert s["errors"] == 0 and s["checked"] == s["steps"], s
+        print(f"\nrank {r}: RSS {s['rss_warm_kb']} -> {s['rss_end_kb']} kB ({100 * growth:+.2f} %), "
+              f"fds {s['fds_warm']} -> {s['fds_end']}")
