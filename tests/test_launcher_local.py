@@ -217,25 +217,3 @@ def test_launcher_that_never_starts_ranks(tmp_path, tag):
     assert p.returncode == 1
     assert "2 of 2 ranks did not start within 1 s (--start-timeout): ranks 0, 1" in p.stderr
     assert p.elapsed < 10
-
-
-OPENMPI = os.environ.get("HVDLITE_TEST_OPENMPI_MPIRUN")
-
-
-@pytest.mark.skipif(not OPENMPI, reason="opt-in: set HVDLITE_TEST_OPENMPI_MPIRUN to an Open MPI "
-                    "mpirun whose directory has a Python with mpi4py (hvdlite itself is built "
-                    "for MPICH, so this only checks hvdrun's Open MPI command)")
-def test_open_mpi_launcher(tag):
-    mpi_env = {"HVDLITE_MPIEXEC": OPENMPI, "OMPI_MCA_btl": "self,sm"}
-    p = hvdrun(["-np", "3", "--env", "TEST_A=1", sys.executable, RANK, tag, "info"], extra_env=mpi_env)
-    assert p.returncode == 0, p.stderr
-    infos = [json.loads(v[0]) for v in rank_lines(p.stdout).values()]
-    assert sorted(i["rank"] for i in infos) == [0, 1, 2]         # 3 ranks on 2 cores: --oversubscribe
-    assert all(i["env"]["TEST_A"] == "1" for i in infos)
-    ompi_python = os.path.join(os.path.dirname(OPENMPI), "python")
-    p = hvdrun(["-np", "2", ompi_python, MPI4PY, tag, "topology", "1"], extra_env=mpi_env)
-    assert p.returncode == 0, p.stderr
-    assert all(json.loads(v[0])["allreduce_ok"] for v in rank_lines(p.stdout).values())
-    p = hvdrun(["-np", "3", sys.executable, RANK, tag, "exit", "2", "5"], extra_env=mpi_env)
-    assert p.returncode == 5
-    assert re.search(r"hvdrun: rank 2 on host \S+ exited with code 5", p.stderr)
