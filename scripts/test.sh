@@ -16,4 +16,6 @@ fi
 .venv/bin/pip install -q torch==2.13.0 tensorflow-cpu scikit-learn matplotlib pytest
 .venv/bin/pip install -q --no-build-isolation --no-cache-dir -e '.[test]'
 export HVDLITE_TEST_REQUIRE_ALL=1
-exec .venv/bin/python -m pytest -q tests "$@"
+# Arguments select tests (default: all of tests/), e.g. scripts/test.sh tests/test_engine.py
+if [ $# -eq 0 ]; then set -- tests; fi
+exec .venv/bin/python -m pytest -q "$@"
