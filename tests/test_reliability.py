@@ -255,7 +255,9 @@ def test_soak_short(tmp_path):
         s = json.loads((tmp_path / f"soak.json.{r}").read_text())
         growth = (s["rss_end_kb"] - s["rss_warm_kb"]) / s["rss_warm_kb"]
         assert growth < 0.05, s
+        if s["heap_warm_kb"] > 0:  # what malloc handed out: a leak shows here first
+            assert s["heap_end_kb"] - s["heap_warm_kb"] < 0.01 * s["heap_warm_kb"] + 64, s
         assert s["fds_end"] == s["fds_warm"], s
         assert s["errors"] == 0 and s["checked"] == s["steps"], s
         print(f"\nrank {r}: RSS {s['rss_warm_kb']} -> {s['rss_end_kb']} kB ({100 * growth:+.2f} %), "
-              f"fds {s['fds_warm']} -> {s['fds_end']}")
+              f"malloc'd {s['heap_warm_kb']} -> {s['heap_end_kb']} kB, fds {s['fds_warm']} -> {s['fds_end']}")
