@@ -11,8 +11,8 @@ slowest rank's, reported as medians with min/max and as ratios to the best
 raw MPI schedule measured in the same run. A contender runs with only its own
 engine alive: hvdlite is shut down while raw MPI, gloo or Horovod run (its idle
 negotiation rounds would otherwise share MPI and the cores with them), and
-started again, with one untimed warm-up call, when an hvdlite contender's turn
-comes. The sweep re-initialises hvdlite for every setting (the engine reads its
+started again, with one untimed warm-up call of each contender it serves, when
+an hvdlite contender's turn comes. The sweep re-initialises hvdlite for every setting (the engine reads its
 settings at init()), in a rotating order of settings per round.
 """
 import argparse
@@ -171,7 +171,12 @@ def measure(contenders, iters, warmup=1):
         for name in rotated(names, it):
             c = contenders[name]
             if ENGINES.use(c.engine, c.env):
-                c.fn()  # a fresh engine: the first call fills the response cache
+                # A fresh engine: one untimed call of every contender it serves fills the
+                # response cache and allocates the fusion buffers.
+                for other in names:
+                    o = contenders[other]
+                    if o.engine == c.engine and o.env == c.env:
+                        o.fn()
             comm.Barrier()
             before = hvd.engine_stats() if c.engine == "hvdlite" else None
             t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """Runs hvdlite's benchmark suite and writes the results, a Markdown report and plots.
 
-    python -m hvdlite.bench                        # everything (about an hour on 2 vCPUs)
+    python -m hvdlite.bench                        # everything (30-60 minutes on 2 vCPUs)
     python -m hvdlite.bench --cases allreduce,train_step
     python -m hvdlite.bench --tiny --out-dir /tmp/b   # seconds: the smoke test's run
     python -m hvdlite.bench --report bench/results/2026-11-22.json   # docs from a JSON
@@ -38,6 +38,7 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
 ALLREDUCE = os.path.join(BENCH, "allreduce.py")
 TRAIN = os.path.join(BENCH, "train_step.py")
+BREAKDOWN = os.path.join(BENCH, "breakdown.py")
 CASES = ["allreduce", "train_step", "kernels", "network", "scaling", "negotiation", "sweep"]
 TINY_CASES = ["allreduce", "train_step", "sweep"]
 
@@ -53,6 +54,7 @@ FULL = dict(
     sweep_r50_calls=2, sweep_small_calls=10,
     sweep_train="1MB:1,4MB:1,16MB:1,64MB:1,64MB:0.25,64MB:5,4MB:0.25,4MB:5",
     sweep_train_rounds=4, sweep_train_steps=3,
+    breakdown_calls=3,
     job_timeout=2400,
 )
 TINY = dict(
@@ -65,6 +67,7 @@ TINY = dict(
     neg_ranks=[2], neg_iters=10, neg_tensors="1,8",
     sweep_fusion="0,4MB", sweep_cycle="1", sweep_rounds=1, sweep_r50_calls=1, sweep_small_calls=2,
     sweep_train="4MB:1", sweep_train_rounds=1, sweep_train_steps=1,
+    breakdown_calls=1,
     job_timeout=300,
 )
 
@@ -202,7 +205,20 @@ def case_allreduce(R, P, args, tiny):
          "--scale", str(P["scale"])]
     if tiny:
         a += ["--skip-gloo"]
-    return R.job(args.np, ALLREDUCE, a)
+    res = R.job(args.np, ALLREDUCE, a)
+    if not tiny:
+        res["breakdown"] = breakdown(R, args.np, P)
+    return res
+
+
+def breakdown(R, np, P, **kw):
+    """The timeline breakdown is an explanation, not a result: a failure is recorded, not fatal."""
+    try:
+        return R.job(np, BREAKDOWN, ["--calls", str(P["breakdown_calls"]), "--scale", str(P["scale"])],
+                     **kw)["breakdown"]
+    except RuntimeError as e:
+        progress("      breakdown failed: %s" % str(e).splitlines()[0])
+        return {"error": str(e)[-2000:]}
 
 
 def case_train(R, P, args, tiny):
@@ -261,7 +277,8 @@ def case_scaling(R, P, args, tiny):
 def case_negotiation(R, P, args, tiny):
     out = {"ranks": P["neg_ranks"], "cpus": os.cpu_count(), "tensors": P["neg_tensors"], "by_ranks": {}}
     for n in P["neg_ranks"]:
-        r = R.job(n, ALLREDUCE, ["--cases", "negotiation", "--neg-iters", str(P["neg_iters"]),
+        iters = max(10, P["neg_iters"] * 2 // max(2, n))   # oversubscribed steps are slow
+        r = R.job(n, ALLREDUCE, ["--cases", "negotiation", "--neg-iters", str(iters),
                                  "--neg-tensors", P["neg_tensors"], "--no-horovod"])
         out["by_ranks"][str(n)] = r["negotiation"]
         progress("      negotiation: %d ranks done (load %s)" % (n, load_average()))
@@ -299,6 +316,7 @@ def case_network(R, P, args, tiny):
                                  "--no-horovod"], env=env, hvdrun_args=hv, wrap=wrap)
         mid = hosts.link_bytes(2)
         progress("      network: allreduce done (load %s)" % load_average())
+        bd = breakdown(R, 2, P, env=env, hvdrun_args=hv, wrap=wrap)
         t = R.job(2, TRAIN, train_args(P, P["net_train_rounds"], P["net_train_steps"]) +
                   ["--modes", "nocomm,hvdlite", "--compression", "fp16,topk"],
                   env=env, hvdrun_args=hv, wrap=wrap)
@@ -307,7 +325,7 @@ def case_network(R, P, args, tiny):
         hosts.down()
     return {"rate": args.rate, "delay": args.delay, "hosts": 2, "ranks_per_host": 1,
             "ucx_tls": "tcp,self", "resnet50": r["resnet50"], "resnet50_meta": r.get("meta"),
-            "train_step": t,
+            "train_step": t, "breakdown": bd,
             "host2_link_bytes": {"allreduce_rx_tx": [mid[0] - before[0], mid[1] - before[1]],
                                  "train_rx_tx": [after[0] - mid[0], after[1] - mid[1]]}}
 
@@ -339,6 +357,8 @@ def meta(args, P, tiny):
          "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
          "loadavg_start": load_average(), "git_commit": _git("rev-parse", "--short", "HEAD").strip(),
          "git_dirty_paths": [l[3:] for l in _git("status", "--porcelain", "--untracked-files=no").splitlines()],
+         # A run from an exported tree (git archive) names its source here.
+         "source": os.environ.get("HVDLITE_BENCH_SOURCE", ""),
          "mpi_flavour": mpi_flavour(), "local_env": local_env()}
     try:
         with open("/proc/cpuinfo") as f:
@@ -376,6 +396,9 @@ def meta(args, P, tiny):
 def main(argv=None):
     args = parse_args(argv)
     results_dir, doc, img = output_paths(args)
+    if importlib.util.find_spec("matplotlib") is None:
+        progress("hvdlite bench: matplotlib is not installed: tables only, no plots "
+                 "(pip install matplotlib, or pip install -e '.[bench]')")
     if args.report:
         with open(args.report) as f:
             data = json.load(f)
