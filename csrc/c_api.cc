@@ -334,10 +334,10 @@ int hvd_reset_compression_state(void) {
   return 0;
 }
 
-int hvd_start_timeline(const char* path) {
+int hvd_start_timeline(const char* path, int mark_cycles) {
   auto engine = CurrentEngine();
   if (!engine) return -t_last_error_kind;
-  Status s = engine->StartTimeline(path ? path : "");
+  Status s = engine->StartTimeline(path ? path : "", mark_cycles != 0);
   return s.ok() ? 0 : SetError(s);
 }
 

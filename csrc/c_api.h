@@ -79,7 +79,7 @@ int hvd_engine_stats(int64_t* values, int32_t capacity);
 const char* hvd_engine_stats_names(void);
 int hvd_reset_compression_state(void);
 /* Timeline: "%r" in the path becomes the rank; without it only rank 0 writes. */
-int hvd_start_timeline(const char* path);
+int hvd_start_timeline(const char* path, int mark_cycles);
 int hvd_stop_timeline(void);
 
 #ifdef __cplusplus

@@ -25,7 +25,8 @@ Engine::Engine(MPI_Comm user_comm, EngineOptions options)
       options_(std::move(options)),
       runner_(options_, &stats_, &timeline_) {}
 
-Status Engine::StartTimeline(const std::string& path) {
+Status Engine::StartTimeline(const std::string& path, bool mark_cycles) {
+  mark_cycles_ = mark_cycles;
   // Without %r in the path only rank 0 writes, as Horovod does; with it,
   // every rank writes its own file for `python -m hvdlite.timeline merge`.
   if (path.find("%r") == std::string::npos && topology_.rank != 0) return Status::OK();
@@ -145,7 +146,7 @@ Status Engine::Setup() {
   for (int r = 0; r < topology_.size; ++r) all[r] = r;
   sets_.Add(std::make_shared<ProcessSet>(sets_.NextId(), all, comm_, options_, &stats_, &abort_));
   Status local = options_status_;
-  if (local.ok() && !options_.timeline_path.empty()) local = StartTimeline(options_.timeline_path);
+  if (local.ok() && !options_.timeline_path.empty()) local = StartTimeline(options_.timeline_path, options_.timeline_mark_cycles);
   Status agreed = AgreeOnSetup(local);
   if (!agreed.ok()) timeline_.Stop();
   return agreed;
@@ -215,7 +216,7 @@ bool Engine::RunCycle(ProcessSet& set, bool is_global) {
     std::lock_guard<std::mutex> lock(state_mutex_);
     shutdown = shutdown_requested_;
     reason = shutdown_reason_;
-    if (timeline_.active() && options_.timeline_mark_cycles) timeline_.MarkCycle();
+    if (timeline_.active() && mark_cycles_) timeline_.MarkCycle();
   }
   if (timeline_.active()) {
     for (const auto& q : requests) timeline_.Begin(q.name, "NEGOTIATE");

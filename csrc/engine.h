@@ -57,7 +57,7 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   EngineStats& stats() { return stats_; }
   // Runtime timeline control; the file is written by this rank.
-  Status StartTimeline(const std::string& path);
+  Status StartTimeline(const std::string& path, bool mark_cycles);
   void StopTimeline();
   // Clears error-feedback residuals (applied by the engine thread).
   void ResetCompressionState() { reset_compression_ = true; }
@@ -86,6 +86,7 @@ class Engine {
   ProcessSetTable sets_;
   OperationRunner runner_;
   std::atomic<bool> reset_compression_{false};
+  std::atomic<bool> mark_cycles_{false};
 
   std::thread thread_;
   std::atomic<bool> abort_{false};

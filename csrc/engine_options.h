@@ -22,7 +22,9 @@ struct WaitPolicy {
 
 struct EngineOptions {
   double cycle_time_ms = 1.0;
-  int64_t fusion_threshold_bytes = 64 * 1024 * 1024;
+  // Measured (docs/benchmarks.md): tensors of 1 MB and more are cheaper sent
+  // straight from their own buffers than copied into a bucket.
+  int64_t fusion_threshold_bytes = 1024 * 1024;
   int64_t cache_capacity = 1024;
   std::string timeline_path;
   bool timeline_mark_cycles = false;

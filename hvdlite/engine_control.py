@@ -23,7 +23,7 @@ def start_timeline(file_path, mark_cycles=False):
     ``%r`` in the path becomes the rank (every rank writes its own file; join
     them with ``python -m hvdlite.timeline merge``); without it only rank 0
     writes, as in Horovod."""
-    _binding.check(lib.hvd_start_timeline(str(file_path).encode()))
+    _binding.check(lib.hvd_start_timeline(str(file_path).encode(), int(bool(mark_cycles))))
 
 
 def stop_timeline():
