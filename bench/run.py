@@ -120,13 +120,17 @@ def results_file(results_dir):
 # ---- running jobs ---------------------------------------------------------------------
 
 def hvdrun_argv():
-    """argv prefix that runs hvdrun, and extra environment (a checkout without install)."""
+    """argv prefix that runs hvdrun (the one of this tree), and extra environment."""
     try:
-        if importlib.util.find_spec("hvdlite.launcher") is not None:
-            return [sys.executable, "-m", "hvdlite.launcher"], {}
+        spec = importlib.util.find_spec("hvdlite.launcher")
     except ImportError:
-        pass
-    return [sys.executable, "-m", "launcher"], {"PYTHONPATH": REPO}
+        spec = None
+    here = os.path.join(REPO, "launcher", "__main__.py")
+    if spec is not None and spec.origin and os.path.dirname(os.path.dirname(spec.origin)) == REPO:
+        return [sys.executable, "-m", "hvdlite.launcher"], {}
+    if os.path.exists(here):   # a checkout that is not the installed one (or not installed)
+        return [sys.executable, "-m", "launcher"], {"PYTHONPATH": REPO}
+    return [sys.executable, "-m", "hvdlite.launcher"], {}
 
 
 def mpi_flavour():
