@@ -236,8 +236,9 @@ def plot_network(path, net):
         ax.set_ylabel("ms (median; min-max)", fontsize=8)
         ax.set_title("%s (%s%s)" % (title, net["rate"], ", delay " + net["delay"] if net.get("delay") else ""),
                      fontsize=9)
-        for i, m in enumerate(med):
-            ax.text(i, m, ms(m), ha="center", va="bottom", fontsize=7)
+        for i, (m, h) in enumerate(zip(med, hi)):
+            ax.text(i, m + h, ms(m), ha="center", va="bottom", fontsize=7)
+        ax.set_ylim(0, max(m + h for m, h in zip(med, hi)) * 1.12)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -332,7 +333,7 @@ def write(data, doc_path, img_dir, json_path):
                 ", with uncommitted changes in %s" % ", ".join(m["git_dirty_paths"]) if m.get("git_dirty_paths") else "",
                 repo_json, json_rel))
     L.append("```\npython -m hvdlite.bench --report %s\n```\n" % repo_json)
-    L.append("and rerun everything (about an hour on 2 vCPUs; `--cases` picks some, `--tiny` is a "
+    L.append("and rerun everything (30-60 minutes on 2 vCPUs; `--cases` picks some, `--tiny` is a "
              "seconds-long smoke run that writes to a temporary folder) with\n")
     L.append("```\npython -m hvdlite.bench            # or: python bench/run.py\n```\n")
     L.append("(plots need matplotlib: `pip install matplotlib` or `pip install -e '.[bench]'`). Each "
@@ -636,10 +637,14 @@ def network_analysis(data, n):
     out.append("")
     lim = []
     if "fp16" in fixed:
+        budget = n["none"] / TARGETS["net_fp16"] - wire["fp16"] / bw
         lim.append("**fp16** halves the wire time (%s -> %s ms) and adds conversion work; its "
-                   "speed-up of %s is %s the %.1fx target. It can never exceed 2x: the bytes only halve."
+                   "speed-up of %s is %s the %.1fx target. It can never exceed 2x, since the bytes only "
+                   "halve; %.1fx leaves fp16 %s ms for everything but the wire, and it used %s ms "
+                   "(fp32: %s ms)."
                    % (ms(wire["none"] / bw), ms(wire["fp16"] / bw), ratio(n["fp16_speedup"]),
-                      "above" if n["fp16_speedup"] >= TARGETS["net_fp16"] else "below", TARGETS["net_fp16"]))
+                      "above" if n["fp16_speedup"] >= TARGETS["net_fp16"] else "below", TARGETS["net_fp16"],
+                      TARGETS["net_fp16"], ms(budget), ms(fixed["fp16"]), ms(fixed.get("none"))))
     if "topk" in fixed:
         need = n["none"] / TARGETS["net_topk"]
         lim.append("**top-k 1%%** puts only %s ms on the wire; the other %s ms are work on the CPU and "
@@ -647,6 +652,11 @@ def network_analysis(data, n):
                    "the whole exchange under %s ms."
                    % (ms(wire["topk"] / bw), ms(fixed["topk"]), ratio(n["topk_speedup"]), TARGETS["net_topk"],
                       ms(need)))
+        pc = data["cases"]["network"]["resnet50"].get("hvdlite topk 1%", {}).get("per_call", {})
+        if pc.get("collectives"):
+            lim.append("Compressed buckets follow the fusion threshold too: top-k ran %.0f allgathers per "
+                       "call here, each paying the link's latency; a larger threshold means fewer, larger "
+                       "allgathers." % pc["collectives"])
     if lim:
         out.append(" ".join(lim) + "\n")
     bd_net = data["cases"]["network"].get("breakdown")
@@ -873,19 +883,25 @@ def advice_section(data):
             mb = n["mbytes"]
             fixed = {k: n[k] - b / bw for k, b in (("none", mb), ("fp16", mb / 2), ("topk", mb * 0.02)) if n.get(k)}
             txt = []
+            paid_everywhere = False
             local_name = {"fp16": "hvdlite fp16", "topk": "hvdlite topk 1%"}
             for k, b in (("fp16", mb / 2), ("topk", mb * 0.02)):
                 lr = loc[local_name[k]]["median_ms"] / loc["hvdlite none"]["median_ms"]
-                if lr < 1.0:
-                    txt.append("%s was faster than fp32 even on shared memory, so it paid at every "
-                               "speed measured here" % ("fp16" if k == "fp16" else "top-k 1%"))
+                if lr <= 1.0:
+                    txt.append("%s was no slower than fp32 even on shared memory (%s), so it paid at every "
+                               "link speed measured here" % ("fp16" if k == "fp16" else "top-k 1%", ratio(lr)))
+                    paid_everywhere = True
                 elif k in fixed and "none" in fixed and fixed[k] > fixed["none"]:
                     be = (mb - b) / (fixed[k] - fixed["none"])  # MB per ms
                     txt.append("%s pays on links slower than about %.1f GB/s (%.0f gbit/s)" % (
                         "fp16" if k == "fp16" else "top-k 1%", be, be * 8))
+            breakeven = len(txt) > 0 and not all("no slower" in t for t in txt)
             if txt:
-                bullet += ("With the extra work each compressor costs on this (shared) machine, %s; on faster "
-                           "links send fp32. Faster CPUs move these break-even rates up. " % "; ".join(txt))
+                text = "; ".join(txt)
+                bullet += ("Here " + text +
+                           ("; on faster links send fp32 (break-even rates from this machine's compute "
+                            "costs; faster CPUs move them up). " if breakeven else ". "))
+            del paid_everywhere
         bullet += ("Top-k changes the optimisation (error feedback sends the rest in later steps): check "
                    "accuracy before relying on it; fp16 is the safe first step on slow links.\n")
         out.append(bullet)
