@@ -303,6 +303,17 @@ def plot_sweep(path, sw):
 
 # ---- the document ---------------------------------------------------------------------
 
+def soak_section(doc_path):
+    """The soak run (bench/soak.py) is measured separately; its table lives in
+    benchmarks-soak.md and is included here so this page has every figure."""
+    soak = os.path.join(os.path.dirname(os.path.abspath(doc_path)), "benchmarks-soak.md")
+    if not os.path.exists(soak):
+        return ""
+    text = open(soak).read().strip().splitlines()
+    body = [ln for ln in text if not ln.startswith("# ")]
+    return "## Soak: 10,000 steps of mixed collectives\n\n" + "\n".join(body) + "\n"
+
+
 def write(data, doc_path, img_dir, json_path):
     os.makedirs(img_dir, exist_ok=True)
     os.makedirs(os.path.dirname(os.path.abspath(doc_path)), exist_ok=True)
@@ -363,6 +374,7 @@ def write(data, doc_path, img_dir, json_path):
     if "sweep" in cases:
         L.append(sweep_section(cases["sweep"], img))
     L.append(advice_section(data))
+    L.append(soak_section(doc_path))
     L.append(caveats_section(data))
     with open(doc_path, "w") as f:
         f.write("\n".join(s.rstrip() + "\n" for s in L if s))
