@@ -54,7 +54,7 @@ def parse(stdout):
     # Ranks' lines can run into each other in mpiexec's output: match numbers only.
     fail_at = [float(x) for x in re.findall(r"FAIL_AT (\d+(?:\.\d+)?)", stdout)]
     survivors = {int(m.group(1)): (float(m.group(2)), m.group(3))
-                 for m in re.finditer(r"SURVIVOR (\d+) ERROR_AT (\d+(?:\.\d+)?) (.*)", stdout)}
+                 for m in re.finditer(r"SURVIVOR (\d+) ERROR_AT (\d+(?:\.\d+)?) ((?:(?!SURVIVOR \d).)*)", stdout)}
     return ready, (fail_at[0] if fail_at else None), survivors
 
 
