@@ -1,7 +1,6 @@
 """Fusion, response cache, compression, timeline and stall inspector on real
 ranks. Engine settings are read at init(), so each part re-initialises the
 engine with its own HVDLITE_* variables."""
-import json
 import os
 import sys
 import time
@@ -9,6 +8,7 @@ import time
 import numpy as np
 
 import hvdlite as hvd
+from hvdlite import timeline
 
 TMP = sys.argv[1]
 
@@ -209,14 +209,6 @@ def test_topk(r, n):
         assert "float32" in str(e)
 
 
-def load_trace(path):
-    text = open(path).read().rstrip()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return json.loads(text.rstrip(",") + "]")
-
-
 def check_balanced(events):
     depth = {}
     for e in events:
@@ -238,7 +230,7 @@ def test_timeline(r, n):
         hvd.allreduce(np.ones(1000, np.float32), compression=hvd.Compression.topk(0.1), name="tl.topk")
         hvd.allgather(np.ones((r + 1, 2), np.float32), name="tl.gather")
     hvd.stop_timeline()
-    events = load_trace(pattern.replace("%r", str(r)))
+    events = timeline.load(pattern.replace("%r", str(r)))
     names = {e.get("name") for e in events}
     for phase in ["NEGOTIATE", "QUEUE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE",
                   "MEMCPY_OUT_FUSION_BUFFER", "COMPRESS", "DECOMPRESS", "MPI_ALLGATHER", "allgather"]:
