@@ -215,7 +215,17 @@ def resnet50_tensors(scale, rng):
     return [rng.standard_normal(s).astype(np.float32) for s in shapes]
 
 
-def resnet50_contenders(tensors, outs, scale=1.0, gloo=True, horovod=True, only=None):
+def env_specs(text):
+    """'K=V+K=V,K=V' -> [(label, {HVDLITE_K: V, ...}), ...] for --hvdlite-env."""
+    out = []
+    for spec in (text.split(",") if text else []):
+        env = dict(("HVDLITE_" + k.strip(), v.strip()) for k, v in
+                   (kv.split("=", 1) for kv in spec.split("+")))
+        out.append((spec, env))
+    return out
+
+
+def resnet50_contenders(tensors, outs, scale=1.0, gloo=True, horovod=True, only=None, envs=()):
     c = {
         "mpi4py unfused": Contender(lambda: raw_unfused(tensors, outs)),
         "mpi4py one buffer": Contender(make_raw_buckets(tensors, outs, 1 << 40)),
@@ -225,6 +235,9 @@ def resnet50_contenders(tensors, outs, scale=1.0, gloo=True, horovod=True, only=
         "hvdlite topk 1%": Contender(make_hvdlite(tensors, outs, hvd.Compression.topk(0.01), "topk"),
                                      "hvdlite"),
     }
+    for label, env in envs:
+        c[f"hvdlite none {label}"] = Contender(
+            make_hvdlite(tensors, outs, hvd.Compression.none, "none"), "hvdlite", env)
     if gloo and _wanted("torch gloo async", only):
         try:
             c["torch gloo async"] = Contender(make_gloo(tensors))
@@ -340,6 +353,10 @@ def parse_args(argv=None):
     ap.add_argument("--cases", default="resnet50,small", help="resnet50, small, negotiation, sweep")
     ap.add_argument("--contenders", default=None,
                     help="comma list of name prefixes to keep (e.g. 'mpi4py unfused,hvdlite none')")
+    ap.add_argument("--hvdlite-env", default=None,
+                    help="extra 'hvdlite none' contenders on the ResNet-50 set, one per comma-"
+                         "separated list of engine settings KEY=VALUE joined by '+' (HVDLITE_ "
+                         "prefixed), e.g. DIRECT_THRESHOLD=262144,FUSION_THRESHOLD=8388608")
     ap.add_argument("--scale", type=float, default=1.0,
                     help="scale every ResNet-50 tensor's size (tiny runs)")
     ap.add_argument("--small-count", type=int, default=100)
@@ -367,7 +384,8 @@ def main(argv=None):
     t_start = time.time()
     if "resnet50" in cases:
         c = resnet50_contenders(tensors, outs, args.scale, gloo=not args.skip_gloo,
-                                horovod=not args.no_horovod, only=only)
+                                horovod=not args.no_horovod, only=only,
+                                envs=env_specs(args.hvdlite_env))
         results["resnet50"] = measure(c, args.iters)
     if "small" in cases:
         c = small_contenders(args.small_count, args.small_elems, rng, horovod=not args.no_horovod,

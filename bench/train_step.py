@@ -46,7 +46,7 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=5, help="timed steps per mode per round")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--modes", default="nocomm,hvdlite,ddp,horovod")
+    p.add_argument("--modes", default="nocomm,hvdlite,mpi4py,ddp,horovod")
     p.add_argument("--compression", default="none",
                    help="comma list of hvdlite compressions to run besides none: fp16, topk "
                         "(each adds an 'hvdlite fp16' / 'hvdlite topk 1%%' mode)")
@@ -54,6 +54,10 @@ def parse_args(argv=None):
     p.add_argument("--hvdlite-settings", default=None,
                    help="comma list FUSION:CYCLE_MS (e.g. 4MB:1,64MB:0.25): one hvdlite mode each, "
                         "in place of the plain 'hvdlite' mode")
+    p.add_argument("--hvdlite-env", default=None,
+                   help="comma list of engine settings, KEY=VALUE joined by '+' (e.g. "
+                        "WAIT_YIELD_US=0,WAIT_YIELD_US=2000+CYCLE_TIME=2): one hvdlite mode each, "
+                        "HVDLITE_ prefixed, in place of the plain 'hvdlite' mode")
     p.add_argument("--layers", type=int, default=LAYERS)
     p.add_argument("--width", type=int, default=WIDTH)
     p.add_argument("--batch", type=int, default=BATCH)
@@ -73,6 +77,24 @@ class Mode:
         self.optimizer.zero_grad()
         loss = torch.nn.functional.mse_loss(self.forward(x), y)
         loss.backward()
+        self.optimizer.step()
+
+
+class _AllreduceThenStep:
+    """An optimizer wrapper that averages every gradient with a blocking
+    mpi4py Allreduce in place, then steps."""
+
+    def __init__(self, model, optimizer):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = optimizer
+
+    def zero_grad(self):
+        self.optimizer.zero_grad()
+
+    def step(self):
+        for p in self.params:
+            comm.Allreduce(MPI.IN_PLACE, p.grad.numpy(), op=MPI.SUM)
+            p.grad.div_(comm.size)
         self.optimizer.step()
 
 
@@ -118,6 +140,11 @@ def build_modes(names, args, engines):
                     env = {"HVDLITE_FUSION_THRESHOLD": _bytes(f), "HVDLITE_CYCLE_TIME": float(c)}
                     modes.append(hvdlite_mode(f"hvdlite fusion {f} cycle {c} ms", f"s{i}.",
                                               hvd.Compression.none, env))
+            elif args.hvdlite_env:
+                for i, spec in enumerate(args.hvdlite_env.split(",")):
+                    env = dict(("HVDLITE_" + k.strip(), v.strip()) for k, v in
+                               (kv.split("=", 1) for kv in spec.split("+")))
+                    modes.append(hvdlite_mode(f"hvdlite {spec}", f"e{i}.", hvd.Compression.none, env))
             else:
                 modes.append(hvdlite_mode("hvdlite", "", hvd.Compression.none, None))
             for comp in [c for c in args.compression.split(",") if c and c != "none"]:
@@ -128,6 +155,12 @@ def build_modes(names, args, engines):
                                               "topk.", hvd.Compression.topk(args.topk_ratio), None))
                 else:
                     raise SystemExit(f"unknown compression {comp}")
+        elif name == "mpi4py":
+            # No overlap: backward, then every gradient through a blocking
+            # MPI_Allreduce (what the communication alone costs this machine).
+            m = model()
+            sgd = torch.optim.SGD(m.parameters(), lr=1e-4)
+            modes.append(Mode("mpi4py allreduce after backward", m, _AllreduceThenStep(m, sgd)))
         elif name == "ddp":
             import torch.distributed as dist
             one_host = len(set(comm.allgather(MPI.Get_processor_name()))) == 1

@@ -222,6 +222,20 @@ int hvd_wait(int64_t handle, double timeout_seconds) {
   return work->Wait(timeout_seconds) ? 1 : 0;
 }
 
+int hvd_wait_release(int64_t handle, double timeout_seconds) {
+  std::shared_ptr<Engine> engine;
+  if (!g_in_forked_child) {
+    std::lock_guard<std::mutex> lock(runtime().mutex);
+    engine = runtime().engine;
+  }
+  auto work = engine ? engine->FindWork(handle) : nullptr;
+  if (!work) return UnknownHandle();
+  if (!work->Wait(timeout_seconds)) return 0;
+  if (!work->status().ok()) return 2;
+  engine->ReleaseWork(handle);
+  return 1;
+}
+
 int hvd_handle_error(int64_t handle, char* buffer, int64_t length) {
   auto work = FindWork(handle);
   if (!work) return UnknownHandle();

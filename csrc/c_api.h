@@ -56,6 +56,10 @@ int64_t hvd_enqueue(const hvd_tensor_request* request);
 int hvd_poll(int64_t handle);
 /* 1 completed, 0 timed out, -1 unknown handle; timeout < 0 waits forever. */
 int hvd_wait(int64_t handle, double timeout_seconds);
+/* hvd_wait, then on success also hvd_release: 0 still pending, 1 succeeded
+   (handle released), 2 failed (handle kept so its error can be read), -1 on
+   an unknown handle. One call per tensor on the common path. */
+int hvd_wait_release(int64_t handle, double timeout_seconds);
 /* ErrorKind of a completed handle (0 = success); the message goes to buffer. */
 int hvd_handle_error(int64_t handle, char* buffer, int64_t length);
 /* Engine-allocated result: ownership passes to the caller (free with

@@ -342,85 +342,87 @@ void Engine::Shutdown(const std::string& reason) {
 
 Status Engine::ValidateLocally(const EnqueueArgs& args, const ProcessSet& set) const {
   const Request& q = args.request;
-  const std::string what = std::string(OpTypeName(q.op)) +
-                           (q.name.empty() ? std::string() : " of '" + q.name + "'");
+  // Built only for an error message: this runs once per submitted tensor.
+  auto what = [&q]() {
+    return std::string(OpTypeName(q.op)) + (q.name.empty() ? std::string() : " of '" + q.name + "'");
+  };
   for (int64_t d : q.shape) {
-    if (d < 0) return Status::InvalidArgument(what + ": negative dimension in shape " + ShapeString(q.shape));
+    if (d < 0) return Status::InvalidArgument(what() + ": negative dimension in shape " + ShapeString(q.shape));
   }
   if (IsReducing(q.op)) {
     if (q.dtype == DataType::kBool) {
-      return Status::InvalidArgument(what + ": bool tensors cannot be reduced; cast to uint8 or int32 first");
+      return Status::InvalidArgument(what() + ": bool tensors cannot be reduced; cast to uint8 or int32 first");
     }
     if (static_cast<int32_t>(q.reduce_op) < 0 || static_cast<int32_t>(q.reduce_op) > 4) {
-      return Status::InvalidArgument(what + ": unknown reduce op " +
+      return Status::InvalidArgument(what() + ": unknown reduce op " +
                                      std::to_string(static_cast<int32_t>(q.reduce_op)));
     }
     if (!std::isfinite(q.prescale) || !std::isfinite(q.postscale)) {
-      return Status::InvalidArgument(what + ": prescale_factor and postscale_factor must be finite numbers");
+      return Status::InvalidArgument(what() + ": prescale_factor and postscale_factor must be finite numbers");
     }
     const auto& c = q.compression;
     if (c.type == CompressionType::kTopK) {
       if (!(c.topk_ratio > 0.0 && c.topk_ratio <= 1.0)) {
-        return Status::InvalidArgument(what + ": top-k ratio must be in (0, 1], got " +
+        return Status::InvalidArgument(what() + ": top-k ratio must be in (0, 1], got " +
                                        std::to_string(c.topk_ratio));
       }
       if (q.dtype != DataType::kFloat32) {
-        return Status::InvalidArgument(what + ": top-k compression needs float32 tensors, not " +
+        return Status::InvalidArgument(what() + ": top-k compression needs float32 tensors, not " +
                                        DataTypeName(q.dtype) +
                                        "; cast to float32 or use Compression.none / fp16");
       }
     }
     if (c.type != CompressionType::kNone && q.reduce_op != ReduceOp::kSum &&
         q.reduce_op != ReduceOp::kAverage) {
-      return Status::InvalidArgument(what + ": compression works with Sum and Average, not " +
+      return Status::InvalidArgument(what() + ": compression works with Sum and Average, not " +
                                      ReduceOpName(q.reduce_op));
     }
     const int64_t n = NumElements(q.shape);
     if (c.type != CompressionType::kNone && q.dtype == DataType::kFloat32 && n > INT32_MAX) {
-      return Status::InvalidArgument(what + ": compressed reductions of more than 2^31-1 "
+      return Status::InvalidArgument(what() + ": compressed reductions of more than 2^31-1 "
                                      "elements are not supported; use Compression.none");
     }
     if (c.type == CompressionType::kTopK && q.dtype == DataType::kFloat32 &&
         static_cast<double>(std::ceil(c.topk_ratio * static_cast<double>(n))) * 8 > INT32_MAX) {
       // The k (value, index) pairs go out in one allgather whose count is an int.
-      return Status::InvalidArgument(what + ": top-k would put more than 2^31-1 bytes on the "
+      return Status::InvalidArgument(what() + ": top-k would put more than 2^31-1 bytes on the "
                                      "wire for this tensor; lower the ratio or split the tensor");
     }
     if ((q.dtype == DataType::kFloat16 || q.dtype == DataType::kBFloat16) && n > INT32_MAX) {
       // 16-bit floats are reduced widened to float32 in one MPI call.
-      return Status::InvalidArgument(what + ": 16-bit float reductions of more than 2^31-1 "
+      return Status::InvalidArgument(what() + ": 16-bit float reductions of more than 2^31-1 "
                                      "elements are not supported; split the tensor or use float32");
     }
   }
   const int size = set.size();
   if (q.op == OpType::kBroadcast && (q.root_rank < 0 || q.root_rank >= size)) {
-    return Status::InvalidArgument(what + ": root_rank " + std::to_string(q.root_rank) +
+    return Status::InvalidArgument(what() + ": root_rank " + std::to_string(q.root_rank) +
                                    " is out of range; it must be in [0, " + std::to_string(size) + ")");
   }
   const bool needs_rows = q.op == OpType::kAllgather || q.op == OpType::kAlltoall ||
                           q.op == OpType::kReducescatter;
   if (needs_rows && q.shape.empty()) {
-    return Status::InvalidArgument(what + ": needs a tensor with at least one dimension");
+    return Status::InvalidArgument(what() + ": needs a tensor with at least one dimension");
   }
   if (q.op == OpType::kAlltoall) {
     if (static_cast<int>(q.splits.size()) != size) {
-      return Status::InvalidArgument(what + ": splits has " + std::to_string(q.splits.size()) +
+      return Status::InvalidArgument(what() + ": splits has " + std::to_string(q.splits.size()) +
                                      " entries but there are " + std::to_string(size) +
                                      " ranks; give one count per rank");
     }
     int64_t total = 0;
     for (int64_t x : q.splits) {
-      if (x < 0) return Status::InvalidArgument(what + ": splits must not be negative");
+      if (x < 0) return Status::InvalidArgument(what() + ": splits must not be negative");
       total += x;
     }
     if (total != q.shape[0]) {
-      return Status::InvalidArgument(what + ": splits sum to " + std::to_string(total) +
+      return Status::InvalidArgument(what() + ": splits sum to " + std::to_string(total) +
                                      " but the first dimension is " + std::to_string(q.shape[0]) +
                                      "; they must be equal");
     }
   }
   if (q.op == OpType::kReducescatter && q.shape[0] < size) {
-    return Status::InvalidArgument(what + ": the first dimension (" + std::to_string(q.shape[0]) +
+    return Status::InvalidArgument(what() + ": the first dimension (" + std::to_string(q.shape[0]) +
                                    ") is smaller than the number of ranks (" + std::to_string(size) +
                                    "); every rank must receive at least one row");
   }
@@ -463,10 +465,10 @@ Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
   q.rank = set->rank();
 
   TensorEntry entry;
-  entry.request = q;
+  entry.request = std::move(q);
   entry.input = args.input;
   entry.output = args.output;
-  entry.work = std::make_shared<Work>(q.op, q.name);
+  entry.work = std::make_shared<Work>(entry.request.op, entry.request.name);
   entry.enqueued = std::chrono::steady_clock::now();
   auto work = entry.work;
   s = set->queue().Add(std::move(entry));
@@ -476,11 +478,13 @@ Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
     *handle = next_handle_++;
     handles_[*handle] = std::move(work);
   }
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(state_mutex_);
+    wake = !work_pending_;  // later tensors of a burst need no wake-up call
     work_pending_ = true;
   }
-  state_cv_.notify_all();
+  if (wake) state_cv_.notify_all();
   return Status::OK();
 }
 

@@ -78,6 +78,7 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
   Status s;
   if (!(s = ReadDouble("CYCLE_TIME", 0.0, &o.cycle_time_ms)).ok()) return s;
   if (!(s = ReadInt("FUSION_THRESHOLD", 0, &o.fusion_threshold_bytes)).ok()) return s;
+  if (!(s = ReadInt("DIRECT_THRESHOLD", 0, &o.direct_threshold_bytes)).ok()) return s;
   if (!(s = ReadInt("CACHE_CAPACITY", 0, &o.cache_capacity)).ok()) return s;
   std::string name;
   if (const char* path = Lookup("TIMELINE", &name)) o.timeline_path = path;
@@ -90,6 +91,7 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
     return s;
   }
   if (!(s = ReadInt("WAIT_SPIN_US", 0, &o.wait.spin_us)).ok()) return s;
+  if (!(s = ReadInt("WAIT_YIELD_US", 0, &o.wait.yield_us)).ok()) return s;
   if (!(s = ReadInt("WAIT_SLEEP_US", 1, &o.wait.sleep_us)).ok()) return s;
   if (!(s = ReadDouble("TIMEOUT_SECONDS", 0.0, &o.wait.timeout_seconds)).ok()) return s;
   *out = o;

@@ -9,11 +9,17 @@
 
 namespace hvdlite {
 
-// How the engine thread waits for a nonblocking MPI request: spin for a
-// short while (latency), then sleep in small steps (so a waiting rank does not
-// burn a core that the training thread needs).
+// How the engine thread waits for a nonblocking MPI request. MPI moves data
+// only while it is tested, so a waiting thread that sleeps stalls the
+// transfer (a 1 MB allreduce took 5x longer with 100 us naps between tests);
+// one that spins takes the core from the training thread. So it spins
+// briefly (latency), then tests with a sched_yield in between, which runs
+// any other thread that wants this core (backward, another rank) and comes
+// straight back when none does; only a wait longer than yield_us (a peer
+// that is far behind, or gone) drops to sleeping in sleep_us steps.
 struct WaitPolicy {
   int64_t spin_us = 50;
+  int64_t yield_us = 1000000;
   int64_t sleep_us = 100;
   // Give up waiting after this long (0 = never). Protects against a peer that
   // died without telling anyone.
@@ -25,6 +31,11 @@ struct EngineOptions {
   // Chosen by the sweep in docs/benchmarks.md: 4-8 MB buckets were fastest on
   // the ResNet-50 set and the train step; bigger tensors skip the copy.
   int64_t fusion_threshold_bytes = 4 * 1024 * 1024;
+  // Tensors at least this large (capped at the fusion threshold) skip the
+  // fusion buffer and are reduced straight from their own memory: copying
+  // them in and out cost more than the latency fusing them saves (1-2 MB was
+  // fastest on the ResNet-50 set, docs/benchmarks.md). 0: the fusion threshold.
+  int64_t direct_threshold_bytes = 1024 * 1024;
   int64_t cache_capacity = 1024;
   std::string timeline_path;
   bool timeline_mark_cycles = false;

@@ -189,6 +189,9 @@ Status OperationRunner::RunAllreduces(ProcessSet& set, std::vector<TensorEntry*>
   const int64_t staged_elem = (compressor || widen) ? 4 : static_cast<int64_t>(DataTypeSize(first.dtype));
   // Buckets stay within one MPI call's count.
   const int64_t threshold = std::min<int64_t>(options_.fusion_threshold_bytes, int64_t{1} << 30);
+  const int64_t direct = options_.direct_threshold_bytes > 0
+                             ? std::min(options_.direct_threshold_bytes, threshold)
+                             : threshold;
 
   std::vector<Bucket> buckets;
   Status status;
@@ -208,7 +211,7 @@ Status OperationRunner::RunAllreduces(ProcessSet& set, std::vector<TensorEntry*>
     // Top-k's wire form (value + index) is larger than the dense input at
     // high ratios; the bucket must fit one MPI call on the wire too.
     if (compressor) bytes = std::max<int64_t>(bytes, compressor->CompressedBytes(One(*e, count)));
-    if (!compressor && !widen && bytes >= threshold) {
+    if (!compressor && !widen && bytes >= direct) {
       if (count > INT_MAX) {  // beyond one MPI call: the chunked path
         Phase({e}, "QUEUE", false);
         Phase({e}, "ALLREDUCE", true);

@@ -12,15 +12,21 @@ Status TensorQueue::Add(TensorEntry entry) {
         OpTypeName(entries_[name].request.op) +
         "); wait for its handle before reusing the name, or give each call a unique name");
   }
-  new_requests_.push_back(entry.request);
+  new_names_.push_back(name);
   entries_.emplace(name, std::move(entry));
   return Status::OK();
 }
 
 std::vector<Request> TensorQueue::PopNewRequests() {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<Request> out(new_requests_.begin(), new_requests_.end());
-  new_requests_.clear();
+  // Copied here, on the engine thread, rather than at Add on the caller's.
+  std::vector<Request> out;
+  out.reserve(new_names_.size());
+  for (const auto& name : new_names_) {
+    auto it = entries_.find(name);
+    if (it != entries_.end()) out.push_back(it->second.request);
+  }
+  new_names_.clear();
   return out;
 }
 
@@ -41,7 +47,7 @@ std::vector<TensorEntry> TensorQueue::Close(const Status& reason) {
   out.reserve(entries_.size());
   for (auto& kv : entries_) out.push_back(std::move(kv.second));
   entries_.clear();
-  new_requests_.clear();
+  new_names_.clear();
   return out;
 }
 

@@ -39,7 +39,7 @@ class TensorQueue {
  private:
   std::mutex mutex_;
   std::unordered_map<std::string, TensorEntry> entries_;
-  std::deque<Request> new_requests_;
+  std::vector<std::string> new_names_;  // submitted since the last PopNewRequests
   bool closed_ = false;
   Status closed_reason_;
 };

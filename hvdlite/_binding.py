@@ -46,35 +46,58 @@ class Handle:
     """An in-flight collective. ``synchronize(handle)`` returns its result.
 
     The handle keeps the input and output buffers alive until the engine is
-    done with them, so a caller may drop its own references.
+    done with them, so a caller may drop its own references. ``result`` is
+    what a successful wait returns when there is no ``finish`` callback (an
+    output the caller supplied).
     """
 
-    __slots__ = ("_id", "_keep", "_finish", "_result", "_error", "_lock", "__weakref__")
+    __slots__ = ("_id", "_keep", "_finish", "_result", "_error", "__weakref__")
 
-    def __init__(self, handle_id, keep, finish):
+    def __init__(self, handle_id, keep, finish, result=None):
         self._id = handle_id
         self._keep = keep
         self._finish = finish
-        self._result = None
+        self._result = result
         self._error = None
-        self._lock = threading.Lock()
 
     def poll(self):
         """True once the collective has completed (successfully or not)."""
-        if self._id is None:
+        handle_id = self._id
+        if handle_id is None:
             return True
-        rc = lib.hvd_poll(self._id)
+        rc = lib.hvd_poll(handle_id)
         if rc < 0:
+            if self._id is None:  # collected by another thread meanwhile
+                return True
             raise last_error()
         return rc == 1
 
     def wait(self):
-        """Blocks until completion; returns the result or raises its error."""
-        with self._lock:
-            if self._id is not None:
-                while lib.hvd_wait(self._id, _WAIT_SLICE_SECONDS) == 0:
+        """Blocks until completion; returns the result or raises its error.
+        Several threads may wait on one handle: the engine's wait is
+        thread-safe, and one of them collects the outcome under a lock."""
+        handle_id = self._id
+        if handle_id is not None:
+            if self._finish is None:
+                # Common path (the result is the caller's own output): wait
+                # and release in one call.
+                rc = lib.hvd_wait_release(handle_id, _WAIT_SLICE_SECONDS)
+                while rc == 0:
+                    rc = lib.hvd_wait_release(handle_id, _WAIT_SLICE_SECONDS)
+                with _collect_lock:
+                    if self._id is not None:
+                        if rc == 1:
+                            self._id = self._keep = None
+                        elif rc == 2:
+                            self._collect()
+                        else:
+                            raise last_error()
+            else:
+                while lib.hvd_wait(handle_id, _WAIT_SLICE_SECONDS) == 0:
                     pass
-                self._collect()
+                with _collect_lock:
+                    if self._id is not None:
+                        self._collect()
         if self._error is not None:
             raise self._error
         return self._result
@@ -88,8 +111,8 @@ class Handle:
                 msg = ffi.new("char[]", 8192)
                 lib.hvd_handle_error(self._id, msg, 8192)
                 self._error = exceptions.from_kind(kind, ffi.string(msg).decode(errors="replace"))
-            else:
-                self._result = self._finish(self._id) if self._finish else None
+            elif self._finish is not None:
+                self._result = self._finish(self._id)
         finally:
             lib.hvd_release(self._id)
             self._id = None
@@ -107,6 +130,9 @@ class Handle:
             self._id = None
 
 
+_collect_lock = threading.Lock()
+
+
 # Buffers of dropped, still pending handles: {handle id: buffers}. Swept on
 # every enqueue; plain dict operations, since __del__ may run in any thread
 # at any point (a lock could be held by the very thread the GC interrupts).
@@ -122,31 +148,69 @@ def _sweep_orphans():
 
 _local = threading.local()
 
+# Encoded names and shapes, reused: a training loop submits the same gradient
+# names and shapes every step, and building cdata is most of a call's cost.
+# Bounded so that automatic or per-step names cannot grow them without end.
+_CDATA_CACHE_LIMIT = 8192
+_names = {}
+_shapes = {}
+
 
 def _pointer(p):
     # Adapters pass integer addresses (torch's data_ptr()); NumPy callers may
     # pass cdata from ffi.from_buffer, which needs no conversion.
-    return ffi.cast("void *", p) if isinstance(p, int) else p
+    return ffi.cast("void *", p) if p.__class__ is int else p
+
+
+def _name_cdata(name):
+    buf = _names.get(name)
+    if buf is None:
+        if name.__class__ is not str:
+            raise exceptions.InvalidArgumentError(
+                f"name must be a str (or None for an automatic name), not {type(name).__name__}")
+        if len(_names) >= _CDATA_CACHE_LIMIT:
+            _names.clear()
+        buf = _names[name] = ffi.new("char[]", name.encode())
+    return buf
+
+
+def _shape_cdata(shape):
+    if not isinstance(shape, tuple):  # lists (TF, process sets) are not cached
+        return ffi.new("int64_t[]", shape)
+    buf = _shapes.get(shape)
+    if buf is None:
+        if len(_shapes) >= _CDATA_CACHE_LIMIT:
+            _shapes.clear()
+        buf = _shapes[shape] = ffi.new("int64_t[]", shape)
+    return buf
+
+
+def _request():
+    req = getattr(_local, "request", None)
+    if req is None:
+        req = _local.request = ffi.new("hvd_tensor_request *")
+    return req
+
+
+_NO_COMPRESSION = (0, 0.0, False)
 
 
 def enqueue(op, *, name=None, dtype_code, shape, input_ptr=0, output_ptr=0, reduce_op=1,
-            prescale=1.0, postscale=1.0, root_rank=0, splits=None, compression=(0, 0.0, False),
-            process_set=0, keep=None, finish=None):
+            prescale=1.0, postscale=1.0, root_rank=0, splits=None, compression=_NO_COMPRESSION,
+            process_set=0, keep=None, finish=None, result=None):
     """Submits one tensor to the engine; returns a :class:`Handle` at once.
 
     The request struct is reused per thread: the engine copies what it needs
     before hvd_enqueue returns, and this path runs once per gradient."""
     if _orphans:
         _sweep_orphans()
-    req = getattr(_local, "request", None)
-    if req is None:
-        req = _local.request = ffi.new("hvd_tensor_request *")
-    shape_buf = ffi.new("int64_t[]", shape) if len(shape) else ffi.NULL
-    if name is not None and not isinstance(name, str):
-        raise exceptions.InvalidArgumentError(
-            f"name must be a str (or None for an automatic name), not {type(name).__name__}")
-    name_buf = ffi.new("char[]", name.encode()) if name else ffi.NULL
+    req = _request()
+    # Held in locals while the engine copies them: a cdata referenced only
+    # from a struct field would be freed at once (found by ASan).
+    name_buf = _name_cdata(name) if name else ffi.NULL
+    shape_buf = _shape_cdata(shape) if len(shape) else ffi.NULL
     nsplits = len(splits) if splits is not None else 0
+    splits_buf = ffi.new("int64_t[]", list(splits)) if nsplits else ffi.NULL
     req.op = op
     req.name = name_buf
     req.dtype = dtype_code
@@ -158,9 +222,6 @@ def enqueue(op, *, name=None, dtype_code, shape, input_ptr=0, output_ptr=0, redu
     req.prescale = prescale
     req.postscale = postscale
     req.root_rank = root_rank
-    # Held in a local: a cdata assigned only to a struct field is freed at
-    # once, and the engine would read freed memory (found by ASan).
-    splits_buf = ffi.new("int64_t[]", list(splits)) if nsplits else ffi.NULL
     req.splits = splits_buf
     req.nsplits = nsplits
     req.compression, req.topk_ratio, req.error_feedback = compression
@@ -168,7 +229,7 @@ def enqueue(op, *, name=None, dtype_code, shape, input_ptr=0, output_ptr=0, redu
     handle_id = lib.hvd_enqueue(req)
     if handle_id < 0:
         raise last_error()
-    return Handle(handle_id, keep, finish)
+    return Handle(handle_id, keep, finish, result)
 
 
 def take_output(handle_id):

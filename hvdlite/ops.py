@@ -111,18 +111,37 @@ def _check_out(out, tensor, what):
     return out
 
 
+def _fast_array_code(a):
+    """The dtype code of a writable-or-not C-contiguous ndarray, or None when the
+    checks with messages must run (anything unusual)."""
+    if a.__class__ is np.ndarray and a.flags.c_contiguous:
+        return _CODES_BY_DTYPE.get(a.dtype)
+    return None
+
+
 def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set=None, compression=Compression.none, out=None):
-    code = _check_array(tensor, "allreduce")
-    _check_op(op, "allreduce")
-    out = _check_out(out, tensor, "allreduce")
+    # Checked with plain type tests first: this runs once per tensor per step,
+    # and the general checks (with their messages) only when one fails.
+    code = _fast_array_code(tensor)
+    if code is None:
+        code = _check_array(tensor, "allreduce")
+    if op not in _OP_NAMES:
+        _check_op(op, "allreduce")
+    if (out is None or out.__class__ is not np.ndarray or not out.flags.c_contiguous
+            or not out.flags.writeable or out.shape != tensor.shape or out.dtype != tensor.dtype):
+        out = _check_out(out, tensor, "allreduce")
+    if prescale_factor.__class__ is not float:
+        prescale_factor = _factor(prescale_factor, "prescale_factor", "allreduce")
+    if postscale_factor.__class__ is not float:
+        postscale_factor = _factor(postscale_factor, "postscale_factor", "allreduce")
     return _binding.enqueue(
         _binding.ALLREDUCE, name=name, dtype_code=code, shape=tensor.shape,
         input_ptr=_addr(tensor), output_ptr=_addr(out), reduce_op=op,
-        prescale=_factor(prescale_factor, "prescale_factor", "allreduce"),
-        postscale=_factor(postscale_factor, "postscale_factor", "allreduce"),
-        compression=as_spec(compression), process_set=process_set_id(process_set),
-        keep=(tensor, out), finish=lambda _h: out)
+        prescale=prescale_factor, postscale=postscale_factor,
+        compression=as_spec(compression),
+        process_set=0 if process_set is None else process_set_id(process_set),
+        keep=(tensor, out), result=out)
 
 
 def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,

@@ -16,6 +16,7 @@ Stopping uses the launcher's own machinery first, then force:
 """
 
 import os
+import re
 import selectors
 import shlex
 import shutil
@@ -266,6 +267,14 @@ class Job:
         elif report.get("event") == "failing":
             # The rank said it is failing; it may now hang in MPI_Finalize.
             reason = report.get("reason") or "no reason given"
+            cause = _cause_elsewhere(reason)
+            if cause is not None:
+                # A survivor whose error names the rank that exited or raised:
+                # its report can overtake that rank's own, so name the cause.
+                rank, code, reason = cause
+                host = self.started.get(rank, host)
+                self._failed(rank, host, code, "failed: %s" % reason)
+                return
             self._failed(rank, host, report.get("code") or 1, "failed: %s" % reason)
 
     def _failed(self, rank, host, code, how):
@@ -310,6 +319,28 @@ class Job:
                 % (os.path.basename(self.proc.args[0]), rc))
             return rc
         return 0
+
+
+# How a survivor's HvdliteShutdownError names the rank whose exit ended the
+# job (hvdlite/basics.py words the reason; "; rank ..." follows for others).
+_SHUTDOWN_CAUSE = re.compile(r"HvdliteShutdownError: hvdlite has shut down: rank (\d+) (.*?)(?:; rank \d+ .*)?$")
+_EXIT_CODE = re.compile(r"\(exit code (\d+)\)$")
+_UNHANDLED = "exited with an unhandled exception: "
+
+
+def _cause_elsewhere(reason):
+    """(rank, exit code, reason) of the rank that a survivor's error blames for
+    exiting with an error, or None (no such rank: the survivor is the news)."""
+    m = _SHUTDOWN_CAUSE.search(reason)
+    if m is None:
+        return None
+    rank, why = int(m.group(1)), m.group(2)
+    if why.startswith(_UNHANDLED):
+        return rank, 1, why[len(_UNHANDLED):]
+    code = _EXIT_CODE.search(why)
+    if why.startswith("called sys.exit(") and code and int(code.group(1)) != 0:
+        return rank, int(code.group(1)), why
+    return None
 
 
 class LaunchError(RuntimeError):

@@ -413,3 +413,18 @@ def test_rank_dies_with_its_wrapper():
         time.sleep(0.02)
     else:
         assert not os.path.exists("/proc/%d" % child), "rank survived its wrapper"
+
+
+def test_survivor_report_names_the_rank_that_exited():
+    """A survivor's report can reach hvdrun before the failing rank's own; the
+    survivor's error names that rank, and hvdrun blames it rather than the survivor."""
+    _cause_elsewhere = mod("job")._cause_elsewhere
+    prefix = "hvdlite.exceptions.HvdliteShutdownError: hvdlite has shut down: "
+    assert _cause_elsewhere(prefix + "rank 3 called sys.exit(3) (exit code 3)") == (
+        3, 3, "called sys.exit(3) (exit code 3)")
+    assert _cause_elsewhere(prefix + "rank 1 exited with an unhandled exception: ValueError: x; "
+                                     "rank 2 exited (its Python process ended)") == (1, 1, "ValueError: x")
+    # A rank that shut down on purpose, or exited cleanly, is not a failure: the survivor is.
+    assert _cause_elsewhere(prefix + "rank 3 called hvdlite.shutdown()") is None
+    assert _cause_elsewhere(prefix + "rank 2 called sys.exit(0) (exit code 0)") is None
+    assert _cause_elsewhere("ValueError: simulated failure in rank 1") is None

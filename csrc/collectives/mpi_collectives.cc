@@ -86,6 +86,7 @@ Status MpiCollectives::Wait(MPI_Request* request, const char* what) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto spin = std::chrono::microseconds(wait_.spin_us);
+  const auto yield_until = spin + std::chrono::microseconds(wait_.yield_us);
   const auto nap = std::chrono::microseconds(wait_.sleep_us);
   while (true) {
     int done = 0;
@@ -108,7 +109,11 @@ Status MpiCollectives::Wait(MPI_Request* request, const char* what) {
           std::string(what) + " did not complete within HVDLITE_TIMEOUT_SECONDS=" + limit +
               " s: a peer rank has probably died, hangs, or stopped calling hvdlite");
     }
-    if (waited >= spin) std::this_thread::sleep_for(nap);
+    if (waited >= yield_until) {
+      std::this_thread::sleep_for(nap);
+    } else if (waited >= spin) {
+      std::this_thread::yield();
+    }
   }
 }
 
