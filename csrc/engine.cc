@@ -123,11 +123,14 @@ Status Engine::Setup() {
   auto host_of = [&](int r) { return std::string(names.data() + static_cast<size_t>(r) * kNameLen); };
   std::vector<int> local_rank_of(topology_.size);
   std::vector<std::string> hosts;
+  topology_.host_of_rank.assign(topology_.size, 0);
   for (int r = 0; r < topology_.size; ++r) {
     int same = 0;
     for (int p = 0; p < r; ++p) same += host_of(p) == host_of(r);
     local_rank_of[r] = same;
-    if (std::find(hosts.begin(), hosts.end(), host_of(r)) == hosts.end()) hosts.push_back(host_of(r));
+    auto h = std::find(hosts.begin(), hosts.end(), host_of(r));
+    topology_.host_of_rank[r] = static_cast<int>(h - hosts.begin());
+    if (h == hosts.end()) hosts.push_back(host_of(r));
   }
   const int me = topology_.rank;
   topology_.local_rank = local_rank_of[me];
@@ -144,12 +147,22 @@ Status Engine::Setup() {
 
   std::vector<int32_t> all(topology_.size);
   for (int r = 0; r < topology_.size; ++r) all[r] = r;
-  sets_.Add(std::make_shared<ProcessSet>(sets_.NextId(), all, comm_, options_, &stats_, &abort_));
+  sets_.Add(std::make_shared<ProcessSet>(sets_.NextId(), all, comm_, topology_.OneHost(all), options_,
+                                         &stats_, &abort_));
   Status local = options_status_;
   if (local.ok() && !options_.timeline_path.empty()) local = StartTimeline(options_.timeline_path, options_.timeline_mark_cycles);
   Status agreed = AgreeOnSetup(local);
   if (!agreed.ok()) timeline_.Stop();
   return agreed;
+}
+
+bool Topology::OneHost(const std::vector<int32_t>& ranks) const {
+  for (int32_t r : ranks) {
+    if (host_of_rank.at(static_cast<size_t>(r)) != host_of_rank.at(static_cast<size_t>(ranks.at(0)))) {
+      return false;
+    }
+  }
+  return true;
 }
 
 Status Engine::AgreeOnSetup(const Status& local) {
@@ -291,7 +304,8 @@ Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {
       return s;
     }
     const int32_t id = sets_.NextId();
-    sets_.Add(std::make_shared<ProcessSet>(id, ranks, comm, options_, &stats_, &abort_));
+    sets_.Add(std::make_shared<ProcessSet>(id, ranks, comm, topology_.OneHost(ranks), options_, &stats_,
+                                           &abort_));
     entry.work->value = id;
   } else {
     const int32_t id = static_cast<int32_t>(response.sizes.at(0));

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 #include <unordered_map>
 
 #include "engine_options.h"
@@ -33,6 +34,10 @@ struct Topology {
   int rank = 0, size = 1;
   int local_rank = 0, local_size = 1;
   int cross_rank = 0, cross_size = 1;
+  std::vector<int> host_of_rank;  // index of each engine rank's host (by processor name)
+
+  // Whether all these engine ranks run on one host.
+  bool OneHost(const std::vector<int32_t>& ranks) const;
 };
 
 class Engine {

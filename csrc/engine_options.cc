@@ -79,6 +79,8 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
   if (!(s = ReadDouble("CYCLE_TIME", 0.0, &o.cycle_time_ms)).ok()) return s;
   if (!(s = ReadInt("FUSION_THRESHOLD", 0, &o.fusion_threshold_bytes)).ok()) return s;
   if (!(s = ReadInt("DIRECT_THRESHOLD", 0, &o.direct_threshold_bytes)).ok()) return s;
+  if (!(s = ReadBool("SHM_ALLREDUCE", &o.shm_allreduce)).ok()) return s;
+  if (!(s = ReadInt("SHM_CHUNK_BYTES", 4096, &o.shm_chunk_bytes)).ok()) return s;
   if (!(s = ReadInt("CACHE_CAPACITY", 0, &o.cache_capacity)).ok()) return s;
   std::string name;
   if (const char* path = Lookup("TIMELINE", &name)) o.timeline_path = path;

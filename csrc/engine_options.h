@@ -37,6 +37,10 @@ struct EngineOptions {
   // fastest on the ResNet-50 set, docs/benchmarks.md). 0: the fusion threshold.
   int64_t direct_threshold_bytes = 1024 * 1024;
   int64_t cache_capacity = 1024;
+  // Reduce through shared memory when every rank of a process set is on this
+  // host (collectives/shm_allreduce.h); otherwise, or when off, MPI.
+  bool shm_allreduce = true;
+  int64_t shm_chunk_bytes = 128 * 1024;
   std::string timeline_path;
   bool timeline_mark_cycles = false;
   bool stall_check_enabled = true;

@@ -14,7 +14,8 @@ struct EngineStats {
   std::atomic<int64_t> cache_misses{0};
   std::atomic<int64_t> tensors{0};          // tensors completed
   std::atomic<int64_t> tensors_fused{0};    // of those, reduced inside a fusion buffer
-  std::atomic<int64_t> collectives{0};      // MPI data collectives issued
+  std::atomic<int64_t> collectives{0};      // data collectives issued (MPI or shared memory)
+  std::atomic<int64_t> shm_collectives{0};  // of those, reduced through shared memory
   std::atomic<int64_t> fused_buffers{0};
   std::atomic<int64_t> bytes_in{0};         // tensor bytes submitted to reductions
   std::atomic<int64_t> wire_bytes_none{0};  // bytes this rank put on the wire, per compressor
@@ -28,7 +29,7 @@ struct EngineStats {
 // Order of the values hvd_engine_stats() returns; the binding names them.
 #define HVDLITE_STATS_FIELDS(X)                                                             \
   X(cycles) X(negotiations) X(cache_hits) X(cache_misses) X(tensors) X(tensors_fused)      \
-  X(collectives) X(fused_buffers) X(bytes_in) X(wire_bytes_none) X(wire_bytes_fp16)       \
+  X(collectives) X(shm_collectives) X(fused_buffers) X(bytes_in) X(wire_bytes_none) X(wire_bytes_fp16)       \
   X(wire_bytes_topk) X(stall_warnings)
 
 }  // namespace hvdlite

@@ -57,6 +57,7 @@ struct OperationRunner::Bucket {
   ReduceOp op = ReduceOp::kSum;
   Compressor* compressor = nullptr;
   bool direct = false;  // one tensor straight from its own buffers
+  bool shm = false;     // reduced through shared memory, already done by Start
   int slot = 0;
   int64_t count = 0;     // elements
   size_t wire_bytes = 0;  // per rank
@@ -341,8 +342,17 @@ Status OperationRunner::Start(ProcessSet& set, Bucket& b) {
   Status s;
   if (b.compressor == nullptr) {
     const DataType wire_type = Is16BitFloat(b.dtype) ? DataType::kFloat32 : b.dtype;
-    s = set.mpi().StartAllreduce(b.send, b.recv, b.count, MpiReductionType(wire_type),
-                                 MpiReduceOp(b.op), &b.request);
+    if (set.shm() != nullptr && ShmAllreduce::Supports(wire_type, b.op)) {
+      // Synchronous: the engine thread does the reduction itself.
+      b.shm = true;
+      stats_->Add(stats_->shm_collectives, 1);
+      Phase(b.entries, "SHM_ALLREDUCE", true);
+      s = set.shm()->Allreduce(b.send, b.recv, b.count, wire_type, b.op);
+      Phase(b.entries, "SHM_ALLREDUCE", false);
+    } else {
+      s = set.mpi().StartAllreduce(b.send, b.recv, b.count, MpiReductionType(wire_type),
+                                   MpiReduceOp(b.op), &b.request);
+    }
     stats_->Add(stats_->wire_bytes_none, b.count * static_cast<int64_t>(DataTypeSize(wire_type)));
   } else if (b.compressor->wire() == Compressor::Wire::kAllreduce) {
     s = set.mpi().StartAllreduce(MPI_IN_PLACE, b.staged, b.count, b.compressor->WireType(),
@@ -358,13 +368,16 @@ Status OperationRunner::Start(ProcessSet& set, Bucket& b) {
     bytes_in += NumElements(e->request.shape) * static_cast<int64_t>(DataTypeSize(e->request.dtype));
   }
   stats_->Add(stats_->bytes_in, bytes_in);
-  Phase(b.entries, WirePhase(b.compressor), true);
+  if (!b.shm) Phase(b.entries, WirePhase(b.compressor), true);
   return s;
 }
 
 Status OperationRunner::Finish(ProcessSet& set, Bucket& b, MPI_Request* in_flight) {
-  Status s = set.mpi().WaitRequest(&b.request, WirePhase(b.compressor));
-  Phase(b.entries, WirePhase(b.compressor), false);
+  Status s;
+  if (!b.shm) {
+    s = set.mpi().WaitRequest(&b.request, WirePhase(b.compressor));
+    Phase(b.entries, WirePhase(b.compressor), false);
+  }
   if (!s.ok()) return s;
   const int size = set.size();
   if (b.direct) {

@@ -4,7 +4,7 @@
 
 namespace hvdlite {
 
-ProcessSet::ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm,
+ProcessSet::ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, bool one_host,
                        const EngineOptions& options, EngineStats* stats,
                        const std::atomic<bool>* abort)
     : id_(id), ranks_(std::move(ranks)), comm_(comm) {
@@ -12,10 +12,12 @@ ProcessSet::ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm,
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     mpi_ = std::make_unique<MpiCollectives>(comm_, options.wait, abort);
     controller_ = std::make_unique<Controller>(mpi_.get(), options, stats);
+    shm_ = ShmAllreduce::Create(comm_, one_host && options.shm_allreduce, options, abort);
   }
 }
 
 ProcessSet::~ProcessSet() {
+  shm_.reset();
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 

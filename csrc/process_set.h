@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "collectives/mpi_collectives.h"
+#include "collectives/shm_allreduce.h"
 #include "controller.h"
 #include "tensor_queue.h"
 
@@ -20,8 +21,10 @@ namespace hvdlite {
 class ProcessSet {
  public:
   // `comm` is MPI_COMM_NULL on ranks that are not members; it is owned here.
-  ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, const EngineOptions& options,
-             EngineStats* stats, const std::atomic<bool>* abort);
+  // Collective over `comm` (members set up the shared-memory path together).
+  // `one_host`: every member runs on this host (shared memory is possible).
+  ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, bool one_host,
+             const EngineOptions& options, EngineStats* stats, const std::atomic<bool>* abort);
   ~ProcessSet();
   ProcessSet(const ProcessSet&) = delete;
   ProcessSet& operator=(const ProcessSet&) = delete;
@@ -33,6 +36,8 @@ class ProcessSet {
   int size() const { return static_cast<int>(ranks_.size()); }
 
   MpiCollectives& mpi() { return *mpi_; }
+  // Shared-memory allreduce when all members are on this host; else null.
+  ShmAllreduce* shm() { return shm_.get(); }
   Controller& controller() { return *controller_; }
   TensorQueue& queue() { return queue_; }
 
@@ -45,6 +50,7 @@ class ProcessSet {
   std::vector<int32_t> ranks_;
   MPI_Comm comm_;
   std::unique_ptr<MpiCollectives> mpi_;
+  std::unique_ptr<ShmAllreduce> shm_;
   std::unique_ptr<Controller> controller_;
   TensorQueue queue_;
   std::mutex names_mutex_;

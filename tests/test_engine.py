@@ -4,9 +4,12 @@ import pytest
 from mpi_harness import run_ranks
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_collectives_against_numpy(ranks):
-    run_ranks("scripts/engine_collectives.py", ranks, timeout=600)
+@pytest.mark.parametrize("ranks,wire", [(2, "shm"), (4, "shm"), (2, "mpi"), (4, "mpi")])
+def test_collectives_against_numpy(ranks, wire):
+    """Every check once with reductions through shared memory (the default on one
+    host) and once through MPI."""
+    env = {"HVDLITE_SHM_ALLREDUCE": "0"} if wire == "mpi" else None
+    run_ranks("scripts/engine_collectives.py", ranks, env=env, timeout=600)
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

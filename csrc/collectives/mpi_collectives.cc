@@ -1,10 +1,9 @@
 #include "mpi_collectives.h"
 
 #include <climits>
-#include <chrono>
-#include <cstdio>
 #include <string>
-#include <thread>
+
+#include "waiter.h"
 
 namespace hvdlite {
 
@@ -83,38 +82,11 @@ Status MpiCollectives::Check(int rc, const char* what) {
 }
 
 Status MpiCollectives::Wait(MPI_Request* request, const char* what) {
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  const auto spin = std::chrono::microseconds(wait_.spin_us);
-  const auto yield_until = spin + std::chrono::microseconds(wait_.yield_us);
-  const auto nap = std::chrono::microseconds(wait_.sleep_us);
-  while (true) {
+  return WaitUntil(wait_, abort_, what, [&](Status* error) {
     int done = 0;
-    Status s = Check(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
-    if (!s.ok() || done) return s;
-    const auto waited = Clock::now() - start;
-    if (abort_ != nullptr && abort_->load(std::memory_order_relaxed)) {
-      // The request cannot be cancelled portably; leaving it is acceptable
-      // because the engine stops using this communicator after an abort.
-      return Status::Error(ErrorKind::kTimeout,
-                           std::string(what) + " abandoned: the engine is shutting down and a "
-                           "peer rank stopped answering");
-    }
-    if (wait_.timeout_seconds > 0 &&
-        waited > std::chrono::duration<double>(wait_.timeout_seconds)) {
-      char limit[32];
-      std::snprintf(limit, sizeof(limit), "%g", wait_.timeout_seconds);
-      return Status::Error(
-          ErrorKind::kTimeout,
-          std::string(what) + " did not complete within HVDLITE_TIMEOUT_SECONDS=" + limit +
-              " s: a peer rank has probably died, hangs, or stopped calling hvdlite");
-    }
-    if (waited >= yield_until) {
-      std::this_thread::sleep_for(nap);
-    } else if (waited >= spin) {
-      std::this_thread::yield();
-    }
-  }
+    *error = Check(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
+    return !error->ok() || done != 0;
+  });
 }
 
 Status MpiCollectives::Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op) {

@@ -1,6 +1,6 @@
 // The wire: every MPI call the engine makes, on one communicator, issued as
-// nonblocking operations and completed by Wait(), which spins briefly and then
-// sleeps, so a rank waiting on its peers leaves the CPU to the training thread.
+// nonblocking operations and completed by Wait() under the engine's
+// WaitPolicy (collectives/waiter.h).
 #pragma once
 
 #include <mpi.h>

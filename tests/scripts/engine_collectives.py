@@ -5,6 +5,7 @@ reference is computed locally and compared exactly: values are small integers
 times 1/4, so float sums are exact in any order.
 """
 import itertools
+import os
 import sys
 
 import numpy as np
@@ -295,6 +296,13 @@ def main():
                  test_process_sets]:
         test(r, n)
         hvd.barrier()
+    # The wire the launch asked for is the one that ran: shared memory on one
+    # host unless HVDLITE_SHM_ALLREDUCE=0, MPI then.
+    shm = hvd.engine_stats()["shm_collectives"]
+    if os.environ.get("HVDLITE_SHM_ALLREDUCE") == "0":
+        assert shm == 0, f"{shm} reductions went through shared memory with it turned off"
+    else:
+        assert shm > 0, "no reduction went through shared memory on one host"
     # After shutdown the user's own MPI still works, and init() works again.
     hvd.shutdown()
     expect(hvd.NotInitializedError, lambda: hvd.allreduce(np.ones(2)), "shut down")

@@ -235,6 +235,8 @@ def test_timeline(r, n):
     for phase in ["NEGOTIATE", "QUEUE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE",
                   "MEMCPY_OUT_FUSION_BUFFER", "COMPRESS", "DECOMPRESS", "MPI_ALLGATHER", "allgather"]:
         assert phase in names, f"timeline lacks {phase}: {sorted(n for n in names if n)}"
+    if hvd.engine_stats()["shm_collectives"]:  # one host: fp32 sums go through shared memory
+        assert "SHM_ALLREDUCE" in names, sorted(n for n in names if n)
     assert all(v == 0 for v in check_balanced(events).values()), "unbalanced B/E after a clean stop"
     rows = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     assert {"tl.group.0", "tl.fp16", "tl.topk", "tl.gather"} <= rows, rows
