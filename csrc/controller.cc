@@ -14,6 +14,8 @@ constexpr int kCoordinator = 0;
 // Word 0 of the negotiation vector. Bits mean "this rank is quiet"; the
 // bitwise AND over ranks is then "every rank is quiet".
 constexpr uint64_t kQuietBit = 1;
+// ...and "this rank has nothing in flight at all"; ANDed: the set is idle.
+constexpr uint64_t kIdleBit = 2;
 
 // "[2, 3] on ranks 0, 2; [2, 4] on rank 1"
 template <typename F>
@@ -111,7 +113,8 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
   const bool quiet = mine.requests.empty() && !mine.shutdown && stall_shutdown_.empty();
   const int slots = cache_.num_slots();
   std::vector<uint64_t> bits(1 + (slots + 63) / 64, 0);
-  bits[0] = quiet ? kQuietBit : 0;
+  const bool idle = quiet && cached_waiting_.empty() && sent_.empty() && retry_.empty();
+  bits[0] = (quiet ? kQuietBit : 0) | (idle ? kIdleBit : 0);
   for (const auto& kv : cached_waiting_) bits[1 + kv.first / 64] |= uint64_t{1} << (kv.first % 64);
   Status s = mpi_->BitwiseAnd(bits.data(), static_cast<int>(bits.size()));
   if (!s.ok()) return s;
@@ -125,6 +128,7 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
     cached_waiting_.erase(slot);
     stats_->Add(stats_->cache_hits, 1);
   }
+  out->idle = (bits[0] & kIdleBit) != 0;
   if (bits[0] & kQuietBit) return Status::OK();
 
   for (const auto& q : mine.requests) sent_[q.name] = q;

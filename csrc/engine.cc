@@ -203,6 +203,13 @@ void Engine::Loop() {
   using Clock = std::chrono::steady_clock;
   const auto cycle = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double, std::milli>(options_.cycle_time_ms));
+  // Rounds in which no rank had anything to do, in a row. After a few, the
+  // engine answers its peers less often (up to 8 cycle times): an idle round
+  // costs the training thread a wake-up and a collective, every cycle, for
+  // the whole forward pass. New work still starts a round at once, and ranks
+  // of a data-parallel job submit their first gradient at about the same time.
+  int idle_rounds = 0;
+  constexpr int kIdleRoundsBeforeBackoff = 4;
   auto next = Clock::now();
   while (true) {
     {
@@ -212,15 +219,21 @@ void Engine::Loop() {
       state_cv_.wait_until(lock, next, [this] { return shutdown_requested_ || work_pending_; });
       work_pending_ = false;
     }
-    next = Clock::now() + cycle;
+    const auto started = Clock::now();
+    bool idle = true;
     for (auto& set : sets_.All()) {
       if (!set->is_member()) continue;
-      if (!RunCycle(*set, set->id() == 0)) return;
+      bool set_idle = false;
+      if (!RunCycle(*set, set->id() == 0, &set_idle)) return;
+      idle = idle && set_idle;
     }
+    idle_rounds = idle ? idle_rounds + 1 : 0;
+    const int backoff = std::min(std::max(idle_rounds - kIdleRoundsBeforeBackoff, 0), 3);
+    next = started + cycle * (1 << backoff);
   }
 }
 
-bool Engine::RunCycle(ProcessSet& set, bool is_global) {
+bool Engine::RunCycle(ProcessSet& set, bool is_global, bool* idle) {
   if (reset_compression_.exchange(false)) runner_.ResetCompression();
   std::vector<Request> requests = set.queue().PopNewRequests();
   bool shutdown = false;
@@ -240,6 +253,7 @@ bool Engine::RunCycle(ProcessSet& set, bool is_global) {
     Stop(s);
     return false;
   }
+  *idle = responses.idle;
   if (!responses.stall_error.empty()) {
     Stop(Status::Error(ErrorKind::kStall, responses.stall_error));
     return false;

@@ -75,8 +75,9 @@ class Engine {
   // Allgathers every rank's setup outcome; fails on all ranks if any failed.
   Status AgreeOnSetup(const Status& local);
   void Loop();
-  // One negotiation + execution round on `set`. Returns false to stop.
-  bool RunCycle(ProcessSet& set, bool is_global);
+  // One negotiation + execution round on `set`. Returns false to stop;
+  // `*idle`: no rank of the set had anything to do.
+  bool RunCycle(ProcessSet& set, bool is_global, bool* idle);
   Status ChangeProcessSets(ProcessSet& global, const Response& response);
   void Stop(const Status& reason);
   Status ValidateLocally(const EnqueueArgs& args, const ProcessSet& set) const;

@@ -72,6 +72,9 @@ struct ResponseList {
   std::vector<std::string> invalidated;
   // Set when the stall inspector gives up: every rank stops with this error.
   std::string stall_error;
+  // No rank had anything new or in flight this round (not serialized: every
+  // rank computes it from the same AND).
+  bool idle = false;
 };
 
 std::vector<uint8_t> Serialize(const RequestList& list);

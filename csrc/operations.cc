@@ -58,6 +58,7 @@ struct OperationRunner::Bucket {
   Compressor* compressor = nullptr;
   bool direct = false;  // one tensor straight from its own buffers
   bool shm = false;     // reduced through shared memory, already done by Start
+  bool scaled = false;  // the post-scale was applied on the way (direct buckets)
   int slot = 0;
   int64_t count = 0;     // elements
   size_t wire_bytes = 0;  // per rank
@@ -346,8 +347,11 @@ Status OperationRunner::Start(ProcessSet& set, Bucket& b) {
       // Synchronous: the engine thread does the reduction itself.
       b.shm = true;
       stats_->Add(stats_->shm_collectives, 1);
+      // A direct tensor's Average scale rides along with the sum.
+      const double post = b.direct ? PostFactor(b.entries[0]->request, set.size()) : 1.0;
+      b.scaled = post != 1.0;
       Phase(b.entries, "SHM_ALLREDUCE", true);
-      s = set.shm()->Allreduce(b.send, b.recv, b.count, wire_type, b.op);
+      s = set.shm()->Allreduce(b.send, b.recv, b.count, wire_type, b.op, post);
       Phase(b.entries, "SHM_ALLREDUCE", false);
     } else {
       s = set.mpi().StartAllreduce(b.send, b.recv, b.count, MpiReductionType(wire_type),
@@ -383,7 +387,7 @@ Status OperationRunner::Finish(ProcessSet& set, Bucket& b, MPI_Request* in_fligh
   if (b.direct) {
     TensorEntry& e = *b.entries[0];
     const double post = PostFactor(e.request, size);
-    if (post != 1.0) CopyScaled(e.output, e.output, b.count, b.dtype, post);
+    if (post != 1.0 && !b.scaled) CopyScaled(e.output, e.output, b.count, b.dtype, post);
   } else if (b.compressor == nullptr) {
     Phase(b.entries, "MEMCPY_OUT_FUSION_BUFFER", true);
     const bool widen = Is16BitFloat(b.dtype);

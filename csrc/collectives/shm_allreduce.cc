@@ -50,46 +50,74 @@ T WrapMul(T a, T b) {
   }
 }
 
-// out = src[0] op src[1] op ... in rank order, so every rank computes the same bits.
-template <typename T, typename F>
-void ReduceSlots(const std::vector<const uint8_t*>& src, void* out_bytes, int64_t n, F f) {
+// out = post(src[0] op src[1] op ...), in rank order, so every rank computes
+// the same bits; `post` is the caller's scale (Average), folded into the last
+// pass instead of a pass of its own.
+template <typename T, typename F, typename Post>
+void ReduceSlots(const std::vector<const uint8_t*>& src, void* out_bytes, int64_t n, F f, Post post) {
   T* __restrict out = static_cast<T*>(out_bytes);
   const T* __restrict a = reinterpret_cast<const T*>(src[0]);
   const T* __restrict b = reinterpret_cast<const T*>(src[1]);
+  if (src.size() == 2) {
+    for (int64_t i = 0; i < n; ++i) out[i] = post(f(a[i], b[i]));
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
-  for (size_t k = 2; k < src.size(); ++k) {
+  for (size_t k = 2; k + 1 < src.size(); ++k) {
     const T* __restrict c = reinterpret_cast<const T*>(src[k]);
     for (int64_t i = 0; i < n; ++i) out[i] = f(out[i], c[i]);
+  }
+  const T* __restrict last = reinterpret_cast<const T*>(src.back());
+  for (int64_t i = 0; i < n; ++i) out[i] = post(f(out[i], last[i]));
+}
+
+// The same arithmetic as CopyScaled (scale.cc), so both wires give the same bits.
+template <typename T>
+T Scaled(T x, double factor) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x * static_cast<float>(factor);
+  } else {
+    return static_cast<T>(static_cast<double>(x) * factor);
+  }
+}
+
+template <typename T, typename F>
+void ReduceWithScale(const std::vector<const uint8_t*>& src, void* out, int64_t n, F f, double scale) {
+  if (scale == 1.0) {
+    ReduceSlots<T>(src, out, n, f, [](T x) { return x; });
+  } else {
+    ReduceSlots<T>(src, out, n, f, [scale](T x) { return Scaled(x, scale); });
   }
 }
 
 template <typename T>
-void ReduceAs(const std::vector<const uint8_t*>& src, void* out, int64_t n, ReduceOp op) {
+void ReduceAs(const std::vector<const uint8_t*>& src, void* out, int64_t n, ReduceOp op, double scale) {
   switch (op) {
     case ReduceOp::kMin:
-      ReduceSlots<T>(src, out, n, [](T x, T y) { return y < x ? y : x; });
+      ReduceWithScale<T>(src, out, n, [](T x, T y) { return y < x ? y : x; }, scale);
       break;
     case ReduceOp::kMax:
-      ReduceSlots<T>(src, out, n, [](T x, T y) { return x < y ? y : x; });
+      ReduceWithScale<T>(src, out, n, [](T x, T y) { return x < y ? y : x; }, scale);
       break;
     case ReduceOp::kProduct:
-      ReduceSlots<T>(src, out, n, [](T x, T y) { return WrapMul(x, y); });
+      ReduceWithScale<T>(src, out, n, [](T x, T y) { return WrapMul(x, y); }, scale);
       break;
     case ReduceOp::kSum:
     case ReduceOp::kAverage:
-      ReduceSlots<T>(src, out, n, [](T x, T y) { return WrapAdd(x, y); });
+      ReduceWithScale<T>(src, out, n, [](T x, T y) { return WrapAdd(x, y); }, scale);
       break;
   }
 }
 
-void Reduce(const std::vector<const uint8_t*>& src, void* out, int64_t n, DataType dtype, ReduceOp op) {
+void Reduce(const std::vector<const uint8_t*>& src, void* out, int64_t n, DataType dtype, ReduceOp op,
+            double scale) {
   switch (dtype) {
-    case DataType::kUInt8: ReduceAs<uint8_t>(src, out, n, op); break;
-    case DataType::kInt8: ReduceAs<int8_t>(src, out, n, op); break;
-    case DataType::kInt32: ReduceAs<int32_t>(src, out, n, op); break;
-    case DataType::kInt64: ReduceAs<int64_t>(src, out, n, op); break;
-    case DataType::kFloat32: ReduceAs<float>(src, out, n, op); break;
-    case DataType::kFloat64: ReduceAs<double>(src, out, n, op); break;
+    case DataType::kUInt8: ReduceAs<uint8_t>(src, out, n, op, scale); break;
+    case DataType::kInt8: ReduceAs<int8_t>(src, out, n, op, scale); break;
+    case DataType::kInt32: ReduceAs<int32_t>(src, out, n, op, scale); break;
+    case DataType::kInt64: ReduceAs<int64_t>(src, out, n, op, scale); break;
+    case DataType::kFloat32: ReduceAs<float>(src, out, n, op, scale); break;
+    case DataType::kFloat64: ReduceAs<double>(src, out, n, op, scale); break;
     default: break;  // refused by Supports()
   }
 }
@@ -187,7 +215,8 @@ uint8_t* ShmAllreduce::slot(int rank, uint64_t seq) const {
          RoundUp(sizeof(Control), kCacheLine) + static_cast<size_t>(seq % kSlots) * chunk_bytes_;
 }
 
-Status ShmAllreduce::Allreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op) {
+Status ShmAllreduce::Allreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
+                               double scale) {
   const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
   const int64_t per_chunk = chunk_bytes_ / elem;
   const auto* in = static_cast<const uint8_t*>(send == MPI_IN_PLACE ? recv : send);
@@ -217,7 +246,7 @@ Status ShmAllreduce::Allreduce(const void* send, void* recv, int64_t count, Data
     });
     if (!s.ok()) return s;
     for (int r = 0; r < size_; ++r) sources_[static_cast<size_t>(r)] = slot(r, seq);
-    Reduce(sources_, out + offset * elem, n, dtype, op);
+    Reduce(sources_, out + offset * elem, n, dtype, op, scale);
     control(rank_)->consumed.store(seq, std::memory_order_release);
   }
   return Status::OK();

@@ -45,8 +45,10 @@ class ShmAllreduce {
   static bool Supports(DataType dtype, ReduceOp op);
   // `send` may be MPI_IN_PLACE (then `recv` holds the input). Blocks until
   // this rank's result is complete; peers finish the same call at about the
-  // same time. Average is the caller's Sum + scale, as for MPI.
-  Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op);
+  // same time. Average is a Sum; `scale` multiplies the result on the way out
+  // (as CopyScaled would in a pass of its own).
+  Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
+                   double scale = 1.0);
 
   int64_t chunk_bytes() const { return chunk_bytes_; }
 
