@@ -49,7 +49,8 @@ class FP16Compressor(Compressor):
 
 class TopKCompressor(Compressor):
     """Each rank sends its ceil(ratio * n) largest-magnitude entries with their
-    indices; with error feedback the rest is kept and added to the next step."""
+    indices (tensors of fewer than 1024 entries whole); with error feedback the
+    rest is kept and added to the next step."""
 
     code = 2
 

@@ -22,7 +22,8 @@ std::unique_ptr<Compressor> CreateCompressor(const CompressionSpec& spec) {
     case CompressionType::kTopK: {
       // Validated earlier with a proper error; here only refuse to build nonsense.
       if (!(spec.topk_ratio > 0.0 && spec.topk_ratio <= 1.0)) return nullptr;
-      std::unique_ptr<Compressor> topk = std::make_unique<TopKCompressor>(spec.topk_ratio);
+      std::unique_ptr<Compressor> topk = std::make_unique<TopKCompressor>(
+          spec.topk_ratio, TopKCompressor::kDefaultSampleSize, TopKCompressor::kEngineSendWholeBelow);
       if (spec.error_feedback) return std::make_unique<ErrorFeedback>(std::move(topk));
       return topk;
     }

@@ -166,8 +166,8 @@ inline float LoadF32(const uint8_t* p) {
 
 }  // namespace
 
-TopKCompressor::TopKCompressor(double ratio, int64_t sample_size)
-    : ratio_(ratio), sample_size_(std::max<int64_t>(sample_size, 1)) {}
+TopKCompressor::TopKCompressor(double ratio, int64_t sample_size, int64_t send_whole_below)
+    : ratio_(ratio), sample_size_(std::max<int64_t>(sample_size, 1)), send_whole_below_(send_whole_below) {}
 
 int64_t TopKCompressor::K(double ratio, int64_t count) {
   if (count <= 0) return 0;

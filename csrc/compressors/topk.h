@@ -23,16 +23,25 @@ namespace hvdlite {
 class TopKCompressor : public Compressor {
  public:
   static constexpr int64_t kDefaultSampleSize = 16384;
+  // The engine sends segments smaller than this whole (k = count), as Deep
+  // Gradient Compression leaves biases and small layers dense: they cost
+  // little on the wire, and k = 1 of a 10-element bias delays its updates by
+  // many steps (4-rank digits MLP, top-k 1 % + error feedback, 12 epochs:
+  // 94.2 % with every tensor compressed, 96.2 % with this, 97.6 % uncompressed).
+  static constexpr int64_t kEngineSendWholeBelow = 1024;
 
   // ratio in (0, 1]. sample_size caps how many elements the threshold
   // estimate reads per segment (about 1/256 of it, at least 256; tests shrink
-  // the cap to force the fallbacks).
-  explicit TopKCompressor(double ratio, int64_t sample_size = kDefaultSampleSize);
+  // the cap to force the fallbacks). Segments of fewer than
+  // send_whole_below elements are sent whole.
+  explicit TopKCompressor(double ratio, int64_t sample_size = kDefaultSampleSize,
+                          int64_t send_whole_below = 0);
 
   // k = ceil(ratio * count) computed in double (the same expression as
   // math.ceil(ratio * n) in Python), at least 1 if count > 0, at most count.
   static int64_t K(double ratio, int64_t count);
-  int64_t K(int64_t count) const { return K(ratio_, count); }
+  // This compressor's k for a segment (send_whole_below applied).
+  int64_t K(int64_t count) const { return count < send_whole_below_ ? count : K(ratio_, count); }
 
   std::string Describe() const override;
   Wire wire() const override { return Wire::kAllgather; }
@@ -73,6 +82,7 @@ class TopKCompressor : public Compressor {
 
   double ratio_;
   int64_t sample_size_;
+  int64_t send_whole_below_;
   bool vectorised_ = true;
   double margin_sd_ = 3.0;
   double margin_extra_ = 2.0;

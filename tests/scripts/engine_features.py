@@ -122,8 +122,16 @@ def grad(r, step, size=20000, salt=0):
     return np.random.default_rng(1000 * r + step + salt).standard_normal(size).astype(np.float32)
 
 
+# The engine sends tensors smaller than this whole (csrc/compressors/topk.h).
+TOPK_SEND_WHOLE_BELOW = 1024
+
+
+def topk_k(size, ratio):
+    return size if size < TOPK_SEND_WHOLE_BELOW else max(1, int(np.ceil(ratio * size)))
+
+
 def topk_dense(x, ratio):
-    k = int(np.ceil(ratio * x.size))
+    k = topk_k(x.size, ratio)
     idx = np.argsort(-np.abs(x), kind="stable")[:k]
     out = np.zeros_like(x)
     out[idx] = x[idx]
@@ -171,13 +179,18 @@ def test_topk(r, n):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     k = int(np.ceil(ratio * x.size))
     assert delta(before, after, "wire_bytes_topk") == k * 8, delta(before, after, "wire_bytes_topk")
-    # Average and several tensors fused: each tensor selects its own k.
-    xs = [grad(r, 4, 500 + 100 * i) for i in range(6)]
+    # Average and several tensors fused: each tensor selects its own k, and
+    # those under TOPK_SEND_WHOLE_BELOW elements go whole.
+    sizes = [500 + 300 * i for i in range(6)]
+    xs = [grad(r, 4, size) for size in sizes]
+    before = hvd.engine_stats()
     outs = hvd.grouped_allreduce(xs, op=hvd.Average, name="topk.group",
                                  compression=hvd.Compression.topk(0.05, error_feedback=False))
-    for i, got in enumerate(outs):
-        want = sum(topk_dense(grad(kk, 4, 500 + 100 * i), 0.05).astype(np.float64) for kk in range(n)) / n
+    after = hvd.engine_stats()
+    for size, got in zip(sizes, outs):
+        want = sum(topk_dense(grad(kk, 4, size), 0.05).astype(np.float64) for kk in range(n)) / n
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert delta(before, after, "wire_bytes_topk") == sum(8 * topk_k(s, 0.05) for s in sizes)
     # Error feedback: nothing is lost, the running sum converges to the true one.
     def running_error(ef, steps=40, ratio=0.1):
         hvd.reset_compression_state()

@@ -90,8 +90,11 @@ for path, train in (("tape", train_tape), ("optimizer", train_fit)):
             assert abs(on_wire / bytes_in - 0.5) < 0.01, (on_wire, bytes_in)
         if label == "topk":
             assert detail["wire_bytes_fp16"] == 0
-            # 1 % of the entries, each sent as value + index (8 bytes for 4)
-            assert 0.02 <= on_wire / bytes_in < 0.025, (on_wire, bytes_in)
+            # 1 % of the entries, each sent as value + index (8 bytes for 4);
+            # variables under 1024 entries (biases, the output layer) go whole.
+            sizes = [int(np.prod(v.shape)) for v in model.trainable_variables]
+            expect = sum(8 * (n if n < 1024 else int(np.ceil(0.01 * n))) for n in sizes) / (4 * sum(sizes))
+            assert abs(on_wire / bytes_in - expect) < 0.05 * expect, (on_wire, bytes_in, expect)
 
 for path in ("tape", "optimizer"):
     base = results[(path, "none")][0]
