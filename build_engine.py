@@ -110,7 +110,7 @@ ENGINE_SOURCES = [
     "timeline.cc",
     "work.cc",
     "collectives/mpi_collectives.cc",
-    "collectives/shm_allreduce.cc",
+    "collectives/shm_collectives.cc",
     "compressors/error_feedback.cc",
     "compressors/fp16.cc",
     "compressors/registry.cc",

@@ -210,6 +210,28 @@ int64_t hvd_enqueue(const hvd_tensor_request* r) {
   return handle;
 }
 
+int64_t hvd_enqueue_allreduce(const char* name, int32_t dtype, int32_t ndim, const int64_t* shape,
+                              const void* input, void* output, int32_t reduce_op, double prescale,
+                              double postscale, int32_t compression, double topk_ratio,
+                              int32_t error_feedback, int32_t process_set) {
+  hvd_tensor_request r{};
+  r.op = static_cast<int32_t>(OpType::kAllreduce);
+  r.name = name;
+  r.dtype = dtype;
+  r.ndim = ndim;
+  r.shape = shape;
+  r.input = input;
+  r.output = output;
+  r.reduce_op = reduce_op;
+  r.prescale = prescale;
+  r.postscale = postscale;
+  r.compression = compression;
+  r.topk_ratio = topk_ratio;
+  r.error_feedback = error_feedback;
+  r.process_set = process_set;
+  return hvd_enqueue(&r);
+}
+
 int hvd_poll(int64_t handle) {
   auto work = FindWork(handle);
   if (!work) return UnknownHandle();

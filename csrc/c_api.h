@@ -52,6 +52,13 @@ int hvd_mpi_library_version(char* buffer, int length);
 
 /* Returns a handle > 0, or the negated ErrorKind. */
 int64_t hvd_enqueue(const hvd_tensor_request* request);
+/* hvd_enqueue of an allreduce with its fields as arguments: the per-gradient
+   path, where filling a struct field by field from Python costs more than
+   the engine's own work. */
+int64_t hvd_enqueue_allreduce(const char* name, int32_t dtype, int32_t ndim, const int64_t* shape,
+                              const void* input, void* output, int32_t reduce_op, double prescale,
+                              double postscale, int32_t compression, double topk_ratio,
+                              int32_t error_feedback, int32_t process_set);
 /* 1 completed, 0 pending, -1 unknown handle. */
 int hvd_poll(int64_t handle);
 /* 1 completed, 0 timed out, -1 unknown handle; timeout < 0 waits forever. */

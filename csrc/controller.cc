@@ -58,8 +58,10 @@ std::string Num(double v) {
 
 }  // namespace
 
-Controller::Controller(MpiCollectives* mpi, const EngineOptions& options, EngineStats* stats)
+Controller::Controller(MpiCollectives* mpi, ShmCollectives* shm, const EngineOptions& options,
+                       EngineStats* stats)
     : mpi_(mpi),
+      shm_(shm),
       options_(options),
       stats_(stats),
       cache_(options.cache_capacity),
@@ -116,7 +118,9 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
   const bool idle = quiet && cached_waiting_.empty() && sent_.empty() && retry_.empty();
   bits[0] = (quiet ? kQuietBit : 0) | (idle ? kIdleBit : 0);
   for (const auto& kv : cached_waiting_) bits[1 + kv.first / 64] |= uint64_t{1} << (kv.first % 64);
-  Status s = mpi_->BitwiseAnd(bits.data(), static_cast<int>(bits.size()));
+  const int words = static_cast<int>(bits.size());
+  Status s = shm_ != nullptr && shm_->FitsBoard(words) ? shm_->BitwiseAnd(bits.data(), words)
+                                                       : mpi_->BitwiseAnd(bits.data(), words);
   if (!s.ok()) return s;
   stats_->Add(stats_->cycles, 1);
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "collectives/mpi_collectives.h"
+#include "collectives/shm_collectives.h"
 #include "engine_options.h"
 #include "engine_stats.h"
 #include "message.h"
@@ -24,12 +25,18 @@ namespace hvdlite {
 
 class Controller {
  public:
-  Controller(MpiCollectives* mpi, const EngineOptions& options, EngineStats* stats);
+  // `shm` (may be null): the set's shared-memory collectives, which then
+  // carry each round's bit vector instead of MPI.
+  Controller(MpiCollectives* mpi, ShmCollectives* shm, const EngineOptions& options, EngineStats* stats);
 
   // One round, collective over the set. `shutdown` (with its reason) asks all
   // ranks to stop. `out` gets the same ordered responses on every rank.
   Status Negotiate(std::vector<Request> new_requests, bool shutdown,
                    const std::string& shutdown_reason, ResponseList* out);
+  // Whether this rank has announced tensors that other ranks have not
+  // submitted yet: they will, soon, and the round that agrees on them should
+  // not wait for this rank's cycle timer.
+  bool waiting() const { return !cached_waiting_.empty() || !sent_.empty() || !retry_.empty(); }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -53,6 +60,7 @@ class Controller {
   void ForgetCached(const std::string& name);
 
   MpiCollectives* mpi_;
+  ShmCollectives* shm_;
   EngineOptions options_;
   EngineStats* stats_;
   ResponseCache cache_;

@@ -219,17 +219,22 @@ void Engine::Loop() {
       state_cv_.wait_until(lock, next, [this] { return shutdown_requested_ || work_pending_; });
       work_pending_ = false;
     }
+
     const auto started = Clock::now();
-    bool idle = true;
+    bool idle = true, waiting = false;
     for (auto& set : sets_.All()) {
       if (!set->is_member()) continue;
       bool set_idle = false;
       if (!RunCycle(*set, set->id() == 0, &set_idle)) return;
       idle = idle && set_idle;
+      waiting = waiting || set->controller().waiting();
     }
     idle_rounds = idle ? idle_rounds + 1 : 0;
     const int backoff = std::min(std::max(idle_rounds - kIdleRoundsBeforeBackoff, 0), 3);
-    next = started + cycle * (1 << backoff);
+    // Tensors this rank announced and others have not: the ranks missing them
+    // start a round the moment they submit, and rounds pair up across ranks,
+    // so this rank joins the next one now instead of after its cycle time.
+    next = waiting ? started : started + cycle * (1 << backoff);
   }
 }
 

@@ -81,6 +81,7 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
   if (!(s = ReadInt("DIRECT_THRESHOLD", 0, &o.direct_threshold_bytes)).ok()) return s;
   if (!(s = ReadBool("SHM_ALLREDUCE", &o.shm_allreduce)).ok()) return s;
   if (!(s = ReadInt("SHM_CHUNK_BYTES", 4096, &o.shm_chunk_bytes)).ok()) return s;
+  if (!(s = ReadInt("SHM_SLOTS", 2, &o.shm_slots)).ok()) return s;
   if (!(s = ReadInt("CACHE_CAPACITY", 0, &o.cache_capacity)).ok()) return s;
   std::string name;
   if (const char* path = Lookup("TIMELINE", &name)) o.timeline_path = path;

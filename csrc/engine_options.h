@@ -38,9 +38,12 @@ struct EngineOptions {
   int64_t direct_threshold_bytes = 1024 * 1024;
   int64_t cache_capacity = 1024;
   // Reduce through shared memory when every rank of a process set is on this
-  // host (collectives/shm_allreduce.h); otherwise, or when off, MPI.
+  // host (collectives/shm_collectives.h); otherwise, or when off, MPI.
   bool shm_allreduce = true;
   int64_t shm_chunk_bytes = 128 * 1024;
+  // Chunks in each rank's ring: how far a rank may run ahead of a peer that
+  // is not scheduled (its core busy with backward) before it has to wait.
+  int64_t shm_slots = 16;
   std::string timeline_path;
   bool timeline_mark_cycles = false;
   bool stall_check_enabled = true;

@@ -343,7 +343,7 @@ Status OperationRunner::Start(ProcessSet& set, Bucket& b) {
   Status s;
   if (b.compressor == nullptr) {
     const DataType wire_type = Is16BitFloat(b.dtype) ? DataType::kFloat32 : b.dtype;
-    if (set.shm() != nullptr && ShmAllreduce::Supports(wire_type, b.op)) {
+    if (set.shm() != nullptr && ShmCollectives::Supports(wire_type, b.op)) {
       // Synchronous: the engine thread does the reduction itself.
       b.shm = true;
       stats_->Add(stats_->shm_collectives, 1);

@@ -11,8 +11,8 @@ ProcessSet::ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, bo
   if (comm_ != MPI_COMM_NULL) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     mpi_ = std::make_unique<MpiCollectives>(comm_, options.wait, abort);
-    controller_ = std::make_unique<Controller>(mpi_.get(), options, stats);
-    shm_ = ShmAllreduce::Create(comm_, one_host && options.shm_allreduce, options, abort);
+    shm_ = ShmCollectives::Create(comm_, one_host && options.shm_allreduce, options, abort);
+    controller_ = std::make_unique<Controller>(mpi_.get(), shm_.get(), options, stats);
   }
 }
 

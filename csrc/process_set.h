@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "collectives/mpi_collectives.h"
-#include "collectives/shm_allreduce.h"
+#include "collectives/shm_collectives.h"
 #include "controller.h"
 #include "tensor_queue.h"
 
@@ -36,8 +36,8 @@ class ProcessSet {
   int size() const { return static_cast<int>(ranks_.size()); }
 
   MpiCollectives& mpi() { return *mpi_; }
-  // Shared-memory allreduce when all members are on this host; else null.
-  ShmAllreduce* shm() { return shm_.get(); }
+  // Shared-memory collectives when all members are on this host; else null.
+  ShmCollectives* shm() { return shm_.get(); }
   Controller& controller() { return *controller_; }
   TensorQueue& queue() { return queue_; }
 
@@ -50,7 +50,7 @@ class ProcessSet {
   std::vector<int32_t> ranks_;
   MPI_Comm comm_;
   std::unique_ptr<MpiCollectives> mpi_;
-  std::unique_ptr<ShmAllreduce> shm_;
+  std::unique_ptr<ShmCollectives> shm_;
   std::unique_ptr<Controller> controller_;
   TensorQueue queue_;
   std::mutex names_mutex_;

@@ -232,6 +232,23 @@ def enqueue(op, *, name=None, dtype_code, shape, input_ptr=0, output_ptr=0, redu
     return Handle(handle_id, keep, finish, result)
 
 
+def enqueue_allreduce(name, dtype_code, shape, input_ptr, output_ptr, reduce_op, prescale,
+                      postscale, compression, process_set, keep, result, finish=None):
+    """:func:`enqueue` of an allreduce into a caller-owned output, with
+    positional arguments and one C call: this runs once per gradient per step."""
+    if _orphans:
+        _sweep_orphans()
+    name_buf = _name_cdata(name) if name else ffi.NULL
+    shape_buf = _shape_cdata(shape) if shape else ffi.NULL
+    kind, ratio, error_feedback = compression
+    handle_id = lib.hvd_enqueue_allreduce(
+        name_buf, dtype_code, len(shape), shape_buf, _pointer(input_ptr), _pointer(output_ptr),
+        reduce_op, prescale, postscale, kind, ratio, error_feedback, process_set)
+    if handle_id < 0:
+        raise last_error()
+    return Handle(handle_id, keep, finish, result)
+
+
 def take_output(handle_id):
     """Takes the engine-allocated result: (cdata that frees itself, nbytes, shape)."""
     data = ffi.new("void **")

@@ -135,13 +135,10 @@ def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscal
         prescale_factor = _factor(prescale_factor, "prescale_factor", "allreduce")
     if postscale_factor.__class__ is not float:
         postscale_factor = _factor(postscale_factor, "postscale_factor", "allreduce")
-    return _binding.enqueue(
-        _binding.ALLREDUCE, name=name, dtype_code=code, shape=tensor.shape,
-        input_ptr=_addr(tensor), output_ptr=_addr(out), reduce_op=op,
-        prescale=prescale_factor, postscale=postscale_factor,
-        compression=as_spec(compression),
-        process_set=0 if process_set is None else process_set_id(process_set),
-        keep=(tensor, out), result=out)
+    return _binding.enqueue_allreduce(
+        name, code, tensor.shape, _addr(tensor), _addr(out), op, prescale_factor,
+        postscale_factor, as_spec(compression),
+        0 if process_set is None else process_set_id(process_set), (tensor, out), out)
 
 
 def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,

@@ -205,19 +205,17 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     else:
         work = output
     target = tensor if inplace else output
-
-    def finish(_handle_id):
-        if target is not None and target is not work:
+    finish = None
+    if target is not None and target is not work:
+        def finish(_handle_id):
             with torch.no_grad():
                 target.copy_(work)
             return target
-        return work
 
-    return _binding.enqueue(
-        _binding.ALLREDUCE, name=name, dtype_code=code, shape=tuple(src.shape),
-        input_ptr=src.data_ptr(), output_ptr=work.data_ptr(), reduce_op=op,
-        prescale=float(prescale_factor), postscale=float(postscale_factor), compression=spec,
-        process_set=pid, keep=(tensor, src, work), finish=finish)
+    return _binding.enqueue_allreduce(
+        name, code, tuple(src.shape), src.data_ptr(), work.data_ptr(), op,
+        float(prescale_factor), float(postscale_factor), spec, pid, (tensor, src, work), work,
+        finish)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,

@@ -172,6 +172,27 @@ def test_many_async_random_order(r, n):
         check_equal(got, want, f"async tensor {i}")
 
 
+def test_lagging_ranks(r, n):
+    """Ranks submit the same tensors at different times (rank k waits 30k ms):
+    through shared memory the early ranks copy ahead into their rings and
+    sleep until the late ones publish. Sizes span one chunk, the ring
+    (16 x 128 KB) and several rings, in place and not, Sum and Average."""
+    import time
+    sizes = [5, 40000, 1 << 19, 3 << 20]  # float32: 20 B .. 12 MB
+    for step in range(3):
+        time.sleep(0.03 * ((r + step) % n))
+        handles = []
+        for i, size in enumerate(sizes):
+            x = data(r, np.float32, (size,), 3000 + 10 * step + i)
+            op = hvd.Sum if i % 2 == 0 else hvd.Average
+            out = x if step == 1 else None  # in place on one step
+            handles.append((hvd.allreduce_async(x, op=op, name=f"lag.{i}", out=out), size, op, i))
+        for h, size, op, i in handles:
+            want = reduce_ref([data(k, np.float32, (size,), 3000 + 10 * step + i) for k in range(n)],
+                              op, np.float32, n)
+            check_equal(hvd.synchronize(h), want, f"lagging ranks, step {step}, {size} floats")
+
+
 def expect(exc_type, fn, *words):
     try:
         fn()
@@ -292,7 +313,7 @@ def main():
     assert hvd.local_size() == n and hvd.local_rank() == r and hvd.cross_size() == 1 and hvd.cross_rank() == 0
     hvd.init()  # a second init with the same communicator is a no-op
     for test in [test_allreduce, test_allgather, test_broadcast, test_alltoall, test_reducescatter,
-                 test_many_async_random_order, test_mismatches, test_handles, test_bad_input,
+                 test_many_async_random_order, test_lagging_ranks, test_mismatches, test_handles, test_bad_input,
                  test_process_sets]:
         test(r, n)
         hvd.barrier()

@@ -1,0 +1,391 @@
+#include "shm_collectives.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <type_traits>
+
+
+namespace hvdlite {
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+              "shared-memory counters must be lock-free to work across processes");
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "a futex word is 32 bits");
+
+struct ShmCollectives::Header {
+  alignas(64) std::atomic<uint32_t> event;     // bumped on every publish and consume
+  alignas(64) std::atomic<uint32_t> sleepers;  // ranks asleep (or going to sleep) on `event`
+};
+
+struct ShmCollectives::BoardRow {
+  alignas(64) std::atomic<uint64_t> round;  // the last round whose vector is in words
+  // Then two vectors of board_words_ words each, alternating by round: a rank
+  // can only write round r + 2 after every rank has published r + 1, that
+  // is, after everyone finished reading round r.
+};
+
+struct ShmCollectives::Control {
+  alignas(64) std::atomic<uint64_t> published;  // last chunk this rank put in its slot
+  alignas(64) std::atomic<uint64_t> consumed;   // last chunk this rank finished reading
+};
+
+namespace {
+
+constexpr size_t kCacheLine = 64;
+// Longest futex sleep between checks for an abort or HVDLITE_TIMEOUT_SECONDS
+// (and a guard should a wake-up ever be missed).
+constexpr int64_t kSleepSliceUs = 2000;
+// Board rows cover the negotiation vector of a response cache of up to
+// 64 x 1024 slots; bigger caches negotiate through MPI.
+constexpr int64_t kMaxBoardWords = 1 + 1024;
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+size_t BoardRowBytes(int words) {
+  return RoundUp(kCacheLine + 2 * static_cast<size_t>(words) * sizeof(uint64_t), kCacheLine);
+}
+
+// A process-shared futex (no FUTEX_PRIVATE_FLAG): the word is in a segment
+// mapped by several processes.
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_us) {
+  timespec ts{static_cast<time_t>(timeout_us / 1000000), static_cast<long>(timeout_us % 1000000) * 1000};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// Integer sums and products wrap, as MPI's do, without signed overflow.
+template <typename T>
+T WrapAdd(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  } else {
+    return a + b;
+  }
+}
+
+template <typename T>
+T WrapMul(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+  } else {
+    return a * b;
+  }
+}
+
+// out = post(src[0] op src[1] op ...), in rank order, so every rank computes
+// the same bits; `post` is the caller's scale (Average), folded into the last
+// pass instead of a pass of its own.
+template <typename T, typename F, typename Post>
+void ReduceSlots(const std::vector<const uint8_t*>& src, void* out_bytes, int64_t n, F f, Post post) {
+  T* __restrict out = static_cast<T*>(out_bytes);
+  const T* __restrict a = reinterpret_cast<const T*>(src[0]);
+  const T* __restrict b = reinterpret_cast<const T*>(src[1]);
+  if (src.size() == 2) {
+    for (int64_t i = 0; i < n; ++i) out[i] = post(f(a[i], b[i]));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
+  for (size_t k = 2; k + 1 < src.size(); ++k) {
+    const T* __restrict c = reinterpret_cast<const T*>(src[k]);
+    for (int64_t i = 0; i < n; ++i) out[i] = f(out[i], c[i]);
+  }
+  const T* __restrict last = reinterpret_cast<const T*>(src.back());
+  for (int64_t i = 0; i < n; ++i) out[i] = post(f(out[i], last[i]));
+}
+
+// The same arithmetic as CopyScaled (scale.cc), so both wires give the same bits.
+template <typename T>
+T Scaled(T x, double factor) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x * static_cast<float>(factor);
+  } else {
+    return static_cast<T>(static_cast<double>(x) * factor);
+  }
+}
+
+template <typename T, typename F>
+void ReduceWithScale(const std::vector<const uint8_t*>& src, void* out, int64_t n, F f, double scale) {
+  if (scale == 1.0) {
+    ReduceSlots<T>(src, out, n, f, [](T x) { return x; });
+  } else {
+    ReduceSlots<T>(src, out, n, f, [scale](T x) { return Scaled(x, scale); });
+  }
+}
+
+template <typename T>
+void ReduceAs(const std::vector<const uint8_t*>& src, void* out, int64_t n, ReduceOp op, double scale) {
+  switch (op) {
+    case ReduceOp::kMin:
+      ReduceWithScale<T>(src, out, n, [](T x, T y) { return y < x ? y : x; }, scale);
+      break;
+    case ReduceOp::kMax:
+      ReduceWithScale<T>(src, out, n, [](T x, T y) { return x < y ? y : x; }, scale);
+      break;
+    case ReduceOp::kProduct:
+      ReduceWithScale<T>(src, out, n, [](T x, T y) { return WrapMul(x, y); }, scale);
+      break;
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+      ReduceWithScale<T>(src, out, n, [](T x, T y) { return WrapAdd(x, y); }, scale);
+      break;
+  }
+}
+
+void Reduce(const std::vector<const uint8_t*>& src, void* out, int64_t n, DataType dtype, ReduceOp op,
+            double scale) {
+  switch (dtype) {
+    case DataType::kUInt8: ReduceAs<uint8_t>(src, out, n, op, scale); break;
+    case DataType::kInt8: ReduceAs<int8_t>(src, out, n, op, scale); break;
+    case DataType::kInt32: ReduceAs<int32_t>(src, out, n, op, scale); break;
+    case DataType::kInt64: ReduceAs<int64_t>(src, out, n, op, scale); break;
+    case DataType::kFloat32: ReduceAs<float>(src, out, n, op, scale); break;
+    case DataType::kFloat64: ReduceAs<double>(src, out, n, op, scale); break;
+    default: break;  // refused by Supports()
+  }
+}
+
+bool AllAgree(MPI_Comm comm, bool mine) {
+  int v = mine ? 1 : 0;
+  if (MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_LAND, comm) != MPI_SUCCESS) return false;
+  return v != 0;
+}
+
+}  // namespace
+
+bool ShmCollectives::Supports(DataType dtype, ReduceOp) {
+  switch (dtype) {
+    case DataType::kUInt8:
+    case DataType::kInt8:
+    case DataType::kInt32:
+    case DataType::kInt64:
+    case DataType::kFloat32:
+    case DataType::kFloat64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::unique_ptr<ShmCollectives> ShmCollectives::Create(MPI_Comm comm, bool want,
+                                                   const EngineOptions& options,
+                                                   const std::atomic<bool>* abort) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  if (size < 2) return nullptr;
+  if (!AllAgree(comm, want)) return nullptr;
+
+  const int64_t chunk = std::max<int64_t>(4096, RoundUp(static_cast<size_t>(options.shm_chunk_bytes), kCacheLine));
+  const int64_t slots = std::max<int64_t>(2, options.shm_slots);
+  const int board_words = static_cast<int>(std::min<int64_t>(kMaxBoardWords, 1 + (options.cache_capacity + 63) / 64));
+  const size_t header = RoundUp(sizeof(Header), kCacheLine);
+  const size_t board_row = BoardRowBytes(board_words);
+  const size_t region = RoundUp(sizeof(Control), kCacheLine) + static_cast<size_t>(slots * chunk);
+  const size_t total = header + (board_row + region) * static_cast<size_t>(size);
+
+  // Rank 0 names and creates the segment; the name travels by MPI.
+  char name[64] = {0};
+  int fd = -1;
+  if (rank == 0) {
+    std::random_device rd;
+    std::snprintf(name, sizeof(name), "/hvdlite-%d-%08x", static_cast<int>(getpid()), rd());
+    fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0 && ftruncate(fd, static_cast<off_t>(total)) != 0) {
+      close(fd);
+      shm_unlink(name);
+      fd = -1;
+    }
+    if (fd < 0) name[0] = '\0';
+  }
+  if (MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, comm) != MPI_SUCCESS) name[0] = '\0';
+  if (rank != 0 && name[0] != '\0') fd = shm_open(name, O_RDWR, 0);
+  void* base = MAP_FAILED;
+  if (fd >= 0) {
+    base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+  }
+  // Also the point after which every rank has opened it: the name can go.
+  const bool mapped = AllAgree(comm, base != MAP_FAILED);
+  if (rank == 0 && name[0] != '\0') shm_unlink(name);
+  if (!mapped) {
+    if (base != MAP_FAILED) munmap(base, total);
+    return nullptr;
+  }
+  return std::unique_ptr<ShmCollectives>(
+      new ShmCollectives(rank, size, base, total, chunk, slots, board_words, options.wait, abort));
+}
+
+ShmCollectives::ShmCollectives(int rank, int size, void* base, size_t bytes, int64_t chunk_bytes,
+                               int64_t slots, int board_words, const WaitPolicy& wait,
+                               const std::atomic<bool>* abort)
+    : rank_(rank),
+      size_(size),
+      base_(base),
+      bytes_(bytes),
+      chunk_bytes_(chunk_bytes),
+      slots_(slots),
+      region_bytes_(RoundUp(sizeof(Control), kCacheLine) + static_cast<size_t>(slots * chunk_bytes)),
+      board_words_(board_words),
+      wait_(wait),
+      abort_(abort),
+      sources_(static_cast<size_t>(size)) {}
+
+ShmCollectives::~ShmCollectives() {
+  // Local: a peer that died cannot make this wait.
+  munmap(base_, bytes_);
+}
+
+ShmCollectives::Header* ShmCollectives::header() const { return static_cast<Header*>(base_); }
+
+ShmCollectives::BoardRow* ShmCollectives::board_row(int rank) const {
+  return reinterpret_cast<BoardRow*>(static_cast<uint8_t*>(base_) + RoundUp(sizeof(Header), kCacheLine) +
+                                     BoardRowBytes(board_words_) * static_cast<size_t>(rank));
+}
+
+ShmCollectives::Control* ShmCollectives::control(int rank) const {
+  return reinterpret_cast<Control*>(reinterpret_cast<uint8_t*>(board_row(size_)) +
+                                    region_bytes_ * static_cast<size_t>(rank));
+}
+
+uint8_t* ShmCollectives::slot(int rank, uint64_t seq) const {
+  return reinterpret_cast<uint8_t*>(control(rank)) + RoundUp(sizeof(Control), kCacheLine) +
+         static_cast<size_t>(seq % static_cast<uint64_t>(slots_)) * chunk_bytes_;
+}
+
+bool ShmCollectives::AllPublished(uint64_t seq) const {
+  for (int r = 0; r < size_; ++r) {
+    if (control(r)->published.load(std::memory_order_acquire) < seq) return false;
+  }
+  return true;
+}
+
+bool ShmCollectives::SlotFree(uint64_t seq) const {
+  const uint64_t slots = static_cast<uint64_t>(slots_);
+  if (seq <= slots) return true;
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_ && control(r)->consumed.load(std::memory_order_acquire) < seq - slots) return false;
+  }
+  return true;
+}
+
+void ShmCollectives::Signal() {
+  // Paired with Wait(): the counter was stored before this increment, and a
+  // sleeper registers before it reads the counters, so either it sees the
+  // new value or we see it registered (or its futex word changed under it).
+  header()->event.fetch_add(1, std::memory_order_seq_cst);
+  if (header()->sleepers.load(std::memory_order_seq_cst) > 0) FutexWakeAll(&header()->event);
+}
+
+template <typename Ready>
+Status ShmCollectives::Wait(const char* what, Ready ready) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto spin = std::chrono::microseconds(wait_.spin_us);
+  while (true) {
+    if (ready()) return Status::OK();
+    const auto waited = Clock::now() - start;
+    if (abort_ != nullptr && abort_->load(std::memory_order_relaxed)) {
+      return Status::Error(ErrorKind::kTimeout,
+                           std::string(what) + " abandoned: the engine is shutting down and a "
+                           "peer rank stopped answering");
+    }
+    if (wait_.timeout_seconds > 0 && waited > std::chrono::duration<double>(wait_.timeout_seconds)) {
+      char limit[32];
+      std::snprintf(limit, sizeof(limit), "%g", wait_.timeout_seconds);
+      return Status::Error(ErrorKind::kTimeout,
+                           std::string(what) + " did not complete within HVDLITE_TIMEOUT_SECONDS=" + limit +
+                               " s: a peer rank has probably died, hangs, or stopped calling hvdlite");
+    }
+    if (waited < spin) continue;
+    Header* h = header();
+    h->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t event = h->event.load(std::memory_order_seq_cst);
+    if (!ready()) FutexWait(&h->event, event, kSleepSliceUs);
+    h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+Status ShmCollectives::BitwiseAnd(uint64_t* words, int count) {
+  const uint64_t round = ++and_round_;
+  const size_t buffer = static_cast<size_t>(round % 2) * static_cast<size_t>(board_words_);
+  auto vector = [&](int r) {
+    return reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(board_row(r)) + kCacheLine) + buffer;
+  };
+  std::memcpy(vector(rank_), words, static_cast<size_t>(count) * sizeof(uint64_t));
+  board_row(rank_)->round.store(round, std::memory_order_release);
+  Signal();
+  Status s = Wait("shared-memory negotiation", [&] {
+    for (int r = 0; r < size_; ++r) {
+      if (board_row(r)->round.load(std::memory_order_acquire) < round) return false;
+    }
+    return true;
+  });
+  if (!s.ok()) return s;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const uint64_t* theirs = vector(r);
+    for (int i = 0; i < count; ++i) words[i] &= theirs[i];
+  }
+  return Status::OK();
+}
+
+Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
+                               double scale) {
+  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
+  const int64_t per_chunk = chunk_bytes_ / elem;
+  const auto* in = static_cast<const uint8_t*>(send == MPI_IN_PLACE ? recv : send);
+  auto* out = static_cast<uint8_t*>(recv);
+  const int64_t chunks = (count + per_chunk - 1) / per_chunk;
+  const uint64_t base = seq_;
+  auto seq_of = [base](int64_t chunk) { return base + static_cast<uint64_t>(chunk) + 1; };
+  // Chunks [0, copied) are in this rank's ring, [0, reduced) are done. A
+  // chunk is summed as soon as every rank has published it, which keeps it
+  // in cache between the copy and the sum; while a peer is behind, this rank
+  // copies ahead (as far as its ring and the peers' reading allow).
+  int64_t copied = 0, reduced = 0;
+  auto can_reduce = [&] { return reduced < copied && AllPublished(seq_of(reduced)); };
+  auto can_copy = [&] {
+    return copied < chunks && copied - reduced < slots_ && SlotFree(seq_of(copied));
+  };
+  while (reduced < chunks) {
+    if (can_reduce()) {
+      const uint64_t seq = seq_of(reduced);
+      const int64_t offset = reduced * per_chunk;
+      const int64_t n = std::min(per_chunk, count - offset);
+      for (int r = 0; r < size_; ++r) sources_[static_cast<size_t>(r)] = slot(r, seq);
+      Reduce(sources_, out + offset * elem, n, dtype, op, scale);
+      control(rank_)->consumed.store(seq, std::memory_order_release);
+      Signal();
+      ++reduced;
+    } else if (can_copy()) {
+      const uint64_t seq = seq_of(copied);
+      const int64_t offset = copied * per_chunk;
+      const int64_t n = std::min(per_chunk, count - offset);
+      std::memcpy(slot(rank_, seq), in + offset * elem, static_cast<size_t>(n * elem));
+      control(rank_)->published.store(seq, std::memory_order_release);
+      Signal();
+      ++copied;
+    } else {
+      Status s = Wait("shared-memory allreduce", [&] { return can_reduce() || can_copy(); });
+      if (!s.ok()) return s;
+    }
+  }
+  seq_ = base + static_cast<uint64_t>(chunks);
+  return Status::OK();
+}
+
+}  // namespace hvdlite

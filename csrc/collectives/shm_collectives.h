@@ -1,0 +1,109 @@
+// Collectives through shared memory, for a process set whose ranks all run on
+// one host: the allreduce of gradients, and the bitwise AND of negotiation.
+//
+// Allreduce. MPI's intra-node allreduce moves every byte several times (into
+// its shared cells, out into a temporary, reduced, and again for the
+// allgather half); on a host whose cores also run training, those copies are
+// CPU time taken from the backward pass. Here each rank copies a chunk of its
+// input into its own slot once and every rank sums all slots, in rank order,
+// straight into its output: the chunks stay in cache, and the result is
+// bitwise identical on every rank.
+//
+// Slots live in one POSIX shared-memory segment that rank 0 of the set creates
+// and unlinks as soon as everyone has mapped it, so nothing is left behind
+// when a process dies. Each rank has a ring of slots and two counters
+// (published / consumed), each on its own cache line. A rank copies ahead
+// into its ring while a peer has not published yet, so ranks are not held in
+// lockstep chunk by chunk: on a host whose cores also run backward, a peer's
+// engine thread is often not scheduled, and a lockstep exchange then waited
+// for every chunk. Waits spin briefly, then sleep on a futex in the segment
+// that every publish and consume wakes, so a waiting rank gives its core to
+// the training thread and is scheduled again the moment a peer moves.
+//
+// Bitwise AND. Every negotiation round ANDs a small bit vector over the set.
+// Through MPI, a rank whose peer is behind (a slower backward) polls for the
+// whole wait: polling with sched_yield takes a share of a core from the
+// training threads, and napping makes every round late. Here each rank writes
+// its vector to its row of a board and sleeps on the same futex until every
+// row holds this round.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../common.h"
+#include "../engine_options.h"
+#include "../status.h"
+
+namespace hvdlite {
+
+class ShmCollectives {
+ public:
+  // Collective over `comm`. Returns nullptr (and MPI stays the wire) when any
+  // rank does not `want` it (the set spans hosts, or the path is turned off),
+  // there is one rank, or any rank could not map the segment; every rank gets
+  // the same answer.
+  static std::unique_ptr<ShmCollectives> Create(MPI_Comm comm, bool want, const EngineOptions& options,
+                                              const std::atomic<bool>* abort);
+  ~ShmCollectives();
+  ShmCollectives(const ShmCollectives&) = delete;
+  ShmCollectives& operator=(const ShmCollectives&) = delete;
+
+  // Whether Allreduce handles this element type and op.
+  static bool Supports(DataType dtype, ReduceOp op);
+  // `send` may be MPI_IN_PLACE (then `recv` holds the input). Blocks until
+  // this rank's result is complete; peers finish the same call at about the
+  // same time. Average is a Sum; `scale` multiplies the result on the way out
+  // (as CopyScaled would in a pass of its own).
+  Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
+                   double scale = 1.0);
+
+  // In place over `count` words, like MPI_Allreduce with MPI_BAND. Needs
+  // FitsBoard(count), which is the same on every rank for the same count.
+  bool FitsBoard(int count) const { return count <= board_words_; }
+  Status BitwiseAnd(uint64_t* words, int count);
+
+  int64_t chunk_bytes() const { return chunk_bytes_; }
+
+ private:
+  struct Header;   // the segment's wake-up word, in shared memory
+  struct Control;  // the per-rank counters, in shared memory
+  struct BoardRow;  // a rank's negotiation vectors, in shared memory
+
+  ShmCollectives(int rank, int size, void* base, size_t bytes, int64_t chunk_bytes, int64_t slots,
+                 int board_words, const WaitPolicy& wait, const std::atomic<bool>* abort);
+  Header* header() const;
+  Control* control(int rank) const;
+  BoardRow* board_row(int rank) const;
+  uint8_t* slot(int rank, uint64_t seq) const;
+  bool AllPublished(uint64_t seq) const;
+  // Whether every peer has read the chunk that last used seq's slot.
+  bool SlotFree(uint64_t seq) const;
+  // Tells sleeping peers that a counter moved.
+  void Signal();
+  // Spins, then sleeps on the futex until `ready()`; fails on abort/timeout.
+  template <typename Ready>
+  Status Wait(const char* what, Ready ready);
+
+  int rank_;
+  int size_;
+  void* base_;
+  size_t bytes_;
+  int64_t chunk_bytes_;
+  int64_t slots_;        // chunks in each rank's ring
+  size_t region_bytes_;  // one rank's counters + its ring
+  uint64_t seq_ = 0;     // chunks exchanged so far; equal on every rank
+  int board_words_;      // words per board row
+  uint64_t and_round_ = 0;  // bitwise ANDs so far; equal on every rank
+  WaitPolicy wait_;
+  const std::atomic<bool>* abort_;
+  std::vector<const uint8_t*> sources_;  // scratch: every rank's slot for a chunk
+};
+
+}  // namespace hvdlite
