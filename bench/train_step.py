@@ -66,12 +66,30 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def engine_cpu_seconds():
+    """CPU time of this process's hvdlite engine thread (0 when none runs)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() != "hvdlite-engine":
+                    continue
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            continue
+    return 0.0
+
+
 class Mode:
     def __init__(self, label, model, optimizer, forward=None, engine=None, env=None):
         self.label, self.model, self.optimizer = label, model, optimizer
         self.forward = forward or model
         self.engine, self.env = engine, env or {}
         self.times = []
+        # CPU seconds per timed step, summed over ranks: the training thread's
+        # and the engine thread's (what communication costs the cores).
+        self.train_cpu, self.engine_cpu, self.steps = 0.0, 0.0, 0
 
     def step(self, x, y):
         self.optimizer.zero_grad()
@@ -218,12 +236,18 @@ def main(argv=None):
                         other.step(x, y)
             comm.Barrier()
             local = []
+            cpu0, eng0 = time.thread_time(), engine_cpu_seconds()
             for _ in range(args.steps):
                 t0 = time.perf_counter()
                 mode.step(x, y)
                 local.append(time.perf_counter() - t0)
+            # Lists concatenate under allreduce: [train, engine] of every rank.
+            cpu = comm.allreduce([time.thread_time() - cpu0, engine_cpu_seconds() - eng0])
             slowest = comm.allreduce(local, op=_max_lists)
             mode.times.extend(slowest)
+            mode.train_cpu += sum(cpu[0::2])
+            mode.engine_cpu += sum(cpu[1::2])
+            mode.steps += args.steps * size
     engines.close()
 
     if rank != 0:
@@ -232,13 +256,14 @@ def main(argv=None):
     base_ms = statistics.median(base.times) * 1e3 if base else None
     results = {"ranks": size, "layers": args.layers, "width": args.width, "batch_per_rank": args.batch,
                "params": args.layers * (args.width * args.width + args.width),
-               "threads_per_rank": torch.get_num_threads(), "rounds": args.rounds,
+               "threads_per_rank": torch.get_num_threads(), "cpus": os.cpu_count(), "rounds": args.rounds,
                "steps_per_round": args.steps, "modes": {}, "absent": absent,
                "mpi": MPI.Get_library_version().splitlines()[0][:60],
                "loadavg_end": load_average()}
     print(f"train step, {args.layers} x Linear({args.width}, {args.width}), batch {args.batch}/rank, "
           f"{size} ranks, 1 thread/rank, {args.rounds} rounds x {args.steps} steps (interleaved)")
-    print(f"{'mode':34s} {'median ms':>10s} {'p25':>8s} {'p75':>8s} {'x no-comm':>10s}")
+    print(f"{'mode':34s} {'median ms':>10s} {'p25':>8s} {'p75':>8s} {'x no-comm':>10s} "
+          f"{'train cpu':>10s} {'engine cpu':>10s}")
     for m in modes:
         ms = sorted(t * 1e3 for t in m.times)
         med = statistics.median(ms)
@@ -246,11 +271,14 @@ def main(argv=None):
         ratio = med / base_ms if base_ms else float("nan")
         r = summary(ms)
         r.update({"median_ms": round(med, 2), "p25_ms": round(q[0], 2), "p75_ms": round(q[2], 2),
-                  "ratio_to_nocomm": round(ratio, 3)})
+                  "ratio_to_nocomm": round(ratio, 3),
+                  "train_thread_cpu_ms": round(1e3 * m.train_cpu / max(1, m.steps), 2),
+                  "engine_thread_cpu_ms": round(1e3 * m.engine_cpu / max(1, m.steps), 2)})
         if m.env:
             r["env"] = {k: str(v) for k, v in m.env.items()}
         results["modes"][m.label] = r
-        print(f"{m.label:34s} {med:10.1f} {q[0]:8.1f} {q[2]:8.1f} {ratio:10.2f}")
+        print(f"{m.label:34s} {med:10.1f} {q[0]:8.1f} {q[2]:8.1f} {ratio:10.2f} "
+              f"{r['train_thread_cpu_ms']:10.1f} {r['engine_thread_cpu_ms']:10.1f}")
     for label, why in absent.items():
         print(f"{label:34s} {'absent':>10s}   {why}")
     if args.json:

@@ -33,6 +33,9 @@ from .ssh_check import SshOptions, check_hosts
 
 ESCALATE_S = 3.0
 GIVE_UP_S = 6.0
+# How long a stop waits for the output of a rank that another rank's error
+# names (its traceback may still be crossing from another host).
+OUTPUT_GRACE_S = 1.0
 _PR_SET_PDEATHSIG = 1
 
 EXIT_LAUNCH_ERROR = 1           # hvdrun could not start the job (SSH check, no MPI, ...)
@@ -82,6 +85,7 @@ class Job:
         self.stop_reason = None     # why hvdrun began stopping the job
         self.user_signal = None
         self.stop_at = None
+        self.stop_due = None        # a stop that waits for the blamed rank's own output
         self.killed_at = None
         self.proc = None
 
@@ -215,6 +219,8 @@ class Job:
                     sel.unregister(key.fileobj)
                     del streams[key.fileobj]
             now = time.monotonic()
+            if self.stop_due is not None and now >= self.stop_due:
+                self._begin_stop("rank %s failed" % self.first_failure[0])
             if self.stop_at is None and len(self.started) < self.np and \
                     now - begun > self.opts.start_timeout:
                 self._start_timed_out()
@@ -255,6 +261,10 @@ class Job:
 
     def _report(self, report):
         rank, host = report.get("rank"), report.get("host")
+        if self.stop_due is not None and self.first_failure and rank == self.first_failure[0] \
+                and report.get("event") in ("exit", "failing"):
+            # The blamed rank's own report follows its traceback: all is here.
+            self._begin_stop("rank %s failed" % rank)
         if report.get("event") == "start":
             self.started[rank] = host
         elif report.get("event") == "exit":
@@ -273,17 +283,22 @@ class Job:
                 # its report can overtake that rank's own, so name the cause.
                 rank, code, reason = cause
                 host = self.started.get(rank, host)
-                self._failed(rank, host, code, "failed: %s" % reason)
+                # Its own output (the traceback a user needs) may still be on
+                # the way from another host: stop once it is here, or soon.
+                self._failed(rank, host, code, "failed: %s" % reason, wait_for_output=True)
                 return
             self._failed(rank, host, report.get("code") or 1, "failed: %s" % reason)
 
-    def _failed(self, rank, host, code, how):
+    def _failed(self, rank, host, code, how, wait_for_output=False):
         # Only the first failure counts: the ones that follow are usually ranks
         # that lost their peer, or ranks hvdrun itself is stopping.
         if self.first_failure is None and self.stop_at is None:
             running = set(range(self.np)) - set(self.exits) - {rank}
             self.first_failure = (rank, host, code, how, len(running))
-            self._begin_stop("rank %s failed" % rank)
+            if wait_for_output and rank not in self.exits:
+                self.stop_due = time.monotonic() + OUTPUT_GRACE_S
+            else:
+                self._begin_stop("rank %s failed" % rank)
 
     def _start_timed_out(self):
         missing = sorted(set(range(self.np)) - set(self.started))

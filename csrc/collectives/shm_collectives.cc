@@ -34,7 +34,8 @@ struct ShmCollectives::BoardRow {
 };
 
 struct ShmCollectives::Control {
-  alignas(64) std::atomic<uint64_t> published;  // last chunk this rank put in its slot
+  alignas(64) std::atomic<uint64_t> published;  // last chunk whose input parts are in this rank's slot
+  alignas(64) std::atomic<uint64_t> reduced;    // last chunk whose result part is in this rank's slot
   alignas(64) std::atomic<uint64_t> consumed;   // last chunk this rank finished reading
 };
 
@@ -194,7 +195,7 @@ std::unique_ptr<ShmCollectives> ShmCollectives::Create(MPI_Comm comm, bool want,
   const int board_words = static_cast<int>(std::min<int64_t>(kMaxBoardWords, 1 + (options.cache_capacity + 63) / 64));
   const size_t header = RoundUp(sizeof(Header), kCacheLine);
   const size_t board_row = BoardRowBytes(board_words);
-  const size_t region = RoundUp(sizeof(Control), kCacheLine) + static_cast<size_t>(slots * chunk);
+  const size_t region = RoundUp(sizeof(Control), kCacheLine) + 2 * static_cast<size_t>(slots * chunk);
   const size_t total = header + (board_row + region) * static_cast<size_t>(size);
 
   // Rank 0 names and creates the segment; the name travels by MPI.
@@ -238,7 +239,7 @@ ShmCollectives::ShmCollectives(int rank, int size, void* base, size_t bytes, int
       bytes_(bytes),
       chunk_bytes_(chunk_bytes),
       slots_(slots),
-      region_bytes_(RoundUp(sizeof(Control), kCacheLine) + static_cast<size_t>(slots * chunk_bytes)),
+      region_bytes_(RoundUp(sizeof(Control), kCacheLine) + 2 * static_cast<size_t>(slots * chunk_bytes)),
       board_words_(board_words),
       wait_(wait),
       abort_(abort),
@@ -263,12 +264,21 @@ ShmCollectives::Control* ShmCollectives::control(int rank) const {
 
 uint8_t* ShmCollectives::slot(int rank, uint64_t seq) const {
   return reinterpret_cast<uint8_t*>(control(rank)) + RoundUp(sizeof(Control), kCacheLine) +
-         static_cast<size_t>(seq % static_cast<uint64_t>(slots_)) * chunk_bytes_;
+         static_cast<size_t>(seq % static_cast<uint64_t>(slots_)) * 2 * chunk_bytes_;
 }
+
+uint8_t* ShmCollectives::result_slot(int rank, uint64_t seq) const { return slot(rank, seq) + chunk_bytes_; }
 
 bool ShmCollectives::AllPublished(uint64_t seq) const {
   for (int r = 0; r < size_; ++r) {
-    if (control(r)->published.load(std::memory_order_acquire) < seq) return false;
+    if (r != rank_ && control(r)->published.load(std::memory_order_acquire) < seq) return false;
+  }
+  return true;
+}
+
+bool ShmCollectives::AllReduced(uint64_t seq) const {
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_ && control(r)->reduced.load(std::memory_order_acquire) < seq) return false;
   }
   return true;
 }
@@ -344,7 +354,7 @@ Status ShmCollectives::BitwiseAnd(uint64_t* words, int count) {
 }
 
 Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
-                               double scale) {
+                                 double scale) {
   const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
   const int64_t per_chunk = chunk_bytes_ / elem;
   const auto* in = static_cast<const uint8_t*>(send == MPI_IN_PLACE ? recv : send);
@@ -352,35 +362,68 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
   const int64_t chunks = (count + per_chunk - 1) / per_chunk;
   const uint64_t base = seq_;
   auto seq_of = [base](int64_t chunk) { return base + static_cast<uint64_t>(chunk) + 1; };
-  // Chunks [0, copied) are in this rank's ring, [0, reduced) are done. A
-  // chunk is summed as soon as every rank has published it, which keeps it
-  // in cache between the copy and the sum; while a peer is behind, this rank
-  // copies ahead (as far as its ring and the peers' reading allow).
-  int64_t copied = 0, reduced = 0;
+  // Rank p owns part p of every chunk (cache-line aligned): it alone sums
+  // that part, in rank order, and the others copy the result, so every rank
+  // ends with the same bits.
+  auto part = [&](int64_t chunk, int p, int64_t* lo, int64_t* hi) {
+    const int64_t n = std::min(per_chunk, count - chunk * per_chunk);
+    const int64_t align = std::max<int64_t>(1, static_cast<int64_t>(kCacheLine) / elem);
+    const int64_t each = ((n + size_ - 1) / size_ + align - 1) / align * align;
+    *lo = std::min(n, each * p);
+    *hi = std::min(n, each * (p + 1));
+  };
+  // Chunks [0, copied) have their parts for the other ranks in this rank's
+  // ring, [0, reduced) have this rank's part summed, [0, gathered) are done.
+  // A chunk moves on as soon as the peers allow, which keeps it in cache;
+  // while a peer is behind, this rank copies ahead (as far as its ring and
+  // the peers' reading allow).
+  int64_t copied = 0, reduced = 0, gathered = 0;
+  auto can_gather = [&] { return gathered < reduced && AllReduced(seq_of(gathered)); };
   auto can_reduce = [&] { return reduced < copied && AllPublished(seq_of(reduced)); };
   auto can_copy = [&] {
-    return copied < chunks && copied - reduced < slots_ && SlotFree(seq_of(copied));
+    return copied < chunks && copied - gathered < slots_ && SlotFree(seq_of(copied));
   };
-  while (reduced < chunks) {
-    if (can_reduce()) {
-      const uint64_t seq = seq_of(reduced);
-      const int64_t offset = reduced * per_chunk;
-      const int64_t n = std::min(per_chunk, count - offset);
-      for (int r = 0; r < size_; ++r) sources_[static_cast<size_t>(r)] = slot(r, seq);
-      Reduce(sources_, out + offset * elem, n, dtype, op, scale);
+  int64_t lo = 0, hi = 0;
+  while (gathered < chunks) {
+    if (can_gather()) {
+      const uint64_t seq = seq_of(gathered);
+      uint8_t* dst = out + gathered * per_chunk * elem;
+      for (int p = 0; p < size_; ++p) {
+        if (p == rank_) continue;
+        part(gathered, p, &lo, &hi);
+        std::memcpy(dst + lo * elem, result_slot(p, seq) + lo * elem, static_cast<size_t>((hi - lo) * elem));
+      }
       control(rank_)->consumed.store(seq, std::memory_order_release);
       Signal();
+      ++gathered;
+    } else if (can_reduce()) {
+      const uint64_t seq = seq_of(reduced);
+      part(reduced, rank_, &lo, &hi);
+      const uint8_t* mine = in + (reduced * per_chunk + lo) * elem;
+      for (int r = 0; r < size_; ++r) {
+        sources_[static_cast<size_t>(r)] = r == rank_ ? mine : slot(r, seq) + lo * elem;
+      }
+      // Summed into the shared result first, then copied out: the output
+      // may be the input this rank just read from.
+      uint8_t* result = result_slot(rank_, seq) + lo * elem;
+      Reduce(sources_, result, hi - lo, dtype, op, scale);
+      control(rank_)->reduced.store(seq, std::memory_order_release);
+      Signal();
+      std::memcpy(out + (reduced * per_chunk + lo) * elem, result, static_cast<size_t>((hi - lo) * elem));
       ++reduced;
     } else if (can_copy()) {
       const uint64_t seq = seq_of(copied);
-      const int64_t offset = copied * per_chunk;
-      const int64_t n = std::min(per_chunk, count - offset);
-      std::memcpy(slot(rank_, seq), in + offset * elem, static_cast<size_t>(n * elem));
+      const uint8_t* src = in + copied * per_chunk * elem;
+      for (int p = 0; p < size_; ++p) {
+        if (p == rank_) continue;
+        part(copied, p, &lo, &hi);
+        std::memcpy(slot(rank_, seq) + lo * elem, src + lo * elem, static_cast<size_t>((hi - lo) * elem));
+      }
       control(rank_)->published.store(seq, std::memory_order_release);
       Signal();
       ++copied;
     } else {
-      Status s = Wait("shared-memory allreduce", [&] { return can_reduce() || can_copy(); });
+      Status s = Wait("shared-memory allreduce", [&] { return can_gather() || can_reduce() || can_copy(); });
       if (!s.ok()) return s;
     }
   }

@@ -4,10 +4,13 @@
 // Allreduce. MPI's intra-node allreduce moves every byte several times (into
 // its shared cells, out into a temporary, reduced, and again for the
 // allgather half); on a host whose cores also run training, those copies are
-// CPU time taken from the backward pass. Here each rank copies a chunk of its
-// input into its own slot once and every rank sums all slots, in rank order,
-// straight into its output: the chunks stay in cache, and the result is
-// bitwise identical on every rank.
+// CPU time taken from the backward pass. Here each chunk is reduce-scattered
+// and allgathered through the segment: rank p owns part p of the chunk; every
+// rank copies the parts others own into its slot, each owner sums its part in
+// rank order (its own share straight from its input) into a result slot, and
+// every rank copies the results back. The chunks stay in cache, each element
+// is summed by one rank (the same bits everywhere), and each rank makes four
+// passes over its bytes.
 //
 // Slots live in one POSIX shared-memory segment that rank 0 of the set creates
 // and unlinks as soon as everyone has mapped it, so nothing is left behind
@@ -81,8 +84,13 @@ class ShmCollectives {
   Header* header() const;
   Control* control(int rank) const;
   BoardRow* board_row(int rank) const;
+  // A ring position holds a chunk's input (the parts other ranks sum) and,
+  // after it, the part this rank summed.
   uint8_t* slot(int rank, uint64_t seq) const;
+  uint8_t* result_slot(int rank, uint64_t seq) const;
+  // Whether every other rank has published inputs / results of chunk seq.
   bool AllPublished(uint64_t seq) const;
+  bool AllReduced(uint64_t seq) const;
   // Whether every peer has read the chunk that last used seq's slot.
   bool SlotFree(uint64_t seq) const;
   // Tells sleeping peers that a counter moved.
