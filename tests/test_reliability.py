@@ -7,6 +7,7 @@ lists what the user sees in each case.
 """
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import uuid
 import pytest
 
 from hosts_fixture import hvdrun_argv, wait_until_gone
-from mpi_harness import TESTS, mpiexec, rank_env, require, run_ranks
+from mpi_harness import REQUIRE_ALL, TESTS, mpiexec, rank_env, require, run_ranks
 
 FAILURE_LIMIT_S = 10.0
 REPO = os.path.dirname(TESTS)
@@ -240,6 +241,41 @@ def test_cuda_tensor_on_cpu_only_build(tmp_path):
 
 
 # ---------------------------------------------------------------- long and threaded runs
+
+SHM_FULL = r"""
+import numpy as np
+import hvdlite as hvd
+
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+for size in (5, 40000, 1 << 20):
+    got = hvd.allreduce(np.full(size, r + 1, np.float32), op=hvd.Sum, name="full.%d" % size)
+    assert np.array_equal(got, np.full(size, n * (n + 1) / 2, np.float32)), size
+stats = hvd.engine_stats()
+assert stats["shm_collectives"] == 0, "the shared-memory path ran without its segment: %r" % stats
+print("RANK %d OK" % r, flush=True)
+"""
+
+
+def test_full_dev_shm_falls_back_to_mpi(tmp_path):
+    """/dev/shm too small for the engine's segment (a container's 64 MB tmpfs,
+    here 48 MB against a 512 MB segment): MPI carries the set, no SIGBUS."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        msg = "needs root and unshare to mount a small /dev/shm in a private mount namespace"
+        if REQUIRE_ALL:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    script = tmp_path / "shm_full.py"
+    script.write_text(SHM_FULL)
+    inner = "mount -t tmpfs -o size=48m tmpfs /dev/shm && exec %s -n 2 %s %s" % (
+        mpiexec(), sys.executable, script)
+    # 1024 slots of 2 x 128 KB per rank: a 512 MB segment cannot be allocated.
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", inner],
+                          env=rank_env({"HVDLITE_SHM_SLOTS": "1024"}), capture_output=True,
+                          text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and out.count("OK") == 2, out[-4000:]
+
 
 def test_concurrent_threads_data_integrity():
     proc = run_ranks("scripts/reliability_threads.py", 2, args=[4, 300])

@@ -205,7 +205,9 @@ std::unique_ptr<ShmCollectives> ShmCollectives::Create(MPI_Comm comm, bool want,
     std::random_device rd;
     std::snprintf(name, sizeof(name), "/hvdlite-%d-%08x", static_cast<int>(getpid()), rd());
     fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd >= 0 && ftruncate(fd, static_cast<off_t>(total)) != 0) {
+    // Allocated now, not on first touch: a full /dev/shm (a container's
+    // 64 MB default) then means MPI carries the set instead of a SIGBUS later.
+    if (fd >= 0 && posix_fallocate(fd, 0, static_cast<off_t>(total)) != 0) {
       close(fd);
       shm_unlink(name);
       fd = -1;
