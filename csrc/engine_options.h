@@ -18,7 +18,7 @@ namespace hvdlite {
 // straight back when none does; only a wait longer than yield_us (a peer
 // that is far behind, or gone) drops to sleeping in sleep_us steps.
 struct WaitPolicy {
-  int64_t spin_us = 50;
+  int64_t spin_us = 10;
   int64_t yield_us = 1000000;
   int64_t sleep_us = 100;
   // Give up waiting after this long (0 = never). Protects against a peer that
