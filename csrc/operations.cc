@@ -359,8 +359,18 @@ Status OperationRunner::Start(ProcessSet& set, Bucket& b) {
     }
     stats_->Add(stats_->wire_bytes_none, b.count * static_cast<int64_t>(DataTypeSize(wire_type)));
   } else if (b.compressor->wire() == Compressor::Wire::kAllreduce) {
-    s = set.mpi().StartAllreduce(MPI_IN_PLACE, b.staged, b.count, b.compressor->WireType(),
-                                 b.compressor->WireSumOp(), &b.request);
+    if (set.shm() != nullptr && b.compressor->WireType() == MPI_UINT16_T &&
+        ShmCollectives::Supports(DataType::kFloat16, ReduceOp::kSum)) {
+      // The halves cross shared memory, summed as the MPI op would sum them.
+      b.shm = true;
+      stats_->Add(stats_->shm_collectives, 1);
+      Phase(b.entries, "SHM_ALLREDUCE", true);
+      s = set.shm()->Allreduce(MPI_IN_PLACE, b.staged, b.count, DataType::kFloat16, ReduceOp::kSum);
+      Phase(b.entries, "SHM_ALLREDUCE", false);
+    } else {
+      s = set.mpi().StartAllreduce(MPI_IN_PLACE, b.staged, b.count, b.compressor->WireType(),
+                                   b.compressor->WireSumOp(), &b.request);
+    }
     stats_->Add(stats_->wire_bytes_fp16, static_cast<int64_t>(b.wire_bytes));
   } else {
     s = set.mpi().StartAllgather(b.staged, static_cast<int64_t>(b.wire_bytes), b.gathered, &b.request);

@@ -21,6 +21,14 @@ def test_features_four_ranks(tmp_path):
     run_ranks("scripts/engine_features.py", 4, args=[tmp_path, "fusion_matches_unfused,cache,fp16,topk"])
 
 
+def test_features_over_mpi(tmp_path):
+    """The same checks with shared memory turned off: MPI carries fused and
+    compressed buckets (one host uses shared memory otherwise)."""
+    run_ranks("scripts/engine_features.py", 2,
+              args=[tmp_path, "fusion_matches_unfused,cache,fp16,topk,timeline"],
+              env={"HVDLITE_SHM_ALLREDUCE": "0"})
+
+
 def test_timeline_merge(tmp_path):
     run_ranks("scripts/engine_features.py", 2, args=[tmp_path, "timeline"])
     out = tmp_path / "merged.json"

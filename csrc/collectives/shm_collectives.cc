@@ -14,6 +14,8 @@
 #include <random>
 #include <type_traits>
 
+#include "../compressors/fp16.h"
+
 
 namespace hvdlite {
 
@@ -146,9 +148,19 @@ void ReduceAs(const std::vector<const uint8_t*>& src, void* out, int64_t n, Redu
   }
 }
 
+// fp16 compression's wire: halves summed as its MPI op sums them (in float32,
+// rounded once per addition), in rank order.
+void SumHalves(const std::vector<const uint8_t*>& src, void* out, int64_t n) {
+  auto* acc = static_cast<uint16_t*>(out);
+  std::memcpy(acc, src[0], static_cast<size_t>(n) * sizeof(uint16_t));
+  const auto& kernels = BestFp16Kernels();
+  for (size_t k = 1; k < src.size(); ++k) kernels.sum(reinterpret_cast<const uint16_t*>(src[k]), acc, n);
+}
+
 void Reduce(const std::vector<const uint8_t*>& src, void* out, int64_t n, DataType dtype, ReduceOp op,
             double scale) {
   switch (dtype) {
+    case DataType::kFloat16: SumHalves(src, out, n); break;
     case DataType::kUInt8: ReduceAs<uint8_t>(src, out, n, op, scale); break;
     case DataType::kInt8: ReduceAs<int8_t>(src, out, n, op, scale); break;
     case DataType::kInt32: ReduceAs<int32_t>(src, out, n, op, scale); break;
@@ -167,8 +179,10 @@ bool AllAgree(MPI_Comm comm, bool mine) {
 
 }  // namespace
 
-bool ShmCollectives::Supports(DataType dtype, ReduceOp) {
+bool ShmCollectives::Supports(DataType dtype, ReduceOp op) {
   switch (dtype) {
+    case DataType::kFloat16:  // the fp16 compressor's wire: sums only
+      return op == ReduceOp::kSum;
     case DataType::kUInt8:
     case DataType::kInt8:
     case DataType::kInt32:

@@ -55,7 +55,10 @@ def test_fusion_matches_unfused(r, n):
         if label == "unfused":
             assert fused == 0, f"threshold 0 must not fuse, fused {fused}"
         else:
-            assert fused > 40, f"expected fused tensors at 64 KiB, got {fused}"
+            # How many share a bucket depends on which were ready everywhere in
+            # the same round (timing); that some do is what this shows.
+            assert fused >= 2 and delta(before, stats, "fused_buffers") >= 1, \
+                f"expected fused tensors at 64 KiB, got {fused}"
     for op in (hvd.Sum, hvd.Average):
         for i, (a, b) in enumerate(zip(results["unfused"][op], results["fused"][op])):
             if n > 2 and a.dtype.kind == "f":
@@ -155,6 +158,15 @@ def test_fp16(r, n):
     fp16_bytes = delta(before, mid, "wire_bytes_fp16")
     fp32_bytes = delta(mid, after, "wire_bytes_none")
     assert fp16_bytes == x.size * 2 and fp32_bytes == x.size * 4, (fp16_bytes, fp32_bytes)
+    # One host: the halves go through shared memory unless it is turned off,
+    # and either wire sums them as the MPI op does (float32, rounded once per
+    # addition): at 2 ranks that is exactly half(half(x0) + half(x1)).
+    shm_off = os.environ.get("HVDLITE_SHM_ALLREDUCE") == "0"
+    assert (delta(before, mid, "shm_collectives") == 0) == shm_off, delta(before, mid, "shm_collectives")
+    if n == 2:
+        halves = [grad(k, 0).astype(np.float16).astype(np.float32) for k in range(n)]
+        exact = (halves[0] + halves[1]).astype(np.float16).astype(np.float32) * np.float32(0.5)
+        assert np.array_equal(got, exact), "fp16 sum differs from the MPI op's arithmetic"
     # Several tensors fused under fp16, and reducescatter with fp16.
     xs2 = [grad(r, 1, 1000 + 10 * i) for i in range(8)]
     outs = hvd.grouped_allreduce(xs2, op=hvd.Sum, compression=hvd.Compression.fp16, name="fp16.group")
@@ -245,11 +257,12 @@ def test_timeline(r, n):
     hvd.stop_timeline()
     events = timeline.load(pattern.replace("%r", str(r)))
     names = {e.get("name") for e in events}
-    for phase in ["NEGOTIATE", "QUEUE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE",
+    # One host: sums (fp32 and fp16's halves) go through shared memory unless
+    # it is turned off; top-k's allgather always through MPI.
+    wire = "SHM_ALLREDUCE" if hvd.engine_stats()["shm_collectives"] else "MPI_ALLREDUCE"
+    for phase in ["NEGOTIATE", "QUEUE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", wire,
                   "MEMCPY_OUT_FUSION_BUFFER", "COMPRESS", "DECOMPRESS", "MPI_ALLGATHER", "allgather"]:
         assert phase in names, f"timeline lacks {phase}: {sorted(n for n in names if n)}"
-    if hvd.engine_stats()["shm_collectives"]:  # one host: fp32 sums go through shared memory
-        assert "SHM_ALLREDUCE" in names, sorted(n for n in names if n)
     assert all(v == 0 for v in check_balanced(events).values()), "unbalanced B/E after a clean stop"
     rows = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     assert {"tl.group.0", "tl.fp16", "tl.topk", "tl.gather"} <= rows, rows
