@@ -1,6 +1,6 @@
 """Runs hvdlite's benchmark suite and writes the results, a Markdown report and plots.
 
-    python -m hvdlite.bench                        # everything (30-60 minutes on 2 vCPUs)
+    python -m hvdlite.bench                        # everything (7-15 minutes on 2 vCPUs)
     python -m hvdlite.bench --cases allreduce,train_step
     python -m hvdlite.bench --tiny --out-dir /tmp/b   # seconds: the smoke test's run
     python -m hvdlite.bench --report bench/results/2026-11-22.json   # docs from a JSON
