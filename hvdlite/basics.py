@@ -162,8 +162,14 @@ def _install_excepthook():
         _exit_code = None  # the process now exits with 1, whatever sys.exit saw before
         text = "".join(traceback.format_exception_only(exc_type, exc)).strip()
         _exit_reason = f"exited with an unhandled exception: {text}"
-        _report_failing(1, text)
+        # Traceback first: hvdrun stops the job once this rank's report is in,
+        # so a report ahead of the traceback could cut the traceback off.
         previous(exc_type, exc, tb)
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+        _report_failing(1, text)
 
     sys.excepthook = hook
 
