@@ -344,15 +344,10 @@ Status OperationRunner::Start(ProcessSet& set, Bucket& b) {
   if (b.compressor == nullptr) {
     const DataType wire_type = Is16BitFloat(b.dtype) ? DataType::kFloat32 : b.dtype;
     if (set.shm() != nullptr && ShmCollectives::Supports(wire_type, b.op)) {
-      // Synchronous: the engine thread does the reduction itself.
-      b.shm = true;
-      stats_->Add(stats_->shm_collectives, 1);
       // A direct tensor's Average scale rides along with the sum.
       const double post = b.direct ? PostFactor(b.entries[0]->request, set.size()) : 1.0;
       b.scaled = post != 1.0;
-      Phase(b.entries, "SHM_ALLREDUCE", true);
-      s = set.shm()->Allreduce(b.send, b.recv, b.count, wire_type, b.op, post);
-      Phase(b.entries, "SHM_ALLREDUCE", false);
+      s = StartShm(set, b, b.send, b.recv, wire_type, b.op, post);
     } else {
       s = set.mpi().StartAllreduce(b.send, b.recv, b.count, MpiReductionType(wire_type),
                                    MpiReduceOp(b.op), &b.request);
@@ -362,11 +357,7 @@ Status OperationRunner::Start(ProcessSet& set, Bucket& b) {
     if (set.shm() != nullptr && b.compressor->WireType() == MPI_UINT16_T &&
         ShmCollectives::Supports(DataType::kFloat16, ReduceOp::kSum)) {
       // The halves cross shared memory, summed as the MPI op would sum them.
-      b.shm = true;
-      stats_->Add(stats_->shm_collectives, 1);
-      Phase(b.entries, "SHM_ALLREDUCE", true);
-      s = set.shm()->Allreduce(MPI_IN_PLACE, b.staged, b.count, DataType::kFloat16, ReduceOp::kSum);
-      Phase(b.entries, "SHM_ALLREDUCE", false);
+      s = StartShm(set, b, MPI_IN_PLACE, b.staged, DataType::kFloat16, ReduceOp::kSum, 1.0);
     } else {
       s = set.mpi().StartAllreduce(MPI_IN_PLACE, b.staged, b.count, b.compressor->WireType(),
                                    b.compressor->WireSumOp(), &b.request);
@@ -383,6 +374,16 @@ Status OperationRunner::Start(ProcessSet& set, Bucket& b) {
   }
   stats_->Add(stats_->bytes_in, bytes_in);
   if (!b.shm) Phase(b.entries, WirePhase(b.compressor), true);
+  return s;
+}
+
+Status OperationRunner::StartShm(ProcessSet& set, Bucket& b, const void* send, void* recv,
+                                 DataType wire_type, ReduceOp op, double scale) {
+  b.shm = true;
+  stats_->Add(stats_->shm_collectives, 1);
+  Phase(b.entries, "SHM_ALLREDUCE", true);
+  Status s = set.shm()->Allreduce(send, recv, b.count, wire_type, op, scale);
+  Phase(b.entries, "SHM_ALLREDUCE", false);
   return s;
 }
 

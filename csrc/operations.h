@@ -41,6 +41,10 @@ class OperationRunner {
   Status RunAllreduces(ProcessSet& set, std::vector<TensorEntry*>& entries);
   Status Prepare(ProcessSet& set, Bucket& bucket, MPI_Request* in_flight);
   Status Start(ProcessSet& set, Bucket& bucket);
+  // A bucket's sum through the set's shared memory: synchronous, the engine
+  // thread reduces it itself.
+  Status StartShm(ProcessSet& set, Bucket& bucket, const void* send, void* recv, DataType wire_type,
+                  ReduceOp op, double scale);
   Status Finish(ProcessSet& set, Bucket& bucket, MPI_Request* in_flight);
 
   Status Allreduce(ProcessSet& set, TensorEntry& entry);
