@@ -14,6 +14,7 @@ import statistics
 from . import kernels as kernels_mod
 
 R50_RAW = ["mpi4py unfused", "mpi4py one buffer", "mpi4py 25 MB buckets"]
+IDLE_MODE = "hvdlite, engine priority idle"
 TARGETS = {"resnet50": 1.10, "train_step": 1.15, "small": 2.0, "net_topk": 10.0, "net_fp16": 1.8}
 RESNET50_FLOATS = 25557032
 
@@ -404,6 +405,11 @@ def summary_section(data):
         v = mo["hvdlite"]["ratio_to_nocomm"] if "hvdlite" in mo else None
         rows.append(["train step, hvdlite / no communication", "<= %.2fx" % TARGETS["train_step"],
                      ratio(v), met(v, TARGETS["train_step"])])
+        idle = mo.get(IDLE_MODE)
+        if idle:
+            v = idle["ratio_to_nocomm"]
+            rows.append(["train step, hvdlite with `HVDLITE_ENGINE_PRIORITY=idle` / no communication",
+                         "<= %.2fx" % TARGETS["train_step"], ratio(v), met(v, TARGETS["train_step"])])
     if ok(data, "allreduce"):
         s = c["allreduce"]["small"]
         v = s["hvdlite"]["median_ms"] / s["mpi4py loop"]["median_ms"] if "mpi4py loop" in s else None
@@ -587,6 +593,18 @@ def cpu_analysis(case):
                TARGETS["train_step"], need, gb / (need / 1e3) if need > 0 else float("nan")))
     if threads < cpus:
         text += " Here cores were left over, so the engine could also run beside the training threads."
+    idle = mo.get(IDLE_MODE)
+    if idle and "other_threads_cpu_ms" in idle:
+        text += ("\n\nThe same reduction took the engine %s ms of CPU per step with "
+                 "`HVDLITE_ENGINE_PRIORITY=idle` (training thread %s ms), %.2fx the no-communication "
+                 "step: an idle-priority engine runs when a core has nothing else to run (after "
+                 "backward, or on the core of a rank that finished first), in long stretches, instead "
+                 "of waking in the middle of backward for every negotiation round and every chunk a "
+                 "peer publishes. Use it where the training threads fill every core and nothing else "
+                 "runs on the host: an idle-priority thread gets almost no CPU while other programs "
+                 "keep the cores busy (docs/engine.md)."
+                 % (ms(idle["other_threads_cpu_ms"]), ms(idle.get("train_thread_cpu_ms")),
+                    idle["ratio_to_nocomm"]))
     return text + "\n"
 
 
@@ -951,6 +969,14 @@ def advice_section(data):
         bullet += ("Top-k changes the optimisation (error feedback sends the rest in later steps): check "
                    "accuracy before relying on it; fp16 is the safe first step on slow links.\n")
         out.append(bullet)
+    if ok(data, "train_step") and IDLE_MODE in c["train_step"]["modes"] and "hvdlite" in c["train_step"]["modes"]:
+        mo = c["train_step"]["modes"]
+        out.append("- **Engine priority** (`HVDLITE_ENGINE_PRIORITY`, `hvdrun --engine-priority`): where the "
+                   "training threads fill every core of a dedicated host (CPU training, ranks x threads = "
+                   "cores), `idle` made the training step %s of no communication against %s with the "
+                   "default. Keep the default where other programs share the cores: an idle-priority "
+                   "engine then waits for them.\n"
+                   % (ratio(mo[IDLE_MODE]["ratio_to_nocomm"]), ratio(mo["hvdlite"]["ratio_to_nocomm"])))
     if ok(data, "scaling"):
         out.append("- **Ranks per machine**: keep ranks <= cores. Oversubscribed ranks (more ranks than "
                    "cores) wait for the scheduler, and every collective then costs scheduler time slices.\n")

@@ -7,6 +7,7 @@ gradients), batch 64 per rank, 1 compute thread per rank, plain SGD.
     mpiexec -n 2 python bench/train_step.py                # prints a table
     mpiexec -n 2 python bench/train_step.py --plot docs/img/train_step.png --json out.json
     mpiexec -n 2 python bench/train_step.py --compression fp16,topk
+    mpiexec -n 2 python bench/train_step.py --engine-priorities batch,idle
     mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite --hvdlite-settings 4MB:1,64MB:1
 
 Each round runs every mode for --steps steps, in a rotating order, so slow
@@ -51,6 +52,9 @@ def parse_args(argv=None):
                    help="comma list of hvdlite compressions to run besides none: fp16, topk "
                         "(each adds an 'hvdlite fp16' / 'hvdlite topk 1%%' mode)")
     p.add_argument("--topk-ratio", type=float, default=0.01)
+    p.add_argument("--engine-priorities", default="",
+                   help="comma list of HVDLITE_ENGINE_PRIORITY values (batch, idle) to run besides the "
+                        "default: each adds an 'hvdlite, engine priority P' mode")
     p.add_argument("--hvdlite-settings", default=None,
                    help="comma list FUSION:CYCLE_MS (e.g. 4MB:1,64MB:0.25): one hvdlite mode each, "
                         "in place of the plain 'hvdlite' mode")
@@ -151,6 +155,9 @@ def build_modes(names, args, engines):
                     modes.append(hvdlite_mode(f"hvdlite {spec}", f"e{i}.", hvd.Compression.none, env))
             else:
                 modes.append(hvdlite_mode("hvdlite", "", hvd.Compression.none, None))
+            for i, prio in enumerate(p for p in args.engine_priorities.split(",") if p and p != "normal"):
+                modes.append(hvdlite_mode(f"hvdlite, engine priority {prio}", f"p{i}.", hvd.Compression.none,
+                                          {"HVDLITE_ENGINE_PRIORITY": prio}))
             for comp in [c for c in args.compression.split(",") if c and c != "none"]:
                 if comp == "fp16":
                     modes.append(hvdlite_mode("hvdlite fp16", "fp16.", hvd.Compression.fp16, None))

@@ -1,10 +1,12 @@
 #include "engine.h"
 
 #include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -15,6 +17,20 @@ namespace {
 // How long Shutdown() lets the engine finish its last round before it stops
 // waiting on peers (one of them may be gone).
 constexpr double kShutdownGraceSeconds = 30.0;
+
+// Lowering a thread's own policy needs no privilege, so this only fails on a
+// kernel without the policy; the engine then runs as a normal thread.
+void ApplyPriority(EnginePriority priority) {
+  if (priority == EnginePriority::kNormal) return;
+  const int policy = priority == EnginePriority::kIdle ? SCHED_IDLE : SCHED_BATCH;
+  sched_param param{};
+  param.sched_priority = 0;
+  const int err = pthread_setschedparam(pthread_self(), policy, &param);
+  if (err != 0) {
+    std::fprintf(stderr, "hvdlite: HVDLITE_ENGINE_PRIORITY: could not change the engine thread's "
+                 "scheduling policy (%s); it runs as a normal thread\n", std::strerror(err));
+  }
+}
 
 bool IsReducing(OpType op) { return op == OpType::kAllreduce || op == OpType::kReducescatter; }
 
@@ -83,6 +99,7 @@ Status Engine::Start(MPI_Comm comm, std::unique_ptr<Engine>* out) {
 
 void Engine::ThreadMain() {
   pthread_setname_np(pthread_self(), "hvdlite-engine");
+  ApplyPriority(options_.priority);
   Status s = Setup();
   {
     std::lock_guard<std::mutex> lock(state_mutex_);

@@ -71,6 +71,23 @@ Status ReadBool(const std::string& suffix, bool* out) {
   return Status::OK();
 }
 
+Status ReadPriority(EnginePriority* out) {
+  std::string name;
+  const char* value = Lookup("ENGINE_PRIORITY", &name);
+  if (value == nullptr) return Status::OK();
+  const std::string v(value);
+  if (v == "normal") {
+    *out = EnginePriority::kNormal;
+  } else if (v == "batch") {
+    *out = EnginePriority::kBatch;
+  } else if (v == "idle") {
+    *out = EnginePriority::kIdle;
+  } else {
+    return BadValue(name, value, "normal, batch or idle");
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Status EngineOptions::FromEnvironment(EngineOptions* out) {
@@ -97,6 +114,7 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
   if (!(s = ReadInt("WAIT_YIELD_US", 0, &o.wait.yield_us)).ok()) return s;
   if (!(s = ReadInt("WAIT_SLEEP_US", 1, &o.wait.sleep_us)).ok()) return s;
   if (!(s = ReadDouble("TIMEOUT_SECONDS", 0.0, &o.wait.timeout_seconds)).ok()) return s;
+  if (!(s = ReadPriority(&o.priority)).ok()) return s;
   *out = o;
   return Status::OK();
 }

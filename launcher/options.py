@@ -70,6 +70,9 @@ def build_parser():
                    help="engine cycle time (HVDLITE_CYCLE_TIME)")
     g.add_argument("--cache-capacity", type=int, metavar="N",
                    help="response cache entries (HVDLITE_CACHE_CAPACITY)")
+    g.add_argument("--engine-priority", choices=["normal", "batch", "idle"],
+                   help="scheduling of each rank's engine thread; idle suits a host whose cores the "
+                        "training threads fill and nothing else uses (HVDLITE_ENGINE_PRIORITY)")
     g.add_argument("--timeline-filename", metavar="FILE",
                    help="write a Chrome trace timeline; %%r becomes the rank (HVDLITE_TIMELINE)")
     g.add_argument("--no-stall-check", action="store_true",

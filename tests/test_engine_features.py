@@ -12,13 +12,14 @@ from mpi_harness import mpiexec, rank_env, run_ranks
 
 def test_features_two_ranks(tmp_path):
     proc = run_ranks("scripts/engine_features.py", 2,
-                     args=[tmp_path, "fusion_matches_unfused,cache,fp16,topk,timeline,stall"])
+                     args=[tmp_path, "fusion_matches_unfused,cache,fp16,topk,timeline,stall,priority"])
     assert "stall inspector" in proc.stderr and "stalled.tensor" in proc.stderr
     assert "not by ranks [1]" in proc.stderr
 
 
 def test_features_four_ranks(tmp_path):
-    run_ranks("scripts/engine_features.py", 4, args=[tmp_path, "fusion_matches_unfused,cache,fp16,topk"])
+    run_ranks("scripts/engine_features.py", 4,
+              args=[tmp_path, "fusion_matches_unfused,cache,fp16,topk,priority"])
 
 
 def test_features_over_mpi(tmp_path):

@@ -310,6 +310,35 @@ def test_stall(r, n):
             assert "never.everywhere" in str(e), str(e)
 
 
+def engine_thread_policy():
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            if f.read().strip() == "hvdlite-engine":
+                return os.sched_getscheduler(int(tid))
+    raise AssertionError("no hvdlite-engine thread in this process")
+
+
+def test_priority(r, n):
+    """HVDLITE_ENGINE_PRIORITY sets the engine thread's scheduling policy (the
+    training threads keep theirs) and changes nothing in the results."""
+    rng = np.random.default_rng(7)
+    data = [rng.standard_normal(size).astype(np.float32) * (k + 1)
+            for k, size in enumerate([3, 70000, 300000])]          # fused, and above the threshold
+    policies = {"normal": os.SCHED_OTHER, "batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE}
+    for name, policy in policies.items():
+        reinit(HVDLITE_ENGINE_PRIORITY=name)
+        assert engine_thread_policy() == policy, (name, engine_thread_policy())
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
+        handles = [hvd.allreduce_async(x * (r + 1), op=hvd.Sum, name=f"prio.{name}.{k}")
+                   for k, x in enumerate(data)]
+        for x, h in zip(data, handles):
+            want = x * (n * (n + 1) // 2)   # sum over ranks of x * (r + 1)
+            np.testing.assert_allclose(hvd.synchronize(h), want, rtol=1e-6, atol=1e-6)
+        got = hvd.allgather(np.full((1, 2), r, np.int64), name=f"prio.{name}.gather")
+        assert np.array_equal(got, np.repeat(np.arange(n), 2).reshape(n, 2)), got
+    reinit()
+
+
 def main():
     hvd.init()
     r, n = hvd.rank(), hvd.size()
