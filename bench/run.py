@@ -1,6 +1,6 @@
 """Runs hvdlite's benchmark suite and writes the results, a Markdown report and plots.
 
-    python -m hvdlite.bench                        # everything (7-15 minutes on 2 vCPUs)
+    python -m hvdlite.bench                        # everything (8-16 minutes on 2 vCPUs)
     python -m hvdlite.bench --cases allreduce,train_step
     python -m hvdlite.bench --tiny --out-dir /tmp/b   # seconds: the smoke test's run
     python -m hvdlite.bench --report bench/results/2026-11-22.json   # docs from a JSON
@@ -44,7 +44,7 @@ TINY_CASES = ["allreduce", "train_step", "sweep"]
 
 FULL = dict(
     scale=1.0, r50_iters=15, small_iters=60,
-    layers=6, width=2048, batch=64, train_rounds=8, train_steps=4, warmup=3,
+    layers=6, width=2048, batch=64, train_rounds=16, train_steps=4, warmup=3,
     kernel_floats=25557032, kernel_reps=7, kernel_runs=3,
     net_iters=8, net_train_rounds=4, net_train_steps=3,
     scaling_ranks=[1, 2, 4], scaling_rounds=2, scaling_r50_iters=5, scaling_train_rounds=3,
