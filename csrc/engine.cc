@@ -23,8 +23,7 @@ constexpr double kShutdownGraceSeconds = 30.0;
 void ApplyPriority(EnginePriority priority) {
   if (priority == EnginePriority::kNormal) return;
   const int policy = priority == EnginePriority::kIdle ? SCHED_IDLE : SCHED_BATCH;
-  sched_param param{};
-  param.sched_priority = 0;
+  sched_param param{};  // priority 0: the only one these policies take
   const int err = pthread_setschedparam(pthread_self(), policy, &param);
   if (err != 0) {
     std::fprintf(stderr, "hvdlite: HVDLITE_ENGINE_PRIORITY: could not change the engine thread's "

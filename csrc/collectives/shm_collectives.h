@@ -74,7 +74,6 @@ class ShmCollectives {
   bool FitsBoard(int count) const { return count <= board_words_; }
   Status BitwiseAnd(uint64_t* words, int count);
 
-
  private:
   struct Header;   // the segment's wake-up word, in shared memory
   struct Control;  // the per-rank counters, in shared memory
