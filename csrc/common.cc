@@ -14,6 +14,8 @@ size_t DataTypeSize(DataType dtype) {
       return 1;
     case DataType::kFloat16:
     case DataType::kBFloat16:
+    case DataType::kUInt16:
+    case DataType::kInt16:
       return 2;
     case DataType::kInt32:
     case DataType::kFloat32:
@@ -36,6 +38,8 @@ const char* DataTypeName(DataType dtype) {
     case DataType::kFloat64: return "float64";
     case DataType::kBFloat16: return "bfloat16";
     case DataType::kBool: return "bool";
+    case DataType::kUInt16: return "uint16";
+    case DataType::kInt16: return "int16";
   }
   return "unknown";
 }

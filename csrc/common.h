@@ -19,8 +19,10 @@ enum class DataType : int32_t {
   kFloat64 = 6,
   kBFloat16 = 7,
   kBool = 8,
+  kUInt16 = 9,
+  kInt16 = 10,
 };
-constexpr int kNumDataTypes = 9;
+constexpr int kNumDataTypes = 11;
 
 enum class ReduceOp : int32_t {
   kAverage = 0,

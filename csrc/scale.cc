@@ -33,6 +33,12 @@ void CopyScaled(const void* in, void* out, int64_t count, DataType dtype, double
     case DataType::kInt8:
       ScaleTyped(static_cast<const int8_t*>(in), static_cast<int8_t*>(out), count, factor);
       break;
+    case DataType::kUInt16:
+      ScaleTyped(static_cast<const uint16_t*>(in), static_cast<uint16_t*>(out), count, factor);
+      break;
+    case DataType::kInt16:
+      ScaleTyped(static_cast<const int16_t*>(in), static_cast<int16_t*>(out), count, factor);
+      break;
     case DataType::kInt32:
       ScaleTyped(static_cast<const int32_t*>(in), static_cast<int32_t*>(out), count, factor);
       break;

@@ -22,7 +22,7 @@ ADD_PROCESS_SET, REMOVE_PROCESS_SET, JOIN = 6, 7, 8
 # DataType codes.
 DTYPE_CODES = {
     "uint8": 0, "int8": 1, "int32": 2, "int64": 3, "float16": 4,
-    "float32": 5, "float64": 6, "bfloat16": 7, "bool": 8,
+    "float32": 5, "float64": 6, "bfloat16": 7, "bool": 8, "uint16": 9, "int16": 10,
 }
 DTYPE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
 

@@ -163,6 +163,8 @@ void Reduce(const std::vector<const uint8_t*>& src, void* out, int64_t n, DataTy
     case DataType::kFloat16: SumHalves(src, out, n); break;
     case DataType::kUInt8: ReduceAs<uint8_t>(src, out, n, op, scale); break;
     case DataType::kInt8: ReduceAs<int8_t>(src, out, n, op, scale); break;
+    case DataType::kUInt16: ReduceAs<uint16_t>(src, out, n, op, scale); break;
+    case DataType::kInt16: ReduceAs<int16_t>(src, out, n, op, scale); break;
     case DataType::kInt32: ReduceAs<int32_t>(src, out, n, op, scale); break;
     case DataType::kInt64: ReduceAs<int64_t>(src, out, n, op, scale); break;
     case DataType::kFloat32: ReduceAs<float>(src, out, n, op, scale); break;
@@ -185,6 +187,8 @@ bool ShmCollectives::Supports(DataType dtype, ReduceOp op) {
       return op == ReduceOp::kSum;
     case DataType::kUInt8:
     case DataType::kInt8:
+    case DataType::kUInt16:
+    case DataType::kInt16:
     case DataType::kInt32:
     case DataType::kInt64:
     case DataType::kFloat32:

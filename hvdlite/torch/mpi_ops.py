@@ -41,6 +41,8 @@ _OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "P
 _DTYPE_CODES = {
     torch.uint8: _binding.DTYPE_CODES["uint8"],
     torch.int8: _binding.DTYPE_CODES["int8"],
+    torch.uint16: _binding.DTYPE_CODES["uint16"],
+    torch.int16: _binding.DTYPE_CODES["int16"],
     torch.int32: _binding.DTYPE_CODES["int32"],
     torch.int64: _binding.DTYPE_CODES["int64"],
     torch.float16: _binding.DTYPE_CODES["float16"],

@@ -12,7 +12,7 @@ import numpy as np
 
 import hvdlite as hvd
 
-INT_TYPES = [np.uint8, np.int8, np.int32, np.int64]
+INT_TYPES = [np.uint8, np.int8, np.uint16, np.int16, np.int32, np.int64]
 FLOAT_TYPES = [np.float16, np.float32, np.float64]
 OPS = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
 

@@ -29,7 +29,8 @@ def data(r, shape, dtype=torch.float32, salt=0):
         return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=g).bool()
-    return torch.randint(-20 if dtype != torch.uint8 else 0, 20, shape, generator=g).to(dtype)
+    unsigned = dtype in (torch.uint8, torch.uint16)
+    return torch.randint(0 if unsigned else -20, 20, shape, generator=g).to(dtype)
 
 
 def raises(name, exc, fn, *words):
@@ -65,12 +66,12 @@ ops = {
     hvd.Product: lambda xs: torch.stack(xs).prod(0),
 }
 dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
-          torch.int64, torch.uint8, torch.int8]
+          torch.int64, torch.uint8, torch.int8, torch.int16, torch.uint16]
 for dtype in dtypes:
     for op, ref in ops.items():
         if op == hvd.Average and not dtype.is_floating_point:
             continue
-        if op == hvd.Product and dtype in (torch.uint8, torch.int8):
+        if op == hvd.Product and dtype in (torch.uint8, torch.int8, torch.int16, torch.uint16):
             continue
         shape = (3, 5)
         xs = [data(r, shape, dtype, salt=op) for r in range(N)]
@@ -170,7 +171,8 @@ got = hvd.reducescatter(torch.stack([big[R]] * N), op=hvd.Sum, compression=hvd.C
 check("reducescatter fp16", torch.allclose(got[0].double(), ref, atol=5e-3 * N))
 
 # ------------------------------------------------------------ allgather
-for dtype in [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8, torch.bool]:
+for dtype in [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8, torch.int16,
+              torch.uint16, torch.bool]:
     rows = [r + 1 for r in range(N)]
     xs = [data(r, (rows[r], 2, 3), dtype) for r in range(N)]
     got = hvd.allgather(xs[R])
@@ -196,7 +198,7 @@ check("allgather result owns memory", torch.equal(big, del_ref) and big.sum() ==
 
 # ------------------------------------------------------------ broadcast
 for root in range(N):
-    for dtype in [torch.float32, torch.bfloat16, torch.int32, torch.bool]:
+    for dtype in [torch.float32, torch.bfloat16, torch.int32, torch.int16, torch.uint16, torch.bool]:
         t = data(R, (3, 2), dtype)
         got = hvd.broadcast(t, root)
         check(f"broadcast {root} {dtype}", torch.equal(got, data(root, (3, 2), dtype)))
@@ -439,8 +441,8 @@ check("convert_sync_batchnorm", isinstance(conv[0], hvd.SyncBatchNorm))
 # ------------------------------------------------------------ errors
 raises("meta device", hvdlite.InvalidArgumentError,
        lambda: hvd.allreduce(torch.empty(3, device="meta")), "without GPU support")
-raises("int16", hvdlite.UnsupportedDTypeError, lambda: hvd.allreduce(torch.ones(2, dtype=torch.int16)),
-       "int16")
+raises("uint32", hvdlite.UnsupportedDTypeError, lambda: hvd.allreduce(torch.ones(2, dtype=torch.uint32)),
+       "uint32")
 raises("complex", hvdlite.UnsupportedDTypeError,
        lambda: hvd.allgather(torch.ones(2, dtype=torch.complex64)), "complex64")
 raises("not a tensor", hvdlite.InvalidArgumentError, lambda: hvd.allreduce([1.0, 2.0]), "torch.Tensor")
