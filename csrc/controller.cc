@@ -420,20 +420,21 @@ Response Controller::Decide(const Pending& pending) const {
     auto refuse = [&](const std::string& why) {
       response.kind = Response::Kind::kError;
       response.error = std::string(OpTypeName(op)) + " of '" + first.name + "' " + why +
-                       " while ranks [" + joined + "] have joined; finish it before join()";
+                       " while ranks [" + joined + "] have joined; issue it before join()";
       return response;
     };
-    if (op == OpType::kAlltoall) return refuse("cannot run");
-    if (op == OpType::kBroadcast && !pending.present[first.root_rank]) {
-      return refuse("cannot take its root from a joined rank");
+    // Horovod's rule: once a rank has joined, only allreduce goes on (the
+    // joined ranks contribute zeros); collectives whose result depends on
+    // the joined ranks' data or layout fail on every rank that issued them.
+    if (op != OpType::kAllreduce && op != OpType::kBarrier) {
+      return refuse("is not supported (only allreduce is; as in Horovod)");
     }
-    if (op == OpType::kAddProcessSet || op == OpType::kRemoveProcessSet) return refuse("cannot run");
   }
   switch (op) {
     case OpType::kAllgather:
       for (size_t r = 0; r < pending.by_rank.size(); ++r) {
         const auto& x = pending.by_rank[r];
-        response.sizes.push_back(!pending.present[r] ? 0 : x.shape.empty() ? 1 : x.shape[0]);
+        response.sizes.push_back(x.shape.empty() ? 1 : x.shape[0]);
       }
       break;
     case OpType::kAlltoall:

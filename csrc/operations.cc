@@ -109,7 +109,6 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
     TensorEntry& e = taken[i];
     e.request = r.tmpl;
     e.request.rank = set.rank();
-    if (r.op == OpType::kAllgather && !e.request.shape.empty()) e.request.shape[0] = 0;
     const size_t bytes = static_cast<size_t>(NumElements(e.request.shape)) * DataTypeSize(e.request.dtype);
     joined_scratch_.emplace_back(bytes + 64, 0);
     e.input = joined_scratch_.back().data();

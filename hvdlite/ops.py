@@ -1,32 +1,22 @@
 """Collectives on NumPy arrays. Every call goes through the engine's queue and
-negotiation; ``*_async`` forms return a handle for :func:`synchronize`."""
+negotiation; ``*_async`` forms return a handle for :func:`synchronize`.
+Argument rules are the request layer's (:mod:`hvdlite.request`), shared with
+the torch and TensorFlow front ends."""
 import numpy as np
 
-from . import _binding, exceptions
+from . import _binding, exceptions, request
 from .compression import Compression, as_spec
 from .process_sets import process_set_id, set_root_rank
-
-# Reduce ops (csrc/common.h ReduceOp).
-Average = 0
-Sum = 1
-Min = 2
-Max = 3
-Product = 4
-_OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product"}
-
+from .request import Adasum, Average, Max, Min, Product, Sum  # noqa: F401  (public names)
 
 _CODES_BY_DTYPE = {np.dtype(name): code for name, code in _binding.DTYPE_CODES.items()
                    if name != "bfloat16"}
 
 
-def _dtype_code(dtype):
+def _dtype_code(dtype, what):
     code = _CODES_BY_DTYPE.get(dtype)
-    if code is None:
-        code = _binding.DTYPE_CODES.get(np.dtype(dtype).name)  # e.g. ml_dtypes.bfloat16
-    if code is None:
-        supported = ", ".join(k for k in _binding.DTYPE_CODES)
-        raise exceptions.UnsupportedDTypeError(
-            f"dtype {np.dtype(dtype).name} is not supported by hvdlite; use one of: {supported}")
+    if code is None:  # e.g. ml_dtypes.bfloat16, or a dtype the engine lacks
+        code = request.dtype_code(np.dtype(dtype).name, what)
     return code
 
 
@@ -43,32 +33,14 @@ def _check_array(a, what):
         raise exceptions.InvalidArgumentError(
             f"{what}: the array is not C-contiguous (shape {a.shape}, strides {a.strides}); "
             "pass numpy.ascontiguousarray(a)")
-    return _dtype_code(a.dtype)
+    return _dtype_code(a.dtype, what)
 
 
-def _check_op(op, what):
-    if op not in _OP_NAMES:
-        raise exceptions.InvalidArgumentError(
-            f"{what}: op must be one of hvdlite.Average, Sum, Min, Max, Product (got {op!r})")
-    return op
-
-
-def _factor(value, label, what):
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise exceptions.InvalidArgumentError(
-            f"{what}: {label} must be a finite number, not {value!r}") from None
-
-
-def _splits(splits):
-    out = []
-    for s in np.asarray(splits).reshape(-1):
-        if not float(s).is_integer():
-            raise exceptions.InvalidArgumentError(
-                f"alltoall: splits must be whole row counts, got {s!r}; pass one int per rank")
-        out.append(int(s))
-    return out
+def _check_reduce(a, op, what):
+    code = _check_array(a, what)
+    op = request.check_op(op, what)
+    request.check_reduction(op, np.dtype(a.dtype).name, what)
+    return code, op
 
 
 def _addr(a):
@@ -76,11 +48,12 @@ def _addr(a):
 
 
 def _engine_array(dtype):
-    def finish(handle_id):
-        owned, nbytes, shape = _binding.take_output(handle_id)
-        buf = _binding.ffi.buffer(owned, nbytes)
-        return np.frombuffer(buf, dtype=dtype, count=int(np.prod(shape)) if shape else 1).reshape(shape)
-    return finish
+    def wrap(owned, nbytes, shape):
+        count = int(np.prod(shape)) if shape else 1
+        if nbytes == 0 or count == 0:
+            return np.empty(shape, dtype=dtype)
+        return np.frombuffer(_binding.ffi.buffer(owned, nbytes), dtype=dtype, count=count).reshape(shape)
+    return request.engine_output(wrap)
 
 
 def synchronize(handle):
@@ -111,6 +84,9 @@ def _check_out(out, tensor, what):
     return out
 
 
+_BOOL_CODE = _binding.DTYPE_CODES["bool"]
+
+
 def _fast_array_code(a):
     """The dtype code of a writable-or-not C-contiguous ndarray, or None when the
     checks with messages must run (anything unusual)."""
@@ -124,17 +100,15 @@ def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscal
     # Checked with plain type tests first: this runs once per tensor per step,
     # and the general checks (with their messages) only when one fails.
     code = _fast_array_code(tensor)
-    if code is None:
-        code = _check_array(tensor, "allreduce")
-    if op not in _OP_NAMES:
-        _check_op(op, "allreduce")
+    if code is None or op.__class__ is not int or not 0 <= op <= 4 or code == _BOOL_CODE:
+        code, op = _check_reduce(tensor, op, "allreduce")
     if (out is None or out.__class__ is not np.ndarray or not out.flags.c_contiguous
             or not out.flags.writeable or out.shape != tensor.shape or out.dtype != tensor.dtype):
         out = _check_out(out, tensor, "allreduce")
     if prescale_factor.__class__ is not float:
-        prescale_factor = _factor(prescale_factor, "prescale_factor", "allreduce")
+        prescale_factor = request.factor(prescale_factor, "prescale_factor", "allreduce")
     if postscale_factor.__class__ is not float:
-        postscale_factor = _factor(postscale_factor, "postscale_factor", "allreduce")
+        postscale_factor = request.factor(postscale_factor, "postscale_factor", "allreduce")
     return _binding.enqueue_allreduce(
         name, code, tensor.shape, _addr(tensor), _addr(out), op, prescale_factor,
         postscale_factor, as_spec(compression),
@@ -151,23 +125,19 @@ def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_fact
 
 def grouped_allreduce_async(tensors, op=Average, name=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None, compression=Compression.none):
-    base = name
-    return [allreduce_async(t, op, f"{base}.{i}" if base else None, prescale_factor,
-                            postscale_factor, process_set, compression)
-            for i, t in enumerate(tensors)]
+    return [allreduce_async(t, op, n, prescale_factor, postscale_factor, process_set, compression)
+            for t, n in zip(tensors, request.group_names(name, len(tensors)))]
 
 
 def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                       process_set=None, compression=Compression.none):
-    handles = grouped_allreduce_async(tensors, op, name, prescale_factor, postscale_factor,
-                                      process_set, compression)
-    return [synchronize(h) for h in handles]
+    return request.wait_all(grouped_allreduce_async(tensors, op, name, prescale_factor,
+                                                    postscale_factor, process_set, compression))
 
 
 def allgather_async(tensor, name=None, process_set=None):
     code = _check_array(tensor, "allgather")
-    if tensor.ndim == 0:
-        tensor = tensor.reshape(1)
+    tensor = tensor.reshape(request.gather_shape(tensor.shape))
     return _binding.enqueue(
         _binding.ALLGATHER, name=name, dtype_code=code, shape=tensor.shape,
         input_ptr=_addr(tensor), process_set=process_set_id(process_set),
@@ -198,19 +168,17 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
 
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
     code = _check_array(tensor, "alltoall")
-    if splits is not None:
-        splits = _splits(splits)
+    splits = request.splits_list(splits, "alltoall")
     pid = process_set_id(process_set)
     finish_data = _engine_array(tensor.dtype)
 
     def finish(handle_id):
-        from ._binding import lib
-        n = lib.hvd_process_set_size(pid)
-        return finish_data(handle_id), np.asarray(_binding.received_splits(handle_id, n), dtype=np.int64)
+        return (finish_data(handle_id),
+                np.asarray(request.received_splits(handle_id, pid), dtype=np.int64))
 
     return _binding.enqueue(
         _binding.ALLTOALL, name=name, dtype_code=code, shape=tensor.shape,
-        input_ptr=_addr(tensor), splits=splits if splits is not None else None,
+        input_ptr=_addr(tensor), splits=splits,
         process_set=pid, keep=tensor, finish=finish)
 
 
@@ -223,13 +191,12 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
 def reducescatter_async(tensor, op=Average, name=None, process_set=None, prescale_factor=1.0,
                         postscale_factor=1.0, compression=Compression.none):
-    code = _check_array(tensor, "reducescatter")
-    _check_op(op, "reducescatter")
+    code, op = _check_reduce(tensor, op, "reducescatter")
     return _binding.enqueue(
         _binding.REDUCESCATTER, name=name, dtype_code=code, shape=tensor.shape,
         input_ptr=_addr(tensor), reduce_op=op,
-        prescale=_factor(prescale_factor, "prescale_factor", "reducescatter"),
-        postscale=_factor(postscale_factor, "postscale_factor", "reducescatter"),
+        prescale=request.factor(prescale_factor, "prescale_factor", "reducescatter"),
+        postscale=request.factor(postscale_factor, "postscale_factor", "reducescatter"),
         compression=as_spec(compression),
         process_set=process_set_id(process_set), keep=tensor, finish=_engine_array(tensor.dtype))
 

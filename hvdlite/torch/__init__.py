@@ -30,7 +30,8 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgat
                       grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
                       grouped_allreduce_async_, grouped_reducescatter,
                       grouped_reducescatter_async, join, poll, reducescatter,
-                      reducescatter_async, start_timeline, stop_timeline, synchronize)
+                      reducescatter_async, sparse_allreduce_async, start_timeline,
+                      stop_timeline, synchronize)
 from .optimizer import DistributedOptimizer, OptimizerMisuseError
 from .sync_batch_norm import SyncBatchNorm
 
@@ -46,7 +47,8 @@ __all__ = [
     "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall",
     "alltoall_async", "reducescatter", "reducescatter_async", "grouped_reducescatter",
-    "grouped_reducescatter_async", "join", "barrier", "poll", "synchronize",
+    "grouped_reducescatter_async", "sparse_allreduce_async", "join", "barrier", "poll",
+    "synchronize",
     "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
     "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression", "Compressor",
     "DistributedOptimizer", "OptimizerMisuseError", "broadcast_parameters",

@@ -125,6 +125,7 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
             f"{type(optimizer).__name__}")
     _set_root(root_rank, process_set, "broadcast_optimizer_state")
     is_root = hvdlite.rank() == int(root_rank)
+    had_state = bool(optimizer.state)
     tensors = []
     skeleton = _strip_tensors(optimizer.state_dict(), tensors) if is_root else None
     skeleton = broadcast_object(skeleton, root_rank, name="broadcast_optimizer_state.skeleton",
@@ -141,6 +142,20 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     _wait_all(handles)
     if not is_root:
         _install_state(optimizer, _fill_tensors(skeleton, tensors), root_rank)
+    _zero_missing_grads(optimizer, had_state)
+
+
+def _zero_missing_grads(optimizer, had_state):
+    """Horovod initialises a new optimizer's state with a step on zero
+    gradients, which leaves every trainable parameter with a (zero) .grad;
+    scripts rely on that. hvdlite sends the state without that step (so
+    parameters and step counts stay untouched) but leaves the same gradients."""
+    if had_state:
+        return
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
 
 
 def _install_state(optimizer, state_dict, root_rank):
@@ -186,6 +201,7 @@ def _collect_slots(obj, out):
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Returns ``root_rank``'s ``obj`` (any picklable object) on every rank; the
     root gets its own object back. Other ranks' ``obj`` is ignored."""
+    name = name or "broadcast_object"  # not a counter: it must match across ranks
     _set_root(root_rank, process_set, "broadcast_object")
     is_root = hvdlite.rank() == int(root_rank)
     if is_root:
@@ -207,6 +223,9 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 def allgather_object(obj, name=None, process_set=global_process_set):
     """Returns the list of every rank's ``obj`` (any picklable object), in rank
     order of the process set."""
+    # A fixed name, not a counter: ranks whose unnamed collectives diverged
+    # (one failed on some ranks only) still meet here.
+    name = name or "allgather_object"
     payload = _dumps(obj)
     data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     sizes_h = allgather_async(torch.tensor([len(payload)], dtype=torch.int64),

@@ -1,7 +1,9 @@
 """Horovod's collectives on torch tensors.
 
 Every call hands the tensor's address, dtype and shape to the engine; nothing
-is negotiated, fused or compressed in Python. Contiguous CPU tensors travel
+is negotiated, fused or compressed in Python. What the arguments mean (ops,
+dtypes, factors, splits, sparse rules) is decided by :mod:`hvdlite.request`,
+shared with the NumPy and TensorFlow front ends. Contiguous CPU tensors travel
 without copies: allreduce and broadcast write straight into the output (or,
 for the ``*_`` in-place forms, into the tensor itself); allgather, alltoall and
 reducescatter results live in engine-allocated memory that the returned tensor
@@ -17,52 +19,28 @@ allreduce          allreduce of the gradient with the same op and factors
 allgather          allreduce (Average) of the gradient, then this rank's rows
 broadcast          allreduce (Average) of the gradient, zero off the root
 alltoall           alltoall of the gradient back along the received splits
-reducescatter      allgather of the gradient (divided by the set size for
-                   Average)
+reducescatter      allgather of the gradient, times the set size for Sum
+                   (not divided for Average)
 =================  =========================================================
 """
 import torch
 
 import hvdlite
-from hvdlite import _binding, exceptions
-from hvdlite.compression import Compression, as_spec
-from hvdlite.process_sets import global_process_set, process_set_id, set_root_rank
-
-# Reduce ops (the engine's codes). Adasum is named so that scripts which
-# mention it import, but it is not implemented.
-Average = hvdlite.Average
-Sum = hvdlite.Sum
-Min = hvdlite.Min
-Max = hvdlite.Max
-Product = hvdlite.Product
-Adasum = 5
-_OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product"}
+from hvdlite import _binding, exceptions, request
+from hvdlite.compression import Compression
+from hvdlite.process_sets import global_process_set, process_set_id
+from hvdlite.request import Adasum, Average, Max, Min, Product, Sum  # noqa: F401  (public names)
 
 _DTYPE_CODES = {
-    torch.uint8: _binding.DTYPE_CODES["uint8"],
-    torch.int8: _binding.DTYPE_CODES["int8"],
-    torch.uint16: _binding.DTYPE_CODES["uint16"],
-    torch.int16: _binding.DTYPE_CODES["int16"],
-    torch.int32: _binding.DTYPE_CODES["int32"],
-    torch.int64: _binding.DTYPE_CODES["int64"],
-    torch.float16: _binding.DTYPE_CODES["float16"],
-    torch.float32: _binding.DTYPE_CODES["float32"],
-    torch.float64: _binding.DTYPE_CODES["float64"],
-    torch.bfloat16: _binding.DTYPE_CODES["bfloat16"],
-    torch.bool: _binding.DTYPE_CODES["bool"],
+    getattr(torch, name): code for name, code in _binding.DTYPE_CODES.items()
+    if isinstance(getattr(torch, name, None), torch.dtype)
 }
 
 
 # ---------------------------------------------------------------- checks
 
-def _dtype_code(tensor, what):
-    code = _DTYPE_CODES.get(tensor.dtype)
-    if code is None:
-        names = ", ".join(str(d).replace("torch.", "") for d in _DTYPE_CODES)
-        raise exceptions.UnsupportedDTypeError(
-            f"{what}: dtype {str(tensor.dtype).replace('torch.', '')} is not supported by hvdlite; "
-            f"use one of: {names}")
-    return code
+def _dtype_name(dtype):
+    return str(dtype).replace("torch.", "")
 
 
 def _check_tensor(tensor, what):
@@ -78,52 +56,30 @@ def _check_tensor(tensor, what):
     if tensor.layout != torch.strided:
         raise exceptions.InvalidArgumentError(
             f"{what}: {tensor.layout} tensors are not supported; pass a dense tensor "
-            "(tensor.to_dense()); DistributedOptimizer handles sparse gradients itself")
-    return _dtype_code(tensor, what)
+            "(tensor.to_dense()), or use sparse_allreduce_async for sparse COO tensors")
+    code = _DTYPE_CODES.get(tensor.dtype)
+    if code is None:
+        code = request.dtype_code(_dtype_name(tensor.dtype), what)
+    return code
 
 
 def _resolve_op(op, average, what):
-    if average is not None:
-        if op is not None:
-            raise exceptions.InvalidArgumentError(
-                f"{what}: pass op= or the deprecated average=, not both")
-        op = Average if average else Sum
-    if op is None:
-        op = Average
-    if op == Adasum:
-        raise NotImplementedError(
-            f"{what}: Adasum is not implemented in hvdlite; use op=hvdlite.torch.Average")
-    if op not in _OP_NAMES:
-        raise exceptions.InvalidArgumentError(
-            f"{what}: op must be one of Average, Sum, Min, Max, Product (got {op!r})")
-    return op
+    return request.resolve_op(op, average, what)
+
+
+def _check_reduce(tensor, op, what):
+    code = _check_tensor(tensor, what)
+    request.check_reduction(op, _dtype_name(tensor.dtype), what)
+    return code
 
 
 def _set_root(root_rank, process_set, what):
     """Horovod's root_rank is a global rank; the engine wants the position in the set."""
-    return set_root_rank(root_rank, process_set, what)
+    return request.root_in_set(root_rank, process_set, what)
 
 
-def _set_size(process_set):
-    pid = process_set_id(process_set)
-    if pid == 0:
-        return hvdlite.size()
-    return _binding.check(_binding.lib.hvd_process_set_size(pid))
-
-
-def _set_rank(process_set):
-    pid = process_set_id(process_set)
-    if pid == 0:
-        return hvdlite.rank()
-    return _binding.lib.hvd_process_set_rank(pid)
-
-
-def _engine_tensor(dtype):
-    """finish= callback: wraps the engine-allocated result without a copy."""
-    def finish(handle_id):
-        owned, nbytes, shape = _binding.take_output(handle_id)
-        return _wrap(owned, nbytes, shape, dtype)
-    return finish
+_set_size = request.set_size
+_set_rank = request.set_rank
 
 
 def _wrap(owned, nbytes, shape, dtype):
@@ -134,48 +90,20 @@ def _wrap(owned, nbytes, shape, dtype):
     return flat.view(shape)
 
 
+def _engine_tensor(dtype):
+    """finish= callback: wraps the engine-allocated result without a copy."""
+    return request.engine_output(lambda owned, nbytes, shape: _wrap(owned, nbytes, shape, dtype))
+
+
 # ---------------------------------------------------------------- handles
 
-class _GroupHandle:
-    """One handle for a grouped collective: done when every member is."""
-
-    __slots__ = ("handles", "combine", "_done", "_result")
-
-    def __init__(self, handles, combine=list):
-        self.handles = handles
-        self.combine = combine
-        self._done = False
-        self._result = None
-
-    def poll(self):
-        return all(h.poll() for h in self.handles)
-
-    def wait(self):
-        if not self._done:
-            results, first_error = [], None
-            for h in self.handles:  # wait for all, so no buffer is left in flight
-                try:
-                    results.append(h.wait())
-                except exceptions.HvdliteError as e:
-                    first_error = first_error or e
-                    results.append(None)
-            if first_error is not None:
-                raise first_error
-            self._result = self.combine(results)
-            self._done = True
-        return self._result
-
-
-def _check_handle(handle, what):
-    if not isinstance(handle, (_binding.Handle, _GroupHandle)):
-        raise exceptions.InvalidArgumentError(
-            f"{what}() takes a handle returned by an *_async collective, not {type(handle).__name__}")
+_GroupHandle = request.GroupHandle
 
 
 def poll(handle):
     """True once the collective behind ``handle`` has completed; then
     :func:`synchronize` returns without blocking."""
-    _check_handle(handle, "poll")
+    request.check_handle(handle, "poll")
     return handle.poll()
 
 
@@ -183,7 +111,7 @@ def synchronize(handle):
     """Waits for an async collective and returns its result (a tensor, a list
     of tensors for grouped forms, or (tensor, received_splits) for alltoall).
     Raises the collective's error, an :class:`hvdlite.HvdliteError`."""
-    _check_handle(handle, "synchronize")
+    request.check_handle(handle, "synchronize")
     return handle.wait()
 
 
@@ -191,9 +119,12 @@ def synchronize(handle):
 
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set,
                      compression, what):
-    code = _check_tensor(tensor, what)
-    op = _resolve_op(op, None, what)
-    spec = as_spec(compression)
+    spec, python_compressor = request.split_compression(compression)
+    if python_compressor is not None:
+        return _python_compressed_allreduce(tensor, output, name, op, prescale_factor,
+                                            postscale_factor, process_set, python_compressor,
+                                            what)
+    code = _check_reduce(tensor, op, what)
     pid = process_set_id(process_set)
     inplace = output is tensor
     if tensor.is_contiguous():
@@ -216,8 +147,28 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
 
     return _binding.enqueue_allreduce(
         name, code, tuple(src.shape), src.data_ptr(), work.data_ptr(), op,
-        float(prescale_factor), float(postscale_factor), spec, pid, (tensor, src, work), work,
-        finish)
+        request.factor(prescale_factor, "prescale_factor", what),
+        request.factor(postscale_factor, "postscale_factor", what), spec, pid,
+        (tensor, src, work), work, finish)
+
+
+def _python_compressed_allreduce(tensor, output, name, op, prescale_factor, postscale_factor,
+                                 process_set, compressor, what):
+    """A user's compressor (Horovod's compress/decompress interface) wrapped
+    around an uncompressed engine allreduce of what compress() returns."""
+    _check_tensor(tensor, what)
+    compressed, ctx = compressor.compress(tensor)
+    handle = _allreduce_async(compressed, None, name, op, prescale_factor, postscale_factor,
+                              process_set, None, what)
+
+    def combine(results):
+        out = compressor.decompress(results[0], ctx)
+        if output is None:
+            return out
+        with torch.no_grad():
+            output.copy_(out)
+        return output
+    return request.GroupHandle([handle], combine)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -276,8 +227,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
                             compression)
 
 
-def _group_names(name, n):
-    return [f"{name}.{i}" if name else None for i in range(n)]
+_group_names = request.group_names
 
 
 def _check_group(tensors, what):
@@ -354,9 +304,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts an allgather; ``synchronize`` returns the concatenation along
     dimension 0 of every rank's tensor (first dimensions may differ)."""
     code = _check_tensor(tensor, "allgather_async")
-    src = tensor.contiguous()
-    if src.dim() == 0:
-        src = src.reshape(1)
+    src = tensor.contiguous().reshape(request.gather_shape(tensor.shape))
     return _binding.enqueue(
         _binding.ALLGATHER, name=name, dtype_code=code, shape=tuple(src.shape),
         input_ptr=src.data_ptr(), process_set=process_set_id(process_set),
@@ -486,29 +434,17 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
 # ---------------------------------------------------------------- alltoall
 
-def _splits_list(splits, what):
-    if splits is None:
-        return None
-    if isinstance(splits, torch.Tensor):
-        splits = splits.detach().cpu().reshape(-1).tolist()
-    try:
-        return [int(s) for s in splits]
-    except (TypeError, ValueError):
-        raise exceptions.InvalidArgumentError(
-            f"{what}: splits must be a list or tensor of ints, not {splits!r}") from None
-
-
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall; ``synchronize`` returns (received rows, int32 tensor
     of rows received from each rank)."""
     code = _check_tensor(tensor, "alltoall_async")
-    split_list = _splits_list(splits, "alltoall_async")
+    split_list = request.splits_list(splits, "alltoall_async")
     src = tensor.contiguous()
     pid = process_set_id(process_set)
     data = _engine_tensor(tensor.dtype)
 
     def finish(handle_id):
-        received = _binding.received_splits(handle_id, _binding.lib.hvd_process_set_size(pid))
+        received = request.received_splits(handle_id, pid)
         return data(handle_id), torch.tensor(received, dtype=torch.int32)
 
     return _binding.enqueue(
@@ -540,7 +476,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     ``splits`` it returns (tensor, int32 tensor of rows received from each
     rank), as Horovod does. Differentiable."""
     _check_tensor(tensor, "alltoall")
-    split_list = _splits_list(splits, "alltoall")
+    split_list = request.splits_list(splits, "alltoall")
     output, received = _Alltoall.apply(tensor, split_list, name, process_set)
     return output if splits is None else (output, received)
 
@@ -550,20 +486,24 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0, compression=Compression.none):
     """Starts a reducescatter; ``synchronize`` returns this rank's block of rows."""
-    code = _check_tensor(tensor, "reducescatter_async")
     op = _resolve_op(op, None, "reducescatter_async")
+    code = _check_reduce(tensor, op, "reducescatter_async")
     src = tensor.contiguous()
     return _binding.enqueue(
         _binding.REDUCESCATTER, name=name, dtype_code=code, shape=tuple(src.shape),
-        input_ptr=src.data_ptr(), reduce_op=op, prescale=float(prescale_factor),
-        postscale=float(postscale_factor), compression=as_spec(compression),
+        input_ptr=src.data_ptr(), reduce_op=op,
+        prescale=request.factor(prescale_factor, "prescale_factor", "reducescatter_async"),
+        postscale=request.factor(postscale_factor, "postscale_factor", "reducescatter_async"),
+        compression=request.split_compression(compression)[0],
         process_set=process_set_id(process_set), keep=(tensor, src),
         finish=_engine_tensor(tensor.dtype))
 
 
 def _reducescatter_grad(grad, op, pre, post, ps):
+    # Horovod's rule: the gathered gradient, times the set size for Sum, times
+    # the factors (for Average it is not divided by the set size).
+    factor = pre * post * (_set_size(ps) if op == Sum else 1)
     gathered = allgather(grad.contiguous(), process_set=ps)
-    factor = pre * post / (_set_size(ps) if op == Average else 1)
     return gathered * factor if factor != 1 else gathered
 
 
@@ -638,15 +578,58 @@ def barrier(process_set=global_process_set):
 
 def join(device=-1, process_set=global_process_set):
     """Tells the other ranks this rank has run out of data: until every rank
-    has joined, this rank takes part in their reductions with zeros (and in
-    allgathers with no rows), so a DistributedOptimizer on the other ranks
-    keeps averaging over all ranks. Blocks until all ranks have joined and
-    returns the rank that joined last. ``device`` is Horovod's GPU id for the
-    zero tensors; only -1 (CPU) is supported in this build."""
-    if device not in (-1, None) and not hvdlite.cuda_built():
+    has joined, this rank takes part in their allreduces with zeros, so a
+    DistributedOptimizer on the other ranks keeps averaging over all ranks
+    (other collectives issued meanwhile fail, as in Horovod). Blocks until all
+    ranks have joined and returns the rank that joined last. ``device`` is
+    Horovod's GPU id for the zero tensors; a CPU build accepts and ignores it."""
+    if device is not None and (isinstance(device, bool) or not isinstance(device, int)):
         raise exceptions.InvalidArgumentError(
-            f"join(device={device}): hvdlite was built without GPU support; use device=-1")
+            f"join(device=...) takes a GPU index or -1, not {device!r}")
     return int(hvdlite.join(process_set=process_set))
+
+
+# ---------------------------------------------------------------- sparse
+
+class _SparseHandle(request.GroupHandle):
+    """Horovod returns a callable from sparse_allreduce_async; this handle is
+    one, and also works with poll() and synchronize()."""
+
+    __slots__ = ()
+
+    def __call__(self):
+        return self.wait()
+
+
+def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
+    """Starts reducing a sparse COO tensor: every rank's (indices, values) are
+    gathered, and duplicates summed (values divided by the set size for
+    Average). The result is a coalesced sparse tensor of the same size.
+    Returns a handle; call it (Horovod's way) or pass it to synchronize()."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise exceptions.InvalidArgumentError(
+            "sparse_allreduce_async takes a sparse COO torch.Tensor; use allreduce_async for "
+            "dense tensors")
+    op = request.sparse_rule(_resolve_op(op, None, "sparse_allreduce_async"), 1.0, 1.0,
+                             "sparse_allreduce_async")
+    t = tensor.coalesce()
+    indices_h = allgather_async(t.indices().t().contiguous(), name=_named(name, "indices"),
+                                process_set=process_set)
+    values_h = allgather_async(t.values().contiguous(), name=_named(name, "values"),
+                               process_set=process_set)
+    n = _set_size(process_set)
+
+    def combine(results):
+        indices, values = results
+        if op == Average:
+            values = values / n
+        return torch.sparse_coo_tensor(indices.t(), values, t.shape,
+                                       check_invariants=False).coalesce()
+    return _SparseHandle([indices_h, values_h], combine)
+
+
+def _named(name, suffix):
+    return f"{name}.{suffix}" if name else None
 
 
 def start_timeline(file_path, mark_cycles=False):

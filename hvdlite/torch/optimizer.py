@@ -13,7 +13,8 @@ from contextlib import contextmanager
 import torch
 
 from hvdlite import exceptions
-from hvdlite.compression import Compression, as_spec
+from hvdlite import request
+from hvdlite.compression import Compression
 from hvdlite.process_sets import global_process_set, process_set_id
 
 from . import mpi_ops
@@ -96,7 +97,6 @@ class _DistributedOptimizer:
 
         self._hvd_names = {p: name for name, p in named_parameters}
         self._hvd_compression = compression
-        self._hvd_spec = as_spec(compression)
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.gradient_predivide_factor = float(gradient_predivide_factor)
@@ -176,6 +176,11 @@ class _DistributedOptimizer:
                         self._group_counts[(p,)] = 0
                     self._hook_param(p)
 
+    @property
+    def _parameter_names(self):
+        """{parameter: name}, the attribute Horovod scripts read."""
+        return self._hvd_names
+
     # -------------------------------------------------------------- hooks
     def _make_hook(self, p):
         def hook(_param):
@@ -209,9 +214,8 @@ class _DistributedOptimizer:
         return hook
 
     def _scales(self):
-        if self.op == Average and self.gradient_predivide_factor != 1.0:
-            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        return 1.0, 1.0
+        _, pre, post = request.gradient_scales(self.op, self.gradient_predivide_factor)
+        return pre, post
 
     def _allreduce_grad_async(self, p):
         if p.grad is None:
@@ -242,17 +246,8 @@ class _DistributedOptimizer:
                                         self._hvd_compression, "DistributedOptimizer")
 
     def _sparse_allreduce_async(self, grad, name):
-        grad = grad.coalesce()
-        indices_h = mpi_ops.allgather_async(grad.indices().t().contiguous(),
-                                            name=f"{name}.indices", process_set=self.process_set)
-        values_h = mpi_ops.allgather_async(grad.values().contiguous(), name=f"{name}.values",
-                                           process_set=self.process_set)
-        shape, op, n = grad.shape, self.op, mpi_ops._set_size(self.process_set)
-        return mpi_ops._GroupHandle(
-            [indices_h, values_h],
-            combine=lambda r: torch.sparse_coo_tensor(
-                r[0].t(), r[1] / n if op == Average else r[1], shape,
-                check_invariants=False).coalesce())
+        return mpi_ops.sparse_allreduce_async(grad, name=name, op=self.op,
+                                              process_set=self.process_set)
 
     # -------------------------------------------------------------- sync
     def synchronize(self):
@@ -336,9 +331,9 @@ class _DistributedOptimizer:
         elif self._should_synchronize:
             if self._synchronized:
                 warnings.warn(
-                    "optimizer.step() was called after optimizer.synchronize() outside "
-                    "optimizer.skip_synchronize(); the gradients are reduced again, which is "
-                    "slower. Wrap step() in `with optimizer.skip_synchronize():`", stacklevel=2)
+                    "optimizer.step() called without optimizer.skip_synchronize() after "
+                    "optimizer.synchronize(): the gradients are reduced again, which is slower. "
+                    "Wrap step() in `with optimizer.skip_synchronize():`", stacklevel=2)
             self.synchronize()
         self._synchronized = False
         if closure is None:
@@ -459,12 +454,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise NotImplementedError("DistributedOptimizer: Adasum is not implemented in hvdlite; "
                                   "use op=hvdlite.torch.Average")
     op = _resolve_op(op, None, "DistributedOptimizer")
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise exceptions.InvalidArgumentError(
-            "gradient_predivide_factor is only meaningful with op=Average")
-    if not gradient_predivide_factor or gradient_predivide_factor != gradient_predivide_factor:
-        raise exceptions.InvalidArgumentError(
-            f"gradient_predivide_factor must be a non-zero number, got {gradient_predivide_factor!r}")
+    gradient_predivide_factor = request.predivide_factor(gradient_predivide_factor, op,
+                                                         "DistributedOptimizer")
     if num_groups:
         warnings.warn("num_groups is deprecated (as in Horovod); use groups=", DeprecationWarning,
                       stacklevel=2)
@@ -485,7 +476,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                         raise exceptions.InvalidArgumentError(
                             "a parameter may appear in only one group")
                     seen.add(id(p))
-    as_spec(compression)  # clear error for a bad compression argument
+    request.split_compression(compression)  # clear error for a bad compression argument
     if process_set is None:
         process_set = global_process_set
     cls = _distributed_class(type(optimizer))

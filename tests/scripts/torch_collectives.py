@@ -289,12 +289,18 @@ check("alltoall grad", torch.equal(x.grad, torch.arange(N).repeat_interleave(2).
 x = data(R, (2 * N, 2)).requires_grad_()
 y = hvd.reducescatter(x, op=hvd.Sum)
 (y * (R + 1)).sum().backward()
+# Horovod's rule: the gathered gradient times the set size for Sum, and not
+# divided by the set size for Average.
 check("reducescatter grad", torch.equal(x.grad, (torch.arange(N).repeat_interleave(2).float() + 1)
-                                        .reshape(-1, 1).expand(-1, 2)))
+                                        .reshape(-1, 1).expand(-1, 2) * N))
 x = data(R, (2 * N, 2)).requires_grad_()
 (hvd.grouped_reducescatter([x])[0] * (R + 1)).sum().backward()
 check("grouped_reducescatter grad (average)", torch.allclose(
-    x.grad, (torch.arange(N).repeat_interleave(2).float() + 1).reshape(-1, 1).expand(-1, 2) / N))
+    x.grad, (torch.arange(N).repeat_interleave(2).float() + 1).reshape(-1, 1).expand(-1, 2)))
+x = data(R, (2 * N, 2)).requires_grad_()
+(hvd.reducescatter(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25) * (R + 1)).sum().backward()
+check("reducescatter grad with factors", torch.allclose(
+    x.grad, (torch.arange(N).repeat_interleave(2).float() + 1).reshape(-1, 1).expand(-1, 2) * N * 0.5))
 
 # ------------------------------------------------------------ process sets
 if N >= 3:
@@ -451,7 +457,8 @@ raises("sparse", hvdlite.InvalidArgumentError,
 raises("bad op", hvdlite.InvalidArgumentError, lambda: hvd.allreduce(torch.ones(2), op=42), "op")
 raises("op and average", hvdlite.InvalidArgumentError,
        lambda: hvd.allreduce(torch.ones(2), average=True, op=hvd.Sum), "not both")
-raises("adasum", NotImplementedError, lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum), "Adasum")
+raises("adasum int", hvdlite.InvalidArgumentError,
+       lambda: hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Adasum), "Adasum", "float32")
 raises("bool reduce", hvdlite.InvalidArgumentError,
        lambda: hvd.allreduce(torch.ones(2, dtype=torch.bool), op=hvd.Sum), "bool")
 raises("bad root", hvdlite.InvalidArgumentError, lambda: hvd.broadcast(torch.ones(2), N), "root_rank")
@@ -477,7 +484,9 @@ check("HorovodInternalError alias", hvd.HorovodInternalError is hvdlite.HvdliteE
 
 last = hvd.join()
 check("join", 0 <= last < N)
-raises("join on a GPU", hvdlite.InvalidArgumentError, lambda: hvd.join(device=0), "GPU")
+# Horovod scripts pass their GPU index; a CPU build accepts and ignores it.
+check("join(device=local_rank) on a CPU build", 0 <= hvd.join(device=hvd.local_rank()) < N)
+raises("join bad device", hvdlite.InvalidArgumentError, lambda: hvd.join(device="gpu"), "device")
 
 hvd.barrier()
 hvd.shutdown()
