@@ -388,6 +388,67 @@ class _DistributedOptimizer:
 _DistributedOptimizer.step.hooked = True
 
 
+class _DistributedAdasumOptimizer(_DistributedOptimizer):
+    """DistributedOptimizer(op=Adasum): Horovod's delta optimizer.
+
+    Adasum combines what each rank would *do* to the model, not the raw
+    gradients: when a parameter's gradient is final, the wrapped optimizer
+    steps on that parameter alone, and the change it made (the delta) is
+    combined across ranks with the engine's Adasum while backward goes on.
+    ``step()`` then sets every parameter to its starting value plus the
+    combined delta. Between a parameter's hook and ``step()`` the parameter
+    holds its delta, as in Horovod.
+    """
+
+    def _allreduce_grad_async(self, p):
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        start = p.detach().clone()
+        self._step_one(p)
+        with torch.no_grad():
+            p.sub_(start)  # p now holds this rank's delta
+        handle = mpi_ops._allreduce_async(p.data, p.data, self._hvd_names[p], Adasum, 1.0, 1.0,
+                                          self.process_set, self._hvd_compression,
+                                          "DistributedOptimizer(op=Adasum)")
+        return handle, ("adasum", start)
+
+    def _step_one(self, p):
+        """The wrapped optimizer's step on ``p`` alone (its state for p advances)."""
+        stashed = [group["params"] for group in self.param_groups]
+        try:
+            for group in self.param_groups:
+                group["params"] = [p] if any(p is q for q in group["params"]) else []
+            super(_DistributedOptimizer, self).step()
+        finally:
+            for group, params in zip(self.param_groups, stashed):
+                group["params"] = params
+
+    @staticmethod
+    def _finish(p, handle, ctx):
+        handle.wait()
+        with torch.no_grad():
+            p.add_(ctx[1])  # start + combined delta
+
+    @contextmanager
+    def skip_synchronize(self):
+        raise OptimizerMisuseError(
+            "skip_synchronize() is not supported with op=Adasum: step() applies the combined "
+            "update itself")
+        yield  # pragma: no cover
+
+    def step(self, closure=None, **kwargs):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.synchronize()  # starts what has not started, waits, applies start + delta
+        self._synchronized = False
+        return loss
+
+
+_DistributedAdasumOptimizer.step.hooked = True
+
+
 def _is_dense_block(t):
     # Non-overlapping and dense: the strides are a permutation of a
     # contiguous layout's.
@@ -403,13 +464,13 @@ def _is_dense_block(t):
 _CLASSES = {}
 
 
-def _distributed_class(base):
-    cls = _CLASSES.get(base)
+def _distributed_class(base, mixin=_DistributedOptimizer):
+    cls = _CLASSES.get((base, mixin))
     if cls is None:
-        cls = type(base.__name__, (_DistributedOptimizer, base),
+        cls = type(base.__name__, (mixin, base),
                    {"__module__": __name__, "__qualname__": base.__qualname__,
                     "__doc__": base.__doc__})
-        _CLASSES[base] = cls
+        _CLASSES[(base, mixin)] = cls
     return cls
 
 
@@ -433,7 +494,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             ``Compression.topk(ratio, error_feedback=True)``; runs in the engine.
         backward_passes_per_step: reduce once every k backward passes
             (gradient accumulation); ``step()`` after each k.
-        op: ``Average`` (default) or ``Sum`` (or Min/Max/Product).
+        op: ``Average`` (default) or ``Sum`` (or Min/Max/Product); ``Adasum``
+            combines each rank's optimizer update with Adasum instead (Horovod's
+            delta optimizer; a power-of-2 number of ranks).
         gradient_predivide_factor: with Average, divide by f before the sum
             and by size/f after it (for fp16 range).
         num_groups / groups: reduce parameters in groups (an int, or a list
@@ -450,9 +513,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if isinstance(optimizer, _DistributedOptimizer):
         raise exceptions.InvalidArgumentError(
             "this optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
-    if op == Adasum:
-        raise NotImplementedError("DistributedOptimizer: Adasum is not implemented in hvdlite; "
-                                  "use op=hvdlite.torch.Average")
     op = _resolve_op(op, None, "DistributedOptimizer")
     gradient_predivide_factor = request.predivide_factor(gradient_predivide_factor, op,
                                                          "DistributedOptimizer")
@@ -479,7 +539,16 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     request.split_compression(compression)  # clear error for a bad compression argument
     if process_set is None:
         process_set = global_process_set
-    cls = _distributed_class(type(optimizer))
+    # With Adasum on more than one rank, the optimizer combines its updates,
+    # not the gradients (Horovod's delta optimizer); on one rank there is
+    # nothing to combine.
+    adasum = op == Adasum and mpi_ops._set_size(process_set) > 1
+    if adasum and (groups is not None or sparse_as_dense):
+        raise exceptions.InvalidArgumentError(
+            "DistributedOptimizer(op=Adasum) combines each parameter's update on its own; "
+            "groups= and sparse_as_dense= do not apply")
+    cls = _distributed_class(type(optimizer),
+                             _DistributedAdasumOptimizer if adasum else _DistributedOptimizer)
     wrapped = cls.__new__(cls)
     # Share the optimizer's groups, state and settings. Instance attributes
     # that shadow our methods (an LR scheduler patches ``opt.step``) are left

@@ -244,9 +244,9 @@ raises("bad backward_passes_per_step", hvdlite.InvalidArgumentError,
 raises("predivide with Sum", hvdlite.InvalidArgumentError,
        lambda: hvd.DistributedOptimizer(torch.optim.SGD(m2.parameters(), lr=0.1), op=hvd.Sum,
                                         gradient_predivide_factor=2.0), "Average")
-raises("adasum", NotImplementedError,
-       lambda: hvd.DistributedOptimizer(torch.optim.SGD(m2.parameters(), lr=0.1), op=hvd.Adasum),
-       "Adasum")
+raises("adasum with groups", hvdlite.InvalidArgumentError,
+       lambda: hvd.DistributedOptimizer(torch.optim.SGD(m2.parameters(), lr=0.1), op=hvd.Adasum,
+                                        groups=2), "groups")
 raises("bad compression", hvdlite.InvalidArgumentError,
        lambda: hvd.DistributedOptimizer(torch.optim.SGD(m2.parameters(), lr=0.1),
                                         compression="fp16"), "compression")
