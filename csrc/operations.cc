@@ -105,7 +105,9 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
       return Status::Error(ErrorKind::kInternal,
                            "negotiated tensor '" + r.names.at(0) + "' is not in this rank's queue");
     }
-    // This rank has joined: it takes part with zeros and discards the result.
+    // This rank has joined: it takes part with zeros and discards the result
+    // (or, for an error response, only learns the name).
+    set.SkipAutoName(r.op, r.names.at(0));
     TensorEntry& e = taken[i];
     e.request = r.tmpl;
     e.request.rank = set.rank();

@@ -23,8 +23,22 @@ ProcessSet::~ProcessSet() {
 
 std::string ProcessSet::NextAutoName(OpType op) {
   std::lock_guard<std::mutex> lock(names_mutex_);
-  int64_t n = auto_name_counters_[static_cast<size_t>(op) % auto_name_counters_.size()]++;
+  int64_t n = auto_name_counters_[static_cast<size_t>(op)]++;
   return std::string(OpTypeName(op)) + ".noname." + std::to_string(n);
+}
+
+void ProcessSet::SkipAutoName(OpType op, const std::string& name) {
+  const std::string prefix = std::string(OpTypeName(op)) + ".noname.";
+  if (name.compare(0, prefix.size(), prefix) != 0) return;
+  const std::string digits = name.substr(prefix.size());
+  if (digits.empty() || digits.size() > 18 ||
+      digits.find_first_not_of("0123456789") != std::string::npos) {
+    return;
+  }
+  const int64_t n = std::stoll(digits);
+  std::lock_guard<std::mutex> lock(names_mutex_);
+  int64_t& counter = auto_name_counters_[static_cast<size_t>(op)];
+  counter = std::max(counter, n + 1);
 }
 
 void ProcessSetTable::Add(std::shared_ptr<ProcessSet> set) {

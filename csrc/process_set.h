@@ -44,6 +44,10 @@ class ProcessSet {
   // Name for an unnamed tensor; the same on every rank that makes the same
   // sequence of calls.
   std::string NextAutoName(OpType op);
+  // A joined rank took part in `name` without submitting it: if it is an
+  // automatic name, this rank's counter moves past it, so the ranks' next
+  // unnamed calls still match after the others' calls while it was joined.
+  void SkipAutoName(OpType op, const std::string& name);
 
  private:
   int32_t id_;
@@ -54,7 +58,7 @@ class ProcessSet {
   std::unique_ptr<Controller> controller_;
   TensorQueue queue_;
   std::mutex names_mutex_;
-  std::array<int64_t, 8> auto_name_counters_{};
+  std::array<int64_t, kNumOpTypes> auto_name_counters_{};
 };
 
 // The engine's process sets, shared between the engine thread (which adds and

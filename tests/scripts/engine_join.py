@@ -38,6 +38,24 @@ def main():
                     raise AssertionError(f"{what} with joined ranks did not raise")
         last = hvd.join()
     assert last in busy, f"last joined rank {last} should be one of {busy}"
+    # Unnamed calls issued while a rank was joined (allreduce goes on, allgather
+    # fails) move the joined rank's automatic names too, so the ranks' next
+    # unnamed calls still match (a hang at 3+ ranks otherwise).
+    for first in range(n):
+        if r != first:
+            got = hvd.allreduce(np.full(2, r + 1.0), op=hvd.Sum)
+            assert np.array_equal(got, np.full(2, sum(k + 1.0 for k in range(n) if k != first))), got
+            try:
+                hvd.allgather(np.ones((1, 2)))
+            except hvd.TensorMismatchError:
+                pass
+            else:
+                raise AssertionError("allgather with a joined rank did not raise")
+        hvd.join()
+        got = hvd.allgather(np.full((1, 2), r, np.int64))
+        assert np.array_equal(got, np.repeat(np.arange(n), 2).reshape(n, 2)), got
+        got = hvd.allreduce(np.full(2, r + 1.0), op=hvd.Sum)
+        assert np.array_equal(got, np.full(2, n * (n + 1) / 2)), got
     # After everyone joined, collectives (and the cache) work as before.
     for _ in range(3):
         got = hvd.allreduce(np.full(4, r + 1.0, np.float32), op=hvd.Sum, name="warm")

@@ -165,10 +165,58 @@ large = [data(r, (3000,), salt=22) for r in range(N)]
 got = hvd.allreduce(large[R], op=hvd.Sum, compression=hvd.Compression.topk(0.1, error_feedback=False),
                     name="c.topk")
 check("allreduce topk(0.1) is sparse", 0 < int((got != 0).sum()) <= 300 * N)
+# Horovod's compressor interface on tensors, and a user's compressor
+for dtype in (torch.float32, torch.float64):
+    t = torch.ones(5, dtype=dtype)
+    c, ctx = hvd.Compression.fp16.compress(t)
+    check(f"fp16.compress {dtype}", c.dtype == torch.float16)
+    check(f"fp16.decompress {dtype}", hvd.Compression.fp16.decompress(c, ctx).dtype == dtype)
+    got = hvd.allreduce(t, op=hvd.Sum, compression=hvd.Compression.fp16, name=f"c.fp16.{dtype}")
+    check(f"allreduce fp16 compression of {dtype}", got.dtype == dtype and torch.equal(got, t * N))
+for dtype in (torch.int32, torch.uint8):
+    c, ctx = hvd.Compression.fp16.compress(torch.ones(3, dtype=dtype))
+    check(f"fp16.compress leaves {dtype}", c.dtype == dtype and ctx is None)
+
+
+class Offset(hvd.Compressor):
+    @staticmethod
+    def compress(tensor):
+        return tensor + 100.0, "offset"
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        assert ctx == "offset"
+        return tensor - 100.0 * N
+
+
+got = hvd.allreduce(big[R], op=hvd.Sum, compression=Offset, name="c.user")
+check("allreduce with a user compressor", torch.allclose(got.double(), ref, atol=1e-3))
+inplace = big[R].clone()
+hvd.allreduce_(inplace, op=hvd.Sum, compression=Offset, name="c.user_")
+check("allreduce_ with a user compressor writes in place", torch.allclose(inplace.double(), ref, atol=1e-3))
 got = hvd.grouped_allreduce([big[R]], op=hvd.Sum, compression=hvd.Compression.fp16)
 check("grouped_allreduce fp16", torch.allclose(got[0].double(), ref, atol=5e-3 * N))
 got = hvd.reducescatter(torch.stack([big[R]] * N), op=hvd.Sum, compression=hvd.Compression.fp16)
 check("reducescatter fp16", torch.allclose(got[0].double(), ref, atol=5e-3 * N))
+
+# ------------------------------------------------------------ sparse allreduce
+def sparse_data(r, rows, salt):
+    g = torch.Generator().manual_seed(100 * r + salt)
+    t = torch.randn(rows, 4, generator=g, dtype=torch.float64)
+    t[torch.rand(rows, generator=g) < 0.6] = 0
+    return t
+
+
+for op, salt in ((hvd.Average, 1), (hvd.Sum, 2)):
+    dense = [sparse_data(r, 9, salt) for r in range(N)]
+    want = sum(dense) / (N if op == hvd.Average else 1)
+    h = hvd.sparse_allreduce_async(dense[R].to_sparse(), name=f"sp.{salt}", op=op)
+    got = h()  # Horovod returns a callable
+    check(f"sparse_allreduce_async op={op}", got.is_sparse and got.shape == (9, 4)
+          and torch.allclose(got.to_dense(), want))
+    h = hvd.sparse_allreduce_async(dense[R].to_sparse(), name=f"sp.sync.{salt}", op=op)
+    check(f"sparse_allreduce_async with synchronize op={op}",
+          torch.allclose(hvd.synchronize(h).to_dense(), want))
 
 # ------------------------------------------------------------ allgather
 for dtype in [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8, torch.int16,
@@ -454,6 +502,10 @@ raises("complex", hvdlite.UnsupportedDTypeError,
 raises("not a tensor", hvdlite.InvalidArgumentError, lambda: hvd.allreduce([1.0, 2.0]), "torch.Tensor")
 raises("sparse", hvdlite.InvalidArgumentError,
        lambda: hvd.allreduce(torch.eye(2).to_sparse()), "sparse")
+raises("sparse_allreduce_async of a dense tensor", hvdlite.InvalidArgumentError,
+       lambda: hvd.sparse_allreduce_async(torch.ones(2), name="sp.dense"), "sparse COO")
+raises("sparse_allreduce_async with Max", NotImplementedError,
+       lambda: hvd.sparse_allreduce_async(torch.eye(2).to_sparse(), op=hvd.Max), "averaged or summed")
 raises("bad op", hvdlite.InvalidArgumentError, lambda: hvd.allreduce(torch.ones(2), op=42), "op")
 raises("op and average", hvdlite.InvalidArgumentError,
        lambda: hvd.allreduce(torch.ones(2), average=True, op=hvd.Sum), "not both")
@@ -487,6 +539,23 @@ check("join", 0 <= last < N)
 # Horovod scripts pass their GPU index; a CPU build accepts and ignores it.
 check("join(device=local_rank) on a CPU build", 0 <= hvd.join(device=hvd.local_rank()) < N)
 raises("join bad device", hvdlite.InvalidArgumentError, lambda: hvd.join(device="gpu"), "device")
+# Horovod's rules while a rank has joined: allgather and broadcast fail on the
+# ranks that issue them (their unnamed-collective counters then differ from
+# the joined rank's), allreduce goes on with zeros; object collectives still
+# meet afterwards because their default names are fixed.
+for first in range(N):
+    if R == first:
+        last = hvd.join()
+    else:
+        raises(f"allgather after rank {first} joined", hvdlite.HvdliteError,
+               lambda: hvd.allgather(torch.ones(2, 3)), "joined")
+        raises(f"broadcast after rank {first} joined", hvdlite.HvdliteError,
+               lambda: hvd.broadcast(torch.ones(2), (first + 1) % N, name="after.join"), "joined")
+        got = hvd.allreduce(torch.ones(3), op=hvd.Sum, name=f"ar.after.join.{first}")
+        check(f"allreduce after rank {first} joined gets zeros from it", torch.equal(got, torch.full((3,), N - 1.0)))
+        last = hvd.join()
+    check(f"join returns a rank other than the first to join ({first})", last != first or N == 1)
+    check(f"allgather_object after join ({first})", hvd.allgather_object(last) == [last] * N)
 
 hvd.barrier()
 hvd.shutdown()

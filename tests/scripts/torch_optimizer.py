@@ -90,6 +90,8 @@ for step in range(5):
     check(f"bitwise identical step {step}", identical_everywhere(model.parameters()))
     check(f"matches single process step {step}", close(model.parameters(), ref.parameters()),
           str(max((a - b).abs().max().item() for a, b in zip(model.parameters(), ref.parameters()))))
+check("_parameter_names (Horovod's attribute)",
+      opt._parameter_names == {p: n for n, p in model.named_parameters()})
 sd = opt.state_dict()
 check("state_dict", len(sd["state"]) == 6 and "momentum_buffer" in sd["state"][0])
 opt.load_state_dict(sd)
@@ -317,7 +319,8 @@ with warnings.catch_warnings(record=True) as caught:
     opt.synchronize()
     opt.step()
     check("warning for step after synchronize",
-          any("skip_synchronize" in str(w.message) for w in caught))
+          any("optimizer.step() called without optimizer.skip_synchronize()" in str(w.message)
+              for w in caught))
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     hvd.DistributedOptimizer(torch.optim.SGD(make_model(6).parameters(), lr=0.1),
@@ -342,6 +345,45 @@ ref_opt.zero_grad()
 conv_ref(img).square().mean().backward()
 ref_opt.step()
 check("channels_last matches", close(conv.parameters(), conv_ref.parameters()))
+
+# ------------------------------------------------------------ Horovod's side effects and compressors
+# A new optimizer's broadcast_optimizer_state leaves every trainable
+# parameter with a zero .grad (Horovod's dummy step does); frozen ones keep None.
+fresh = make_model(3)
+fresh[0].bias.requires_grad_(False)
+fresh_opt = hvd.DistributedOptimizer(torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9),
+                                     named_parameters=fresh.named_parameters())
+before = [p.detach().clone() for p in fresh.parameters()]
+hvd.broadcast_optimizer_state(fresh_opt, root_rank=0)
+check("broadcast_optimizer_state: zero grads for trainable parameters",
+      all(p.grad is not None and not p.grad.any() for p in fresh.parameters() if p.requires_grad))
+check("broadcast_optimizer_state: frozen parameter keeps grad None", fresh[0].bias.grad is None)
+check("broadcast_optimizer_state: parameters untouched",
+      all(torch.equal(a, b) for a, b in zip(before, fresh.parameters())))
+fresh_opt.remove_hooks()
+check("default names are unique", len(set(hvd.DistributedOptimizer(
+    torch.optim.SGD([{"params": make_model(4)[0].parameters()},
+                     {"params": make_model(5)[2].parameters()}], lr=0.1))
+    ._parameter_names.values())) == 4)
+
+
+class ScaledCompressor(hvd.Compressor):
+    """A user's compressor in Horovod's style: halves on the way out, doubles
+    back; the front end applies it around an uncompressed allreduce."""
+    calls = 0
+
+    @staticmethod
+    def compress(tensor):
+        ScaledCompressor.calls += 1
+        return tensor * 0.5, tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return (tensor * 2.0).to(ctx)
+
+
+run_variant("user compressor", compression=ScaledCompressor)
+check("user compressor was applied", ScaledCompressor.calls > 0)
 
 # ------------------------------------------------------------ sparse gradients
 for as_dense in (False, True):
