@@ -12,7 +12,11 @@ Sum = 1
 Min = 2
 Max = 3
 Product = 4
-_OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product"}
+# Horovod's adaptive summation: floating-point allreduce on a power-of-2
+# number of ranks; orthogonal gradients add, parallel ones average.
+Adasum = 5
+_OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product",
+             Adasum: "Adasum"}
 
 
 _CODES_BY_DTYPE = {np.dtype(name): code for name, code in _binding.DTYPE_CODES.items()
@@ -49,7 +53,8 @@ def _check_array(a, what):
 def _check_op(op, what):
     if op not in _OP_NAMES:
         raise exceptions.InvalidArgumentError(
-            f"{what}: op must be one of hvdlite.Average, Sum, Min, Max, Product (got {op!r})")
+            f"{what}: op must be one of hvdlite.Average, Sum, Min, Max, Product, Adasum "
+            f"(got {op!r})")
     return op
 
 
@@ -144,7 +149,10 @@ def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscal
 def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
               process_set=None, compression=Compression.none, out=None):
     """Reduces ``tensor`` over all ranks; returns a new array on every rank
-    (or fills ``out``, which may be ``tensor`` itself for an in-place reduction)."""
+    (or fills ``out``, which may be ``tensor`` itself for an in-place reduction).
+
+    ``op=Adasum`` combines floating-point tensors as Horovod's Adasum does, on a
+    power-of-2 number of ranks (process sets included)."""
     return synchronize(allreduce_async(tensor, op, name, prescale_factor, postscale_factor,
                                        process_set, compression, out))
 
