@@ -1,0 +1,19 @@
+"""op=Adasum: the engine against a NumPy reference of Horovod's definition,
+and its errors (multi-rank)."""
+import pytest
+
+from mpi_harness import require, run_ranks
+
+
+@pytest.mark.parametrize("ranks,wire", [(2, "mpi"), (4, "shm")])
+def test_adasum_against_numpy(tmp_path, ranks, wire):
+    """Adasum never uses shared memory, with it on (the default on one host) or off."""
+    require("ml_dtypes")  # bfloat16 inputs
+    env = {"HVDLITE_SHM_ALLREDUCE": "0"} if wire == "mpi" else None
+    proc = run_ranks("scripts/engine_adasum.py", ranks, args=[tmp_path, "main"], env=env, timeout=300)
+    assert "MAX RELATIVE ERROR" in proc.stdout
+
+
+def test_adasum_needs_power_of_two_ranks(tmp_path):
+    run_ranks("scripts/engine_adasum.py", 3, args=[tmp_path, "errors"], timeout=300)
+
