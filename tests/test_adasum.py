@@ -1,5 +1,5 @@
 """op=Adasum: the engine against a NumPy reference of Horovod's definition,
-and its errors (multi-rank)."""
+its errors, and a small model trained with it (multi-rank)."""
 import pytest
 
 from mpi_harness import require, run_ranks
@@ -17,3 +17,9 @@ def test_adasum_against_numpy(tmp_path, ranks, wire):
 def test_adasum_needs_power_of_two_ranks(tmp_path):
     run_ranks("scripts/engine_adasum.py", 3, args=[tmp_path, "errors"], timeout=300)
 
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_adasum_trains_digits(ranks):
+    require("sklearn")
+    proc = run_ranks("scripts/adasum_digits.py", ranks, timeout=300)
+    assert "ADASUM DIGITS" in proc.stdout
