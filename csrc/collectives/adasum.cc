@@ -154,6 +154,7 @@ Status AdasumReducer::Swap(MpiCollectives& mpi, int peer, const std::vector<Adas
     if (packed == nullptr) return OutOfMemory(send_bytes);
     for (size_t i = 0, offset = 0; i < give.size(); ++i) {
       const size_t bytes = static_cast<size_t>(give[i].size()) * elem;
+      if (bytes == 0) continue;  // an empty tensor's data may be null
       std::memcpy(packed + offset, at(give, i), bytes);
       offset += bytes;
     }
@@ -175,6 +176,7 @@ Status AdasumReducer::Swap(MpiCollectives& mpi, int peer, const std::vector<Adas
   if (in_place && !direct) {
     for (size_t i = 0, offset = 0; i < take.size(); ++i) {
       const size_t bytes = static_cast<size_t>(take[i].size()) * elem;
+      if (bytes == 0) continue;
       std::memcpy(at(take, i), recv + offset, bytes);
       offset += bytes;
     }
