@@ -246,9 +246,10 @@ def test_scaling_and_forms(r, n):
 def test_process_sets(r, n):
     # Any power-of-2 set works: the tree runs over the set's ranks in order.
     if n >= 4:
-        sets = [hvd.add_process_set([0, 2]), hvd.add_process_set([1, 3]), hvd.add_process_set([0, 1, 2])]
-        pairs, three = sets[:2], sets[2]
-        mine = pairs[r % 2]
+        halves = [hvd.add_process_set(list(range(parity, n, 2))) for parity in (0, 1)]  # evens, odds
+        three = hvd.add_process_set([0, 1, 2])
+        sets = halves + [three]
+        mine = halves[r % 2]
         for dtype in FLOATS:
             xs = {k: data(k, dtype, 19, 600) for k in range(n)}
             got = hvd.allreduce(xs[r], op=hvd.Adasum, process_set=mine)
