@@ -109,6 +109,7 @@ ENGINE_SOURCES = [
     "tensor_queue.cc",
     "timeline.cc",
     "work.cc",
+    "collectives/adasum.cc",
     "collectives/mpi_collectives.cc",
     "collectives/shm_collectives.cc",
     "compressors/error_feedback.cc",

@@ -49,6 +49,10 @@ bool IsFloatingPoint(DataType dtype) {
          dtype == DataType::kFloat64 || dtype == DataType::kBFloat16;
 }
 
+bool IsValidReduceOp(int32_t value) {
+  return value >= 0 && value <= static_cast<int32_t>(ReduceOp::kAdasum);
+}
+
 const char* ReduceOpName(ReduceOp op) {
   switch (op) {
     case ReduceOp::kAverage: return "Average";
@@ -56,6 +60,7 @@ const char* ReduceOpName(ReduceOp op) {
     case ReduceOp::kMin: return "Min";
     case ReduceOp::kMax: return "Max";
     case ReduceOp::kProduct: return "Product";
+    case ReduceOp::kAdasum: return "Adasum";
   }
   return "unknown";
 }

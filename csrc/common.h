@@ -30,6 +30,9 @@ enum class ReduceOp : int32_t {
   kMin = 2,
   kMax = 3,
   kProduct = 4,
+  // Horovod's adaptive summation (collectives/adasum.h); floating-point
+  // allreduce only, on a power-of-2 number of ranks.
+  kAdasum = 5,
 };
 
 enum class OpType : int32_t {
@@ -68,6 +71,7 @@ bool IsValidDataType(int32_t value);
 size_t DataTypeSize(DataType dtype);
 const char* DataTypeName(DataType dtype);
 bool IsFloatingPoint(DataType dtype);
+bool IsValidReduceOp(int32_t value);
 const char* ReduceOpName(ReduceOp op);
 const char* OpTypeName(OpType op);
 const char* CompressionName(CompressionType type);

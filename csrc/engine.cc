@@ -10,6 +10,8 @@
 #include <cstring>
 #include <set>
 
+#include "collectives/adasum.h"
+
 namespace hvdlite {
 
 namespace {
@@ -32,6 +34,32 @@ void ApplyPriority(EnginePriority priority) {
 }
 
 bool IsReducing(OpType op) { return op == OpType::kAllreduce || op == OpType::kReducescatter; }
+
+// What Adasum (collectives/adasum.h) can reduce, with Horovod's limits.
+Status ValidateAdasum(const Request& q, int set_size) {
+  if (q.op != OpType::kAllreduce) {
+    return Status::InvalidArgument(
+        "op=Adasum works only with allreduce (Horovod's reducescatter refuses it too); use Sum "
+        "or Average");
+  }
+  if (!IsFloatingPoint(q.dtype)) {
+    return Status::InvalidArgument(std::string("op=Adasum needs floating-point tensors (float16, "
+                                               "bfloat16, float32, float64), not ") +
+                                   DataTypeName(q.dtype) + "; cast to float32 first");
+  }
+  if (q.compression.type != CompressionType::kNone) {
+    return Status::InvalidArgument(
+        std::string("op=Adasum cannot be combined with ") + CompressionName(q.compression.type) +
+        " compression: its dot products need the gradients as they are; use Compression.none");
+  }
+  if (!AdasumSupportsSize(set_size)) {
+    return Status::InvalidArgument(
+        "op=Adasum needs a power-of-2 number of ranks (1, 2, 4, 8, ...), but the process set "
+        "has " + std::to_string(set_size) + "; Horovod has the same limit. Run on a power-of-2 "
+        "number of ranks (or reduce over a process set of that size), or use op=Average");
+  }
+  return Status::OK();
+}
 
 }  // namespace
 
@@ -402,9 +430,13 @@ Status Engine::ValidateLocally(const EnqueueArgs& args, const ProcessSet& set) c
     if (q.dtype == DataType::kBool) {
       return Status::InvalidArgument(what() + ": bool tensors cannot be reduced; cast to uint8 or int32 first");
     }
-    if (static_cast<int32_t>(q.reduce_op) < 0 || static_cast<int32_t>(q.reduce_op) > 4) {
+    if (!IsValidReduceOp(static_cast<int32_t>(q.reduce_op))) {
       return Status::InvalidArgument(what() + ": unknown reduce op " +
                                      std::to_string(static_cast<int32_t>(q.reduce_op)));
+    }
+    if (q.reduce_op == ReduceOp::kAdasum) {
+      Status s = ValidateAdasum(q, set.size());
+      if (!s.ok()) return Status::InvalidArgument(what() + ": " + s.message());
     }
     if (!std::isfinite(q.prescale) || !std::isfinite(q.postscale)) {
       return Status::InvalidArgument(what() + ": prescale_factor and postscale_factor must be finite numbers");

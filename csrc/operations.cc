@@ -48,6 +48,14 @@ std::vector<Segment> One(const TensorEntry& e, int64_t count) {
   return {Segment{e.request.name, 0, count}};
 }
 
+int64_t BytesIn(const std::vector<TensorEntry*>& entries) {
+  int64_t bytes = 0;
+  for (auto* e : entries) {
+    bytes += NumElements(e->request.shape) * static_cast<int64_t>(DataTypeSize(e->request.dtype));
+  }
+  return bytes;
+}
+
 }  // namespace
 
 struct OperationRunner::Bucket {
@@ -159,7 +167,8 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
   }
   for (auto& group : groups) {
     if (!fatal.ok()) break;
-    fatal = RunAllreduces(set, group.second);
+    fatal = group.second[0]->request.reduce_op == ReduceOp::kAdasum ? RunAdasum(set, group.second)
+                                                                    : RunAllreduces(set, group.second);
   }
   if (!fatal.ok()) {
     for (auto& e : taken) {
@@ -369,11 +378,7 @@ Status OperationRunner::Start(ProcessSet& set, Bucket& b) {
     stats_->Add(stats_->wire_bytes_topk, static_cast<int64_t>(b.wire_bytes));
   }
   stats_->Add(stats_->collectives, 1);
-  int64_t bytes_in = 0;
-  for (auto* e : b.entries) {
-    bytes_in += NumElements(e->request.shape) * static_cast<int64_t>(DataTypeSize(e->request.dtype));
-  }
-  stats_->Add(stats_->bytes_in, bytes_in);
+  stats_->Add(stats_->bytes_in, BytesIn(b.entries));
   if (!b.shm) Phase(b.entries, WirePhase(b.compressor), true);
   return s;
 }
@@ -437,21 +442,94 @@ Status OperationRunner::Finish(ProcessSet& set, Bucket& b, MPI_Request* in_fligh
     }
     Phase(b.entries, "DECOMPRESS", false);
   }
-  const int64_t n = static_cast<int64_t>(b.entries.size());
+  Complete(b.entries, b.compressor ? static_cast<int64_t>(b.wire_bytes) : b.count * 4);
+  return Status::OK();
+}
+
+void OperationRunner::Complete(const std::vector<TensorEntry*>& entries, int64_t wire_bytes) {
+  const int64_t n = static_cast<int64_t>(entries.size());
   stats_->Add(stats_->tensors, n);
   if (n > 1) {
     stats_->Add(stats_->tensors_fused, n);
     stats_->Add(stats_->fused_buffers, 1);
   }
-  for (auto* e : b.entries) {
+  for (auto* e : entries) {
     if (timeline_ && timeline_->active()) {
       timeline_->End(e->request.name, "ALLREDUCE",
                      "\"dtype\":\"" + std::string(DataTypeName(e->request.dtype)) + "\",\"shape\":\"" +
                          ShapeString(e->request.shape) + "\",\"fused\":" + std::to_string(n) +
-                         ",\"wire_bytes\":" + std::to_string(b.compressor ? b.wire_bytes : b.count * 4));
+                         ",\"wire_bytes\":" + std::to_string(wire_bytes));
     }
     e->work->Finish();
   }
+}
+
+Status OperationRunner::RunAdasum(ProcessSet& set, std::vector<TensorEntry*>& entries) {
+  // Sized as the reduction holds them: 16-bit floats widened to float32.
+  const DataType dtype = entries[0]->request.dtype;
+  const int64_t elem = Is16BitFloat(dtype) ? 4 : static_cast<int64_t>(DataTypeSize(dtype));
+  std::vector<TensorEntry*> bucket;
+  int64_t bytes = 0;
+  for (TensorEntry* e : entries) {
+    const int64_t tensor_bytes = NumElements(e->request.shape) * elem;
+    if (!bucket.empty() && bytes + tensor_bytes > options_.fusion_threshold_bytes) {
+      Status s = AdasumBucket(set, bucket);
+      if (!s.ok()) return s;
+      bucket.clear();
+      bytes = 0;
+    }
+    bucket.push_back(e);
+    bytes += tensor_bytes;
+  }
+  return bucket.empty() ? Status::OK() : AdasumBucket(set, bucket);
+}
+
+Status OperationRunner::AdasumBucket(ProcessSet& set, const std::vector<TensorEntry*>& bucket) {
+  const DataType dtype = bucket[0]->request.dtype;
+  const bool widen = Is16BitFloat(dtype);
+  Phase(bucket, "QUEUE", false);
+  Phase(bucket, "ALLREDUCE", true);
+  // float32 and float64 are reduced in the caller's output; 16-bit floats in
+  // a float32 copy, rounded back once at the end.
+  float* widened = nullptr;
+  if (widen) {
+    int64_t total = 0;
+    for (TensorEntry* e : bucket) total += NumElements(e->request.shape);
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(total, 1)) * sizeof(float);
+    widened = reinterpret_cast<float*>(buffers_.Get(FusionBuffer::kSend, 0, bytes));
+    if (widened == nullptr) return OutOfMemory("an Adasum buffer", bytes);
+  }
+  std::vector<AdasumTensor> tensors;
+  int64_t offset = 0;
+  for (TensorEntry* e : bucket) {
+    const Request& q = e->request;
+    const int64_t n = NumElements(q.shape);
+    if (widen) {
+      WidenToFloat(e->input, widened + offset, n, dtype, q.prescale);
+      tensors.push_back({widened + offset, n});
+      offset += n;
+    } else {
+      CopyScaled(e->input, e->output, n, dtype, q.prescale);
+      tensors.push_back({e->output, n});
+    }
+  }
+  Phase(bucket, "ADASUM_ALLREDUCE", true);
+  Status s = adasum_.Allreduce(set.mpi(), widen ? DataType::kFloat32 : dtype, tensors);
+  Phase(bucket, "ADASUM_ALLREDUCE", false);
+  stats_->Add(stats_->collectives, 1);
+  stats_->Add(stats_->bytes_in, BytesIn(bucket));
+  stats_->Add(stats_->wire_bytes_none, adasum_.wire_bytes());
+  if (!s.ok()) return s;
+  for (size_t i = 0; i < bucket.size(); ++i) {
+    TensorEntry& e = *bucket[i];
+    const double post = PostFactor(e.request, set.size());
+    if (widen) {
+      NarrowFromFloat(static_cast<const float*>(tensors[i].data), e.output, tensors[i].count, dtype, post);
+    } else if (post != 1.0) {
+      CopyScaled(e.output, e.output, tensors[i].count, dtype, post);
+    }
+  }
+  Complete(bucket, adasum_.wire_bytes());
   return Status::OK();
 }
 

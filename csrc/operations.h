@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/adasum.h"
 #include "compressors/compressor.h"
 #include "engine_options.h"
 #include "engine_stats.h"
@@ -46,6 +47,13 @@ class OperationRunner {
   Status StartShm(ProcessSet& set, Bucket& bucket, const void* send, void* recv, DataType wire_type,
                   ReduceOp op, double scale);
   Status Finish(ProcessSet& set, Bucket& bucket, MPI_Request* in_flight);
+  // Adasum allreduces of one dtype: buckets up to the fusion threshold, each
+  // one AdasumReducer run (never shared memory: it only sums).
+  Status RunAdasum(ProcessSet& set, std::vector<TensorEntry*>& entries);
+  Status AdasumBucket(ProcessSet& set, const std::vector<TensorEntry*>& bucket);
+  // Counts the tensors of a finished bucket, ends their timeline rows and
+  // completes their handles.
+  void Complete(const std::vector<TensorEntry*>& entries, int64_t wire_bytes);
 
   Status Allreduce(ProcessSet& set, TensorEntry& entry);
   Status Allgather(ProcessSet& set, TensorEntry& entry, const Response& response);
@@ -62,6 +70,7 @@ class OperationRunner {
   EngineStats* stats_;
   Timeline* timeline_;
   FusionBuffer buffers_;
+  AdasumReducer adasum_;
   // One compressor per spec, kept across rounds: error feedback carries state.
   std::map<std::string, std::unique_ptr<Compressor>> compressors_;
   std::vector<float> widened_;

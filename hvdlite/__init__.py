@@ -15,7 +15,7 @@ from .engine_control import engine_stats, reset_compression_state, start_timelin
 from .exceptions import (HvdliteError, HvdliteShutdownError, HvdliteTimeoutError,
                          InvalidArgumentError, MPIError, NotInitializedError, StallError,
                          TensorMismatchError, UnsupportedDTypeError)
-from .ops import (Average, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
+from .ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
                   allreduce_async, alltoall, alltoall_async, barrier, broadcast, broadcast_async,
                   grouped_allreduce, grouped_allreduce_async, join, poll, reducescatter,
                   reducescatter_async, synchronize)

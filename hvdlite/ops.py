@@ -118,7 +118,10 @@ def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscal
 def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
               process_set=None, compression=Compression.none, out=None):
     """Reduces ``tensor`` over all ranks; returns a new array on every rank
-    (or fills ``out``, which may be ``tensor`` itself for an in-place reduction)."""
+    (or fills ``out``, which may be ``tensor`` itself for an in-place reduction).
+
+    ``op=Adasum`` combines floating-point tensors as Horovod's Adasum does, on a
+    power-of-2 number of ranks (process sets included)."""
     return synchronize(allreduce_async(tensor, op, name, prescale_factor, postscale_factor,
                                        process_set, compression, out))
 

@@ -160,6 +160,24 @@ def test_hung_rank_times_out(ranks):
           f"job gone {ended - fail_at:.2f} s later")
 
 
+def test_hung_rank_inside_adasum_times_out():
+    """Adasum's exchanges are point-to-point messages under the same wait
+    policy: a rank stopped inside one still makes the others raise
+    HvdliteTimeoutError instead of hanging."""
+    proc, _, ended = launch("scripts/reliability_adasum_hang.py", 4, [],
+                            env={"HVDLITE_TIMEOUT_SECONDS": "2"})
+    out = proc.stdout + proc.stderr
+    _, fail_at, survivors = parse(proc.stdout)
+    assert proc.returncode != 0 and fail_at is not None and survivors, out[-4000:]
+    for r, (at, message) in survivors.items():
+        assert message.startswith("HvdliteTimeoutError") and "HVDLITE_TIMEOUT_SECONDS=2" in message, message
+        assert at - fail_at < FAILURE_LIMIT_S
+    assert ended - fail_at < FAILURE_LIMIT_S + 5
+    waits = sorted(set(re.findall(r"WAITED_IN \d (.+)", proc.stdout)))
+    print(f"\nSIGSTOP inside Adasum: first error {min(a for a, _ in survivors.values()) - fail_at:.2f} s; "
+          f"timed out in {waits}")
+
+
 def test_stall_shutdown_stops_every_rank():
     """A rank that never submits a tensor the others wait for: the stall
     inspector warns naming it, then stops every rank with StallError."""

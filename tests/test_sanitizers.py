@@ -29,6 +29,7 @@ ENGINE_RUNS = [
     ("scripts/engine_features.py", ["{tmp}", "fusion_matches_unfused,cache,fp16,topk,timeline"], 2),
     ("scripts/reliability_bad_input.py", ["calls,init_twice,fork,settings,large_lazy"], 2),
     ("scripts/reliability_threads.py", [4, 60], 2),
+    ("scripts/engine_adasum.py", ["{tmp}", "main"], 2),
 ]
 
 # Engines started and replaced, process sets added and removed, with no other

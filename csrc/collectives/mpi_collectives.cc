@@ -1,5 +1,6 @@
 #include "mpi_collectives.h"
 
+#include <algorithm>
 #include <climits>
 #include <string>
 
@@ -22,6 +23,8 @@ MPI_Op MpiReduceOp(ReduceOp op) {
     case ReduceOp::kSum:
     case ReduceOp::kAverage:
       return MPI_SUM;
+    case ReduceOp::kAdasum:  // not element-wise: collectives/adasum.h
+      return MPI_OP_NULL;
   }
   return MPI_SUM;
 }
@@ -87,6 +90,16 @@ Status MpiCollectives::Wait(MPI_Request* request, const char* what) {
   return WaitUntil(wait_, abort_, what, [&](Status* error) {
     int done = 0;
     *error = Check(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
+    return !error->ok() || done != 0;
+  });
+}
+
+Status MpiCollectives::WaitAll(std::vector<MPI_Request>* requests, const char* what) {
+  return WaitUntil(wait_, abort_, what, [&](Status* error) {
+    int done = 0;
+    *error = Check(MPI_Testall(static_cast<int>(requests->size()), requests->data(), &done,
+                               MPI_STATUSES_IGNORE),
+                   what);
     return !error->ok() || done != 0;
   });
 }
@@ -236,6 +249,31 @@ Status MpiCollectives::Barrier() {
   Status s = Check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
   if (s.ok()) s = Wait(&req, "MPI_Ibarrier");
   return s;
+}
+
+Status MpiCollectives::SendRecv(const void* send, int64_t send_bytes, void* recv,
+                                int64_t recv_bytes, int peer, int tag) {
+  // Chunks of at most kMaxChunk bytes, all posted at once: the peer posts the
+  // same chunks in the same order, which MPI matches in order.
+  std::vector<MPI_Request> requests;
+  Status s;
+  for (int64_t offset = 0; offset < recv_bytes && s.ok(); offset += kMaxChunk) {
+    requests.emplace_back();
+    s = Check(MPI_Irecv(static_cast<uint8_t*>(recv) + offset,
+                        static_cast<int>(std::min(kMaxChunk, recv_bytes - offset)), MPI_BYTE, peer,
+                        tag, comm_, &requests.back()),
+              "MPI_Irecv");
+  }
+  for (int64_t offset = 0; offset < send_bytes && s.ok(); offset += kMaxChunk) {
+    requests.emplace_back();
+    s = Check(MPI_Isend(static_cast<const uint8_t*>(send) + offset,
+                        static_cast<int>(std::min(kMaxChunk, send_bytes - offset)), MPI_BYTE, peer,
+                        tag, comm_, &requests.back()),
+              "MPI_Isend");
+  }
+  if (!s.ok()) return s;
+  const std::string what = "MPI_Isend/MPI_Irecv with rank " + std::to_string(peer);
+  return WaitAll(&requests, what.c_str());
 }
 
 Status MpiCollectives::StartAllreduce(const void* send, void* recv, int64_t count,

@@ -38,6 +38,11 @@ class MpiCollectives {
   Status ReduceScatter(const void* input, void* output, const std::vector<int64_t>& counts,
                        MPI_Datatype type, MPI_Op op);
   Status Barrier();
+  // Sends `send_bytes` to `peer` while receiving `recv_bytes` from it, both
+  // nonblocking and completed together (either may be 0). Point-to-point, so
+  // it never matches a collective on the same communicator.
+  Status SendRecv(const void* send, int64_t send_bytes, void* recv, int64_t recv_bytes, int peer,
+                  int tag);
 
   // Nonblocking starts for pipelined, fused reductions (count <= INT_MAX);
   // complete them with WaitRequest and nudge them along with Progress.
@@ -57,6 +62,7 @@ class MpiCollectives {
 
  private:
   Status Wait(MPI_Request* request, const char* what);
+  Status WaitAll(std::vector<MPI_Request>* requests, const char* what);
   Status Check(int rc, const char* what);
 
   MPI_Comm comm_;

@@ -145,6 +145,8 @@ void ReduceAs(const std::vector<const uint8_t*>& src, void* out, int64_t n, Redu
     case ReduceOp::kAverage:
       ReduceWithScale<T>(src, out, n, [](T x, T y) { return WrapAdd(x, y); }, scale);
       break;
+    case ReduceOp::kAdasum:  // refused by Supports()
+      break;
   }
 }
 
@@ -182,6 +184,8 @@ bool AllAgree(MPI_Comm comm, bool mine) {
 }  // namespace
 
 bool ShmCollectives::Supports(DataType dtype, ReduceOp op) {
+  // Adasum needs dot products over whole tensors, not an element-wise sum.
+  if (op == ReduceOp::kAdasum) return false;
   switch (dtype) {
     case DataType::kFloat16:  // the fp16 compressor's wire: sums only
       return op == ReduceOp::kSum;
