@@ -32,6 +32,9 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=0.02, help="per rank; scaled by the number of ranks")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--compression", choices=["none", "fp16", "topk"], default="none")
+    p.add_argument("--op", choices=["average", "adasum"], default="average",
+                   help="how ranks combine: average the gradients, or Adasum of the optimizer "
+                        "updates (power-of-2 ranks; the learning rate is not scaled)")
     p.add_argument("--topk-ratio", type=float, default=0.01)
     p.add_argument("--no-error-feedback", action="store_true")
     p.add_argument("--seed", type=int, default=42)
@@ -39,7 +42,11 @@ def parse_args(argv=None):
                    help="verify identical parameters and the single-process reference every step")
     p.add_argument("--check-tol", type=float, default=1e-5)
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.check and args.op != "average":
+        p.error("--check compares with single-process SGD on the combined batch, which is what "
+                "--op average computes; it does not apply to --op adasum")
+    return args
 
 
 def load_data(seed):
@@ -89,9 +96,13 @@ def train(args):
     test_loader = DataLoader(Subset(test_set, range(rank, len(test_set), size)), batch_size=256)
 
     model = make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=args.momentum)
+    # Averaging gradients over `size` ranks is one step on a `size` times larger
+    # batch: scale the learning rate. Adasum adapts the combined step itself.
+    lr = args.lr * size if args.op == "average" else args.lr
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression_of(args))
+                                         compression=compression_of(args),
+                                         op=hvd.Adasum if args.op == "adasum" else hvd.Average)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
@@ -127,7 +138,7 @@ def train(args):
                   f"test accuracy {100 * accuracy:.2f}%", flush=True)
 
     elapsed = time.time() - start
-    result = {"ranks": size, "epochs": args.epochs, "compression": args.compression,
+    result = {"ranks": size, "epochs": args.epochs, "compression": args.compression, "op": args.op,
               "seed": args.seed, "test_accuracy": round(100 * accuracy, 2),
               "steps": steps, "seconds": round(elapsed, 2)}
     if args.check:

@@ -19,6 +19,14 @@ def test_distributed_optimizer():
     run_ranks("scripts/torch_optimizer.py", 2)
 
 
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_adasum_allreduce_and_delta_optimizer(ranks):
+    """op=Adasum on torch tensors and DistributedOptimizer(op=Adasum) against a
+    NumPy reference; the digits example trains with --op adasum."""
+    proc = run_ranks("scripts/torch_adasum.py", ranks, timeout=600)
+    print(proc.stdout)
+
+
 def test_single_rank_is_plain_torch():
     run_ranks("scripts/torch_single_rank.py", 1)
 

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 
 import hvdlite as hvd
+from adasum_reference import adasum_tree
 from hvdlite import timeline
 
 try:
@@ -31,25 +32,6 @@ TOL = {np.dtype(np.float64): 1e-13, np.dtype(np.float32): 1e-6, np.dtype(np.floa
 if ml_dtypes:
     TOL[np.dtype(ml_dtypes.bfloat16)] = 8e-3
 WORST = {}  # dtype name -> largest relative error seen
-
-
-# ---- the reference: Horovod's definition, written out in float64 ----
-
-def adasum_pair(a, b):
-    a = np.asarray(a, np.float64).ravel()
-    b = np.asarray(b, np.float64).ravel()
-    dot, aa, bb = float(a @ b), float(a @ a), float(b @ b)
-    ca = 1.0 - dot / (2.0 * aa) if aa > 0 else 1.0
-    cb = 1.0 - dot / (2.0 * bb) if bb > 0 else 1.0
-    return ca * a + cb * b
-
-
-def adasum_tree(vectors):
-    level = list(vectors)
-    assert len(level) & (len(level) - 1) == 0, "the reference is for 2^k ranks"
-    while len(level) > 1:
-        level = [adasum_pair(level[i], level[i + 1]) for i in range(0, len(level), 2)]
-    return np.asarray(level[0], np.float64)
 
 
 # ---- helpers ----

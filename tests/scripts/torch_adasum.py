@@ -1,0 +1,125 @@
+"""op=Adasum through hvdlite.torch on 2 or 4 ranks: allreduce on torch tensors,
+and DistributedOptimizer(op=Adasum), Horovod's delta optimizer, against a
+NumPy reference (engine_adasum.py's, Horovod's tree written out in float64).
+Then the digits example trains with --op adasum."""
+import os
+import sys
+
+import numpy as np
+import torch
+
+import hvdlite
+import hvdlite.torch as hvd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+from adasum_reference import adasum_tree  # noqa: E402
+
+torch.set_num_threads(1)
+hvd.init()
+R, N = hvd.rank(), hvd.size()
+checks = []
+
+
+def check(name, cond, detail=""):
+    if not cond:
+        raise AssertionError(f"rank {R}: {name} failed {detail}")
+    checks.append(name)
+
+
+def grads_of(rank, shape, salt):
+    """Rank-dependent gradients sharing a direction, so the Adasum coefficients
+    are far from 1 (a plain sum or average would not pass)."""
+    shared = torch.randn(shape, generator=torch.Generator().manual_seed(salt), dtype=torch.float64)
+    own = torch.randn(shape, generator=torch.Generator().manual_seed(1000 * salt + rank),
+                      dtype=torch.float64)
+    return (rank + 1) * (shared + own)
+
+
+# ---------------------------------------------------------------- allreduce
+for dtype, tol in ((torch.float32, 1e-6), (torch.float64, 1e-12), (torch.float16, 2e-3)):
+    xs = [grads_of(r, (5, 7), 1) for r in range(N)]
+    want = adasum_tree([x.to(dtype).double().numpy() for x in xs]).reshape(5, 7)
+    got = hvd.allreduce(xs[R].to(dtype), op=hvd.Adasum, name=f"ada.{dtype}")
+    err = float(np.abs(got.double().numpy() - want).max() / np.abs(want).max())
+    check(f"allreduce Adasum {dtype}", got.dtype == dtype and err < tol, f"error {err}")
+h = hvd.allreduce_async_(xs[R].float().clone(), op=hvd.Adasum, name="ada.inplace")
+check("allreduce_async_ Adasum", np.allclose(hvd.synchronize(h).double().numpy(),
+                                             adasum_tree([x.float().double().numpy() for x in xs])
+                                             .reshape(5, 7), rtol=1e-5, atol=1e-5))
+
+
+# ---------------------------------------------------------------- delta optimizer
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+
+
+def data(rank, step):
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+
+
+def local_update(model, opt_state, x, y, lr, momentum):
+    """One rank's plain SGD(+momentum) update, computed locally: returns the
+    deltas (what that rank's optimizer would change) and its new momentum."""
+    model.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    deltas, new_state = [], []
+    for p, buf in zip(model.parameters(), opt_state):
+        g = p.grad.detach().double()
+        buf = g if buf is None else momentum * buf + g
+        new_state.append(buf)
+        deltas.append((-lr * buf).numpy())
+    return deltas, new_state
+
+
+lr, momentum = 0.3, 0.9
+model = make_model()
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
+                               named_parameters=model.named_parameters(), op=hvd.Adasum)
+check("isinstance SGD", isinstance(opt, torch.optim.SGD))
+# The reference replays every rank's optimizer from the same starting model.
+ref = [p.detach().double().clone() for p in model.parameters()]
+ref_momentum = [[None] * len(ref) for _ in range(N)]
+shadow = make_model().double()
+for step in range(4):
+    x, y = data(R, step)
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    per_rank = []
+    for r in range(N):
+        with torch.no_grad():
+            for sp, rp in zip(shadow.parameters(), ref):
+                sp.copy_(rp)
+        xr, yr = data(r, step)
+        deltas, ref_momentum[r] = local_update(shadow, ref_momentum[r], xr.double(), yr, lr,
+                                               momentum)
+        per_rank.append(deltas)
+    for i in range(len(ref)):
+        combined = adasum_tree([per_rank[r][i] for r in range(N)]).reshape(ref[i].shape)
+        ref[i] = ref[i] + torch.from_numpy(combined)
+    err = max(float((p.detach().double() - q).abs().max()) for p, q in zip(model.parameters(), ref))
+    check(f"delta optimizer step {step} matches the reference", err < 1e-5, f"error {err}")
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = hvd.allgather(flat.unsqueeze(0), name="ada.identical")
+    check(f"parameters identical on all ranks after step {step}",
+          all(torch.equal(everyone[0], everyone[r]) for r in range(N)))
+try:
+    with opt.skip_synchronize():
+        pass
+except hvd.OptimizerMisuseError as e:
+    check("skip_synchronize refused with Adasum", "Adasum" in str(e))
+else:
+    raise AssertionError("skip_synchronize with Adasum did not raise")
+
+# ---------------------------------------------------------------- a model trains
+import pytorch_digits  # noqa: E402
+
+result = pytorch_digits.train(pytorch_digits.parse_args(["--op", "adasum", "--epochs", "12",
+                                                         "--json"]))
+if R == 0:
+    print(f"ADASUM DIGITS {N} ranks: test accuracy {result['test_accuracy']}%", flush=True)
+check("digits trains with op=Adasum", result["test_accuracy"] >= 95.0, str(result))
+print(f"RANK {R} OK ({len(checks)} checks)", flush=True)
