@@ -101,7 +101,10 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
   if (!(s = ReadInt("SHM_SLOTS", 2, &o.shm_slots)).ok()) return s;
   if (!(s = ReadInt("CACHE_CAPACITY", 0, &o.cache_capacity)).ok()) return s;
   std::string name;
-  if (const char* path = Lookup("TIMELINE", &name)) o.timeline_path = path;
+  // "DYNAMIC" (Horovod's value) means: no file now, start_timeline() later.
+  if (const char* path = Lookup("TIMELINE", &name)) {
+    if (std::string(path) != "DYNAMIC") o.timeline_path = path;
+  }
   if (!(s = ReadBool("TIMELINE_MARK_CYCLES", &o.timeline_mark_cycles)).ok()) return s;
   bool stall_disabled = false;
   if (!(s = ReadBool("STALL_CHECK_DISABLE", &stall_disabled)).ok()) return s;

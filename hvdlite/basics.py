@@ -54,9 +54,16 @@ def init(comm=None, process_sets=None):
 
     ``comm`` is an mpi4py communicator or a list of COMM_WORLD ranks; default
     COMM_WORLD. ``process_sets`` is an optional list of :class:`ProcessSet` to
-    register at once. Calling init() again with the same communicator does nothing.
+    register at once; Horovod's ``"dynamic"`` is accepted (process sets can be
+    added and removed at any time anyway). Calling init() again with the same
+    communicator does nothing.
     """
     global _init_comm, _atexit_registered
+    if isinstance(process_sets, str):
+        if process_sets != "dynamic":
+            raise exceptions.InvalidArgumentError(
+                f"init(process_sets={process_sets!r}): pass a list of ProcessSet or \"dynamic\"")
+        process_sets = None
     with _state_lock:
         if lib.hvd_is_initialized():
             if comm is not None and _init_comm is not None and not _same_comm(comm, _init_comm):

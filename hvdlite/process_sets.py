@@ -12,8 +12,25 @@ class ProcessSet:
     """A set of ranks. Create with ``ProcessSet([0, 2])`` and register with
     :func:`add_process_set` (or ``init(process_sets=[...])``)."""
 
-    def __init__(self, ranks):
-        self.ranks = sorted(int(r) for r in ranks)
+    def __init__(self, ranks_or_comm):
+        self.mpi_comm = None
+        if hasattr(ranks_or_comm, "Get_group"):
+            # An mpi4py communicator (Horovod accepts one): its members'
+            # COMM_WORLD ranks.
+            from mpi4py import MPI
+            self.mpi_comm = ranks_or_comm
+            group = ranks_or_comm.Get_group()
+            ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())),
+                                              MPI.COMM_WORLD.Get_group())
+            group.Free()
+        else:
+            ranks = ranks_or_comm
+        try:
+            self.ranks = sorted(int(r) for r in ranks)
+        except (TypeError, ValueError):
+            raise exceptions.InvalidArgumentError(
+                "ProcessSet takes a list of ranks or an mpi4py communicator, not "
+                f"{ranks_or_comm!r}") from None
         if len(set(self.ranks)) != len(self.ranks):
             raise exceptions.InvalidArgumentError(f"process set ranks must be distinct: {ranks}")
         self.process_set_id = None
@@ -42,6 +59,7 @@ class ProcessSet:
 class _GlobalProcessSet(ProcessSet):
     def __init__(self):
         self.process_set_id = 0
+        self.mpi_comm = None
 
     @property
     def ranks(self):

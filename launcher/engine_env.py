@@ -21,6 +21,8 @@ def engine_env(opts):
     if opts.timeline_filename is not None:
         # Ranks start in other working directories on other hosts: make it absolute.
         env["HVDLITE_TIMELINE"] = os.path.abspath(opts.timeline_filename)
+    if opts.timeline_mark_cycles is not None:
+        env["HVDLITE_TIMELINE_MARK_CYCLES"] = "1" if opts.timeline_mark_cycles else "0"
     if opts.no_stall_check:
         env["HVDLITE_STALL_CHECK_DISABLE"] = "1"
     if opts.stall_check_warning_time_seconds is not None:

@@ -75,12 +75,25 @@ def build_parser():
                         "training threads fill and nothing else uses (HVDLITE_ENGINE_PRIORITY)")
     g.add_argument("--timeline-filename", metavar="FILE",
                    help="write a Chrome trace timeline; %%r becomes the rank (HVDLITE_TIMELINE)")
+    g.add_argument("--timeline-mark-cycles", dest="timeline_mark_cycles", action="store_true",
+                   default=None, help="mark engine cycles in the timeline "
+                                      "(HVDLITE_TIMELINE_MARK_CYCLES=1)")
+    g.add_argument("--no-timeline-mark-cycles", dest="timeline_mark_cycles",
+                   action="store_false", help=argparse.SUPPRESS)
     g.add_argument("--no-stall-check", action="store_true",
                    help="disable the stall check (HVDLITE_STALL_CHECK_DISABLE=1)")
+    g.add_argument("--stall-check", dest="no_stall_check", action="store_false",
+                   help=argparse.SUPPRESS)  # horovodrun's explicit "on" (the default)
     g.add_argument("--stall-check-warning-time-seconds", type=int, metavar="S",
                    help="warn about ranks that stall longer (HVDLITE_STALL_CHECK_TIME_SECONDS)")
     g.add_argument("--stall-check-shutdown-time-seconds", type=int, metavar="S",
                    help="stop the job after a stall this long (HVDLITE_STALL_SHUTDOWN_TIME_SECONDS)")
+
+    g = p.add_argument_group("horovodrun flags accepted for command-line compatibility")
+    g.add_argument("--disable-cache", action="store_true",
+                   help="accepted; hvdrun keeps no cache of its start-up checks")
+    g.add_argument("--mpi", action="store_true", help="accepted; hvdrun always runs on MPI")
+    g.add_argument("--gloo", action="store_true", help=argparse.SUPPRESS)
 
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                    help="the program every rank runs, e.g. python train.py --epochs 3")
@@ -102,6 +115,8 @@ def parse_args(argv=None):
 
 
 def _validate(parser, opts):
+    if opts.gloo:
+        parser.error("--gloo: hvdlite runs on MPI only (MPICH or Open MPI); drop the flag")
     opts.hosts = None
     hosts_text = opts.hosts_text
     if opts.hostfile and hosts_text:

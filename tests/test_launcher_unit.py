@@ -115,6 +115,7 @@ def test_np_larger_than_slots(capsys):
     (["-np", "2", "--env", "HVDLITE_TEST_SURELY_UNSET", "python"], "is not set"),
     (["-np", "2", "--mpi-args", "'unclosed", "python"], "--mpi-args"),
     (["-np", "2", "--network-interface", ",", "python"], "no interface name"),
+    (["-np", "2", "--gloo", "python"], "MPI only"),
 ])
 def test_usage_errors(argv, words, capsys, monkeypatch):
     monkeypatch.delenv("SLURM_NTASKS", raising=False)
@@ -155,6 +156,18 @@ def test_settings_become_engine_variables(monkeypatch):
 
 def test_unset_flags_set_nothing():
     assert options.parse_args(["-np", "1", "python"]).rank_env == {}
+
+
+def test_horovodrun_compatibility_flags():
+    """horovodrun command lines keep working: flags with a meaning here set it,
+    the others (no cache to disable, always MPI, stall check on by default)
+    are accepted and change nothing."""
+    opts = options.parse_args(["-np", "2", "--timeline-mark-cycles", "--stall-check",
+                               "--disable-cache", "--mpi", "python", "x.py"])
+    assert opts.rank_env == {"HVDLITE_TIMELINE_MARK_CYCLES": "1"}
+    assert opts.command == ["python", "x.py"]
+    opts = options.parse_args(["-np", "2", "--no-timeline-mark-cycles", "python"])
+    assert opts.rank_env == {"HVDLITE_TIMELINE_MARK_CYCLES": "0"}
 
 
 def test_cli_version_and_usage_error_exit_codes():

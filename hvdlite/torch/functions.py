@@ -106,7 +106,7 @@ def _fill_tensors(obj, tensors):
     return obj
 
 
-def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
+def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=global_process_set):
     """Makes every rank's optimizer state and hyperparameters equal to
     ``root_rank``'s: tensors (momentum buffers, Adam moments, ``step``) go
     through engine broadcasts, everything else (``lr``, ``betas``, scalar
@@ -117,7 +117,8 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     the root's structure is sent first and the other ranks build matching
     state. Unlike Horovod, no dummy ``step()`` is taken, so parameters and
     step counters are not disturbed. ``optimizer`` may be a plain
-    ``torch.optim.Optimizer`` or a :func:`DistributedOptimizer`.
+    ``torch.optim.Optimizer`` or a :func:`DistributedOptimizer`. ``model`` is
+    accepted for Horovod compatibility and not needed.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise exceptions.InvalidArgumentError(

@@ -294,6 +294,29 @@ def test_process_sets(r, n):
     expect(hvd.InvalidArgumentError, lambda: hvd.allreduce(np.ones(2), process_set=other), "not a member")
     hvd.remove_process_set(odds)
     hvd.remove_process_set(evens)
+    # Horovod's ProcessSet(mpi4py communicator): the members are the
+    # communicator's COMM_WORLD ranks, and the set keeps the communicator.
+    # Members pass the communicator, the others the same ranks as a list.
+    from mpi4py import MPI
+    even_ranks = [k for k in range(n) if k % 2 == 0]
+    world = MPI.COMM_WORLD.Get_group()
+    evens_group = world.Incl(even_ranks)
+    evens_comm = MPI.COMM_WORLD.Create_group(evens_group)
+    if r % 2 == 0:
+        ps = hvd.add_process_set(hvd.ProcessSet(evens_comm))
+        assert ps.mpi_comm is evens_comm
+    else:
+        ps = hvd.add_process_set(hvd.ProcessSet(even_ranks))
+    assert ps.ranks == even_ranks, ps.ranks
+    if r % 2 == 0:
+        got = hvd.allreduce(np.full(2, r, np.int64), op=hvd.Sum, process_set=ps)
+        assert np.array_equal(got, np.full(2, sum(even_ranks))), got
+    hvd.remove_process_set(ps)
+    if evens_comm != MPI.COMM_NULL:
+        evens_comm.Free()
+    evens_group.Free()
+    world.Free()
+    expect(hvd.InvalidArgumentError, lambda: hvd.ProcessSet("0,1"), "ranks")
     expect(hvd.InvalidArgumentError, lambda: hvd.allreduce(np.ones(2), process_set=evens), "not registered")
 
 

@@ -15,7 +15,7 @@ TMP = sys.argv[1]
 
 def reinit(**env):
     hvd.shutdown()
-    for key in [k for k in os.environ if k.startswith("HVDLITE_")]:
+    for key in [k for k in os.environ if k.startswith(("HVDLITE_", "HOROVOD_"))]:
         del os.environ[key]
     os.environ.update({k: str(v) for k, v in env.items()})
     hvd.init()
@@ -272,6 +272,15 @@ def test_timeline(r, n):
     hvd.allreduce(np.ones(10, np.float32), name="tl.runtime")
     hvd.stop_timeline()
     assert "tl.runtime" in open(path.replace("%r", str(r))).read()
+    # HOROVOD_TIMELINE=DYNAMIC: no file at init, start_timeline() later.
+    os.chdir(TMP)
+    reinit(HOROVOD_TIMELINE="DYNAMIC")
+    hvd.allreduce(np.ones(10, np.float32), name="tl.dynamic")
+    assert not os.path.exists(os.path.join(TMP, "DYNAMIC")), "a file named DYNAMIC was written"
+    hvd.start_timeline(path)
+    hvd.allreduce(np.ones(10, np.float32), name="tl.dynamic.on")
+    hvd.stop_timeline()
+    assert "tl.dynamic.on" in open(path.replace("%r", str(r))).read()
     # An unwritable path is a clear error.
     try:
         hvd.start_timeline("/proc/no-such-dir/tl-%r.json")
@@ -340,7 +349,7 @@ def test_priority(r, n):
 
 
 def main():
-    hvd.init()
+    hvd.init(process_sets="dynamic")  # Horovod's spelling; sets can be added any time
     r, n = hvd.rank(), hvd.size()
     parts = sys.argv[2].split(",")
     for part in parts:

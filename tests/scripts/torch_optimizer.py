@@ -354,7 +354,7 @@ fresh[0].bias.requires_grad_(False)
 fresh_opt = hvd.DistributedOptimizer(torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9),
                                      named_parameters=fresh.named_parameters())
 before = [p.detach().clone() for p in fresh.parameters()]
-hvd.broadcast_optimizer_state(fresh_opt, root_rank=0)
+hvd.broadcast_optimizer_state(fresh_opt, root_rank=0, model=fresh)  # Horovod's model= is accepted
 check("broadcast_optimizer_state: zero grads for trainable parameters",
       all(p.grad is not None and not p.grad.any() for p in fresh.parameters() if p.requires_grad))
 check("broadcast_optimizer_state: frozen parameter keeps grad None", fresh[0].bias.grad is None)
