@@ -85,7 +85,7 @@ def _graph_session(session, backend=None):
     """The session of a TF1 graph (None when running eagerly)."""
     if tf.executing_eagerly():
         return None
-    if session is None and backend is not None:
+    if session is None and hasattr(backend, "get_session"):  # tf_keras' backend has one
         session = backend.get_session()
     if session is None:
         session = tf.compat.v1.get_default_session()

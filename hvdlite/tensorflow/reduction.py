@@ -50,12 +50,14 @@ def reduce_gradients(grads, sources, settings, prefix):
 
     ``sources`` (same length) name the gradients: the name of the i-th
     gradient is ``prefix.i.<variable path>``, identical on every rank and every
-    step. None stays None; tf.IndexedSlices are gathered from all ranks
+    step. A rank outside ``settings.process_set`` gets ``grads`` back as they are. None stays None; tf.IndexedSlices are gathered from all ranks
     (values averaged or summed), or densified and reduced with
     ``sparse_as_dense``. Returns a list like ``grads``."""
     grads = list(grads)
     if not grads:
         return grads
+    if settings.pset != 0 and request.set_rank(settings.process_set) < 0:
+        return grads  # a rank outside the process set keeps its own gradients (as in Horovod)
     op, prescale, postscale = settings.engine_op()
     items, positions, signature, contexts = [], [], [], {}
     for i, (g, s) in enumerate(zip(grads, sources)):

@@ -11,6 +11,7 @@ import importlib.util
 import os
 import sys
 import tempfile
+import warnings
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
@@ -170,6 +171,12 @@ assert np.allclose(g.numpy(), a_mean) and Doubling.calls == 1, (g, Doubling.call
 opt = hvd.DistributedOptimizer(SGD(0.1), backward_passes_per_step=2)
 expect_raises(InvalidArgumentError, lambda: opt.compute_gradients(gathered, [emb]),
               "sparse_as_dense")
+# a process set of rank 0 alone: the other ranks keep their own gradients
+first = hvd.add_process_set([0])
+opt = hvd.DistributedOptimizer(SGD(1.0), process_set=first)
+(g, _), = opt.compute_gradients(lambda: tf.reduce_sum(wv * a), [wv])
+assert np.allclose(g.numpy(), a), (rank, g)
+hvd.remove_process_set(first)
 log("sparse, Sum, predivide, user compressor ok")
 
 # ------------------------------------------------ argument errors, wrapping, config
@@ -254,6 +261,22 @@ for lr in want_lr:
 assert np.allclose(rec.momentum, want_m, rtol=1e-4), (rec.momentum, want_m)
 assert abs(float(tf_keras.backend.get_value(model.optimizer.momentum)) - 0.9) < 1e-7
 log("callbacks ok")
+
+# jit_compile: the callback turns it off (the reduction cannot run inside XLA)
+for with_callback in (True, False):
+    model = mlp(seed=1)
+    model.compile(optimizer=hvd.DistributedOptimizer(SGD(0.1)), loss=loss, jit_compile=True)
+    fit = lambda cbs: model.fit(x_train[:64], y_train[:64], batch_size=32, epochs=1,  # noqa: E731
+                                verbose=0, callbacks=cbs)
+    if with_callback:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fit([hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+        assert any("jit_compile" in str(w.message) for w in caught) and not model.jit_compile
+        tf_common.assert_same_on_all_ranks(tf_common.weights(model), "jit_compile weights")
+    else:
+        expect_raises(InvalidArgumentError, lambda: fit([]), "XLA", "jit_compile")
+log("jit_compile ok")
 
 # ------------------------------------------------ save -> load_model -> continue
 tmp = tempfile.mkdtemp(prefix=f"hvdlite_tf_keras_{rank}_")
