@@ -37,12 +37,14 @@ def test_tf_keras_keras2():
     """tf_keras (Keras 2) through tf.keras with TF_USE_LEGACY_KERAS=1: fit equals one process
     (tf_keras and legacy optimizers, backward_passes_per_step), Horovod's custom-loop semantics
     (local variables, aggregation, sparse, user compressor), errors, config, callbacks incl.
-    momentum correction, load_model, KerasState, mixed precision; Keras 3 never imported."""
+    momentum correction, load_model, KerasState, mixed precision; Keras 3 never imported.
+    Then the same in a TF1 graph (eager execution off): fit equals one process, KerasState."""
     if importlib.util.find_spec("tf_keras") is None:
         if REQUIRE_ALL:
             pytest.fail("tf_keras is required in CI but is not installed")
         pytest.skip("tf_keras not installed")
     run_ranks("scripts/tf_keras2.py", 2, env={"TF_USE_LEGACY_KERAS": "1"}, timeout=600)
+    run_ranks("scripts/tf_keras2_graph.py", 2, env={"TF_USE_LEGACY_KERAS": "1"}, timeout=300)
 
 
 def test_elastic_state():

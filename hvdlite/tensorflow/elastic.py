@@ -81,12 +81,13 @@ class VariableSnapshot:
         self.session.run(op)
 
 
-def _graph_session(session, backend=None):
-    """The session of a TF1 graph (None when running eagerly)."""
+def _graph_session(session, keras_graph=False):
+    """The session of a TF1 graph (None when running eagerly); Keras' own
+    session for a Keras model."""
     if tf.executing_eagerly():
         return None
-    if session is None and hasattr(backend, "get_session"):  # tf_keras' backend has one
-        session = backend.get_session()
+    if session is None and keras_graph:
+        session = tf.compat.v1.keras.backend.get_session()
     if session is None:
         session = tf.compat.v1.get_default_session()
     if session is None:
@@ -135,8 +136,9 @@ class TensorFlowKerasState(_ObjectState):
     """State of a Keras model (Keras 3 or tf_keras), its optimizer and Python
     attributes. The model must be built. ``optimizer`` defaults to the one
     the model was compiled with; ``sync()`` builds it first (creating its
-    slots), so every rank broadcasts the same variables. ``backend`` (the
-    Keras backend module) gives the session in TF1 graphs."""
+    slots), so every rank broadcasts the same variables. In a TF1 graph the
+    values go through Keras' session. ``backend`` is accepted for Horovod
+    compatibility."""
 
     def __init__(self, model, optimizer=None, backend=None, **kwargs):
         if hasattr(model, "build") and not model.built:
@@ -146,7 +148,7 @@ class TensorFlowKerasState(_ObjectState):
         self.model = model
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         self.backend = backend
-        session = _graph_session(None, backend)
+        session = _graph_session(None, keras_graph=True)
         self._model_snapshot = VariableSnapshot(lambda: list(self.model.variables), session,
                                                 name="TensorFlowKerasState.model")
         self._optimizer_snapshot = VariableSnapshot(self._optimizer_variables, session,

@@ -111,8 +111,10 @@ class BroadcastGlobalVariablesCallback(Callback):
         opt = getattr(self.model, "optimizer", None)
         if opt is not None and flavor.is_optimizer(opt):
             variables += flavor.optimizer_variables(opt)
-        functions.broadcast_variables(variables, self.root_rank, process_set=self.process_set,
-                                      name="BroadcastGlobalVariablesCallback")
+        op = functions.broadcast_variables(variables, self.root_rank, process_set=self.process_set,
+                                           name="BroadcastGlobalVariablesCallback")
+        if op is not None:  # a TF1 graph (tf_keras without eager execution): run it now
+            flavor.graph_session().run(op)
         self.broadcast_done = True
 
 

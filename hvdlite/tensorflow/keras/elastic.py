@@ -14,7 +14,6 @@ See :mod:`hvdlite.elastic` for what is not there yet (ranks joining or
 leaving a running job).
 """
 from ..elastic import HostsUpdatedInterrupt, ObjectState, TensorFlowKerasState, run
-from . import flavor
 from .callbacks import Callback
 
 
@@ -23,8 +22,7 @@ class KerasState(TensorFlowKerasState):
     Python attributes (``batch=0, epoch=0``, ...)."""
 
     def __init__(self, model, optimizer=None, **kwargs):
-        super().__init__(model, optimizer=optimizer,
-                         backend=flavor.module(flavor.of(model)).backend, **kwargs)
+        super().__init__(model, optimizer=optimizer, **kwargs)
 
 
 class CommitStateCallback(Callback):

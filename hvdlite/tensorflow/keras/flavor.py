@@ -94,6 +94,12 @@ def of_saved_model(filepath):
     return KERAS2 if str(version).startswith("2.") else KERAS3
 
 
+def graph_session():
+    """The Keras session of a TF1 graph (tf_keras with eager execution
+    disabled): where Keras runs its variables' ops."""
+    return tf.compat.v1.keras.backend.get_session()
+
+
 # ------------------------------------------------------------------ optimizers
 
 def is_legacy_optimizer(optimizer):

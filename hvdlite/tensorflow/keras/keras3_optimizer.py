@@ -11,6 +11,11 @@ micro-step and updates only every n-th; there the reduction moves to the
 gradient-clipping step Keras runs on real updates only, so the ranks
 communicate once per update, not once per micro-step.
 
+Horovod's custom-loop methods are there too: ``compute_gradients`` /
+``_compute_gradients`` return reduced gradients, and ``apply`` does not reduce
+those tensors again; ``register_local_var`` keeps a variable's gradients
+local (see aggregation.LocalVariableReducer).
+
 Mixed precision (``mixed_float16``): Keras' LossScaleOptimizer skips the
 update when the gradients are not finite. If the reduction ran inside that
 decision, a rank with an overflow would skip the collective the others wait
@@ -93,7 +98,7 @@ class _DistributedOptimizerMixin:
             object.__setattr__(self, "_hvdlite_reduced", {id(g): g for g in grads if g is not None})
         return list(zip(grads, var_list))
 
-    def _hvdlite_reduce_new(self, grads, variables):
+    def _hvdlite_reduce_pending(self, grads, variables):
         """Reduces the gradients that _compute_gradients did not hand out."""
         done = self.__dict__.pop("_hvdlite_reduced", None) or {}
         todo = [i for i, g in enumerate(grads) if done.get(id(g)) is not g]
@@ -112,7 +117,7 @@ class _DistributedOptimizerMixin:
                 variables = list(trainable_variables)
             else:
                 variables = list(getattr(self, "_trainable_variables", None) or [None] * len(grads))
-            grads = self._hvdlite_reduce_new(grads, variables)
+            grads = self._hvdlite_reduce_pending(grads, variables)
         _warn_if_inside_plain_loss_scale(self)
         return super().apply(grads, trainable_variables)
 
@@ -230,7 +235,7 @@ def _mixed_float16_policy():
         return False
 
 
-def make_distributed(optimizer, options):
+def make_distributed(optimizer, options, loaded=False):
     """Distributes a Keras 3 optimizer in place (see DistributedOptimizer).
 
     ``backward_passes_per_step`` n > 1 uses Keras' own
@@ -239,7 +244,8 @@ def make_distributed(optimizer, options):
     the reduced average is multiplied by n (Horovod sums the micro-batch
     gradients). Under a ``mixed_float16`` global policy a plain optimizer is
     first wrapped in ``keras.optimizers.LossScaleOptimizer`` (the one
-    compile() would add) and that is returned."""
+    compile() would add) and that is returned, unless it is a ``loaded``
+    model's optimizer (the model keeps that object)."""
     passes = options.backward_passes_per_step
     postscale = 1.0
     if passes > 1:
@@ -258,12 +264,6 @@ def make_distributed(optimizer, options):
         if not options.average_aggregated_gradients:
             postscale = float(passes)
     settings = options.reduce_settings(postscale=postscale)
-    if _mixed_float16_policy() and not isinstance(optimizer, LossScaleOptimizer):
+    if not loaded and _mixed_float16_policy() and not isinstance(optimizer, LossScaleOptimizer):
         optimizer = LossScaleOptimizer(optimizer, name="loss_scale_optimizer")
     return _make_distributed(optimizer, settings, options.scale_local_gradients)
-
-
-def wrap_loaded(optimizer, options):
-    """Distributes an optimizer that a loaded model already holds, in place,
-    without adding a LossScaleOptimizer (the model keeps this object)."""
-    return _make_distributed(optimizer, options.reduce_settings(), options.scale_local_gradients)

@@ -85,9 +85,7 @@ def is_distributed(optimizer):
 def _distribute(optimizer, options, loaded=False):
     if flavor.of(optimizer) == flavor.KERAS3:
         from . import keras3_optimizer
-        if loaded:
-            return keras3_optimizer.wrap_loaded(optimizer, options)
-        return keras3_optimizer.make_distributed(optimizer, options)
+        return keras3_optimizer.make_distributed(optimizer, options, loaded=loaded)
     return tf_keras_optimizer.make_distributed(optimizer, options)
 
 
