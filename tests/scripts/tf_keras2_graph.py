@@ -1,5 +1,6 @@
 """tf_keras in a TF1 graph (eager execution disabled) on 2+ ranks: model.fit
-with a distributed legacy optimizer equals one process on the combined batch,
+with a distributed legacy optimizer equals one process on the combined batch
+(also with backward_passes_per_step=2),
 BroadcastGlobalVariablesCallback runs its broadcast in Keras' session,
 MetricAverageCallback averages, KerasState syncs, commits and restores through
 the session. Prints RANK <r> OK."""
@@ -52,6 +53,18 @@ d = tf_common.max_diff(mine, tf_common.weights(reference))
 assert d < 1e-5, f"graph-mode fit differs from one process by {d}"
 tf_common.assert_same_on_all_ranks([hist.history["loss"][0]], "averaged loss")
 log(f"graph-mode fit: max |w - w_ref| = {d:.2e}")
+
+# backward_passes_per_step=2, averaged: two half batches make one update
+model2 = compiled(mlp(seed=1 + rank), hvd.DistributedOptimizer(
+    tf_keras.optimizers.legacy.SGD(0.1, momentum=0.5), backward_passes_per_step=2,
+    average_aggregated_gradients=True))
+xl, yl = rows_for_rank(x_train, y_train, B, B // size // 2, 2, STEPS)
+model2.fit(xl, yl, batch_size=B // size // 2, shuffle=False, verbose=0,
+           callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+d = tf_common.max_diff(tf_common.weights(model2), tf_common.weights(reference))
+assert d < 1e-5, f"graph-mode backward_passes_per_step=2 differs from one process by {d}"
+tf_common.assert_same_on_all_ranks(tf_common.weights(model2), "graph-mode aggregation weights")
+log(f"graph-mode backward_passes_per_step=2: max |w - w_ref| = {d:.2e}")
 
 state = hvd.elastic.KerasState(model, epoch=rank)
 model.set_weights([w + rank for w in mine])  # after the state was made: sync must fix it

@@ -8,19 +8,40 @@
   the sum is reduced on the n-th, and the optimizer applies only then
   (``average_aggregated_gradients`` divides the reduced sum by n).
 
-Both run eagerly and inside tf.function: the decisions are ``tf.cond`` on a
-counter variable, identical on every rank because every rank counts the
-same calls, so the reduction runs on the same steps everywhere.
+Both run eagerly, inside tf.function and in TF1 graphs: the decisions are
+``tf.cond`` on a counter variable, identical on every rank because every rank
+counts the same calls, so the reduction runs on the same steps everywhere.
+Explicit control dependencies order the reads and writes where no automatic
+ones exist (TF1 graphs).
 """
 import tensorflow as tf
 
 from ... import exceptions, request
 from ..reduction import reduce_gradients
+from . import flavor
 
 
 def _ref(variable):
     """A hashable key for a tf.Variable (its ref) or a Keras 3 Variable (its id)."""
     return variable.ref() if hasattr(variable, "ref") else id(variable)
+
+
+def _state_variable(initial_value, name):
+    """A non-trainable variable made outside any function being traced
+    (``initial_value`` is a function, run there too). In a TF1 graph it is
+    initialized at once in Keras' session (Keras initializes only the
+    variables it made itself)."""
+    with tf.init_scope():
+        variable = tf.Variable(initial_value(), trainable=False, name=name)
+        if not tf.executing_eagerly():
+            flavor.graph_session().run(variable.initializer)
+    return variable
+
+
+def _after(ops, make):
+    """``make()`` with control dependencies on ``ops`` (no-op eagerly)."""
+    with tf.control_dependencies([op for op in ops if op is not None]):
+        return make()
 
 
 def _scale(grad, factor):
@@ -74,9 +95,7 @@ class LocalGradientAggregation:
         self.backward_passes_per_step = backward_passes_per_step
         self.reducer = reducer
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
-        with tf.init_scope():
-            self.counter = tf.Variable(0, dtype=tf.int32, trainable=False,
-                                       name="aggregation_counter")
+        self.counter = _state_variable(lambda: tf.constant(0, tf.int32), "aggregation_counter")
         self._sums = {}
 
     def register_local_var(self, variable):
@@ -97,45 +116,42 @@ class LocalGradientAggregation:
         acc = self._sums.get(key)
         if acc is None:
             shape = grad.shape if grad.shape.is_fully_defined() else variable.shape
-            with tf.init_scope():  # a plain eager variable, also while tracing
-                acc = tf.Variable(tf.zeros(shape, grad.dtype), trainable=False,
-                                  name="aggregated_gradient")
+            dtype = grad.dtype
+            acc = _state_variable(lambda: tf.zeros(shape, dtype), "aggregated_gradient")
             self._sums[key] = acc
         return acc
 
     def _restart(self):
-        self.counter.assign(0)
-        for acc in self._sums.values():
-            acc.assign(tf.zeros_like(acc))
+        """Counter and sums back to 0; returns the assignments."""
+        return [self.counter.assign(0, read_value=False)] + [
+            acc.assign(tf.zeros_like(acc), read_value=False) for acc in self._sums.values()]
 
     def compute_gradients(self, grads, variables):
         """Adds ``grads`` to the local sums; on every n-th call returns the
         reduced sums (and restarts), otherwise the local sums so far."""
         grads, variables = [self._dense(g) for g in grads], list(variables)
         present = [i for i, g in enumerate(grads) if g is not None]
-        sums = []
-        for i in present:
-            acc = self._sum_variable(i, grads[i], variables[i])
-            acc.assign_add(grads[i])
-            sums.append(acc.read_value())
-        self.counter.assign_add(1)
+        # identity: the value after this addition (eagerly, assign_add's
+        # result would read the variable later, after a restart)
+        sums = [tf.identity(self._sum_variable(i, grads[i], variables[i]).assign_add(grads[i]))
+                for i in present]
+        count = _after(sums, lambda: tf.identity(self.counter.assign_add(1)))
         n = self.backward_passes_per_step
 
         def reduce_and_restart():
             reduced = self.reducer(sums, [variables[i] for i in present])
             if self.average_aggregated_gradients:
                 reduced = [g / tf.cast(n, g.dtype) for g in reduced]
-            self._restart()
-            return reduced
+            restart = _after(reduced, self._restart)
+            return _after(restart, lambda: [tf.identity(g) for g in reduced])
 
         def restart_only():
-            self._restart()
-            return []
+            return _after(self._restart(), lambda: tf.constant(True))
 
         if not present:
-            tf.cond(tf.equal(self.counter, n), restart_only, lambda: [])
+            tf.cond(tf.equal(count, n), restart_only, lambda: tf.constant(False))
             return list(grads)
-        result = tf.cond(tf.equal(self.counter, n), reduce_and_restart, lambda: list(sums))
+        result = tf.cond(tf.equal(count, n), reduce_and_restart, lambda: list(sums))
         if not isinstance(result, (list, tuple)):
             result = [result]
         out = [None] * len(grads)
@@ -143,15 +159,19 @@ class LocalGradientAggregation:
             out[i] = g
         return out
 
-    def apply_gradients(self, apply, optimizer):
+    def apply_gradients(self, apply, optimizer, grads):
         """Runs ``apply()`` on the steps whose gradients were reduced (counter
-        back at 0); on the others only advances ``optimizer.iterations``."""
+        back at 0); on the others only advances ``optimizer.iterations``.
+        ``grads`` (from compute_gradients) are waited for first."""
         def run_apply():
-            apply()
-            return tf.constant(True)
+            result = apply()
+            ops = [r for r in tf.nest.flatten(result) if isinstance(r, (tf.Tensor, tf.Operation))]
+            return _after(ops, lambda: tf.constant(True))
 
         def count_only():
-            optimizer.iterations.assign_add(1)
-            return tf.constant(False)
+            return _after([optimizer.iterations.assign_add(1, read_value=False)],
+                          lambda: tf.constant(False))
 
-        return tf.cond(tf.equal(self.counter, 0), run_apply, count_only)
+        ready = [g for g in grads if isinstance(g, tf.Tensor)]
+        pred = _after(ready, lambda: tf.equal(self.counter.read_value(), 0))
+        return tf.cond(pred, run_apply, count_only)

@@ -74,16 +74,16 @@ class _DistributedTfKerasOptimizer:
         """TF1-graph Keras path: the optimizer's gradients, reduced."""
         return self._hvdlite_allreduce(super().get_gradients(loss, params), params)
 
-    def apply_gradients(self, *args, **kwargs):
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
         """Applies the gradients; with backward_passes_per_step only on the
         steps whose gradients were reduced (the others advance ``iterations``)."""
         base = super()
         if self._agg_helper is None:
-            return base.apply_gradients(*args, **kwargs)
-        args = list(args)
-        if args and not isinstance(args[0], (list, tuple)):
-            args[0] = list(args[0])  # a zip would be consumed by the first look
-        return self._agg_helper.apply_gradients(lambda: base.apply_gradients(*args, **kwargs), self)
+            return base.apply_gradients(grads_and_vars, *args, **kwargs)
+        grads_and_vars = list(grads_and_vars)  # a zip would be consumed by the first look
+        return self._agg_helper.apply_gradients(
+            lambda: base.apply_gradients(grads_and_vars, *args, **kwargs), self,
+            [g for g, _ in grads_and_vars])
 
 
 def is_distributed(optimizer):
