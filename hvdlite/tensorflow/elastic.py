@@ -141,7 +141,11 @@ class TensorFlowKerasState(_ObjectState):
     compatibility."""
 
     def __init__(self, model, optimizer=None, backend=None, **kwargs):
-        if hasattr(model, "build") and not model.built:
+        if not hasattr(model, "variables") or not hasattr(model, "built"):
+            raise exceptions.InvalidArgumentError(
+                "TensorFlowKerasState takes a Keras model (Keras 3 or tf_keras), not "
+                f"{type(model).__module__}.{type(model).__name__}")
+        if not model.built:
             raise exceptions.InvalidArgumentError(
                 "TensorFlowKerasState: the model must be built first; run model.build(input_shape) "
                 "or call it on data")

@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_common
-from tf_common import log
+from tf_common import expect_raises, log
 
 rank, size = tf_common.start()
 import keras  # noqa: E402
@@ -48,11 +48,7 @@ order = []
 state.register_reset_callbacks([lambda: order.append("a"), lambda: order.append("b")])
 state.on_reset()
 assert order == ["a", "b"] and state.check_host_updates() is None
-try:
-    hvdtf.elastic.TensorFlowState()
-    raise AssertionError("TensorFlowState() eagerly should raise")
-except InvalidArgumentError as e:
-    assert "variables" in str(e)
+expect_raises(InvalidArgumentError, lambda: hvdtf.elastic.TensorFlowState(), "variables")
 
 # ObjectState and run(): run syncs from rank 0, then calls the function once
 obj = hvdtf.elastic.ObjectState(epoch=rank, tags=("r", rank))
@@ -66,11 +62,7 @@ def train(st, offset):
 
 
 assert train(obj, 5) == 5 and calls == [(0, ("r", 0))]
-try:
-    train("not a state", 1)
-    raise AssertionError("run() with a non-state should raise")
-except TypeError:
-    pass
+expect_raises(TypeError, lambda: train("not a state", 1), "state object")
 log("TensorFlowState / ObjectState / run ok")
 
 # ------------------------------------------------ TensorFlowState in a TF1 graph
@@ -105,11 +97,11 @@ synced = tf_common.weights(model)
 model.set_weights([w * 0.0 for w in synced])
 state.restore()
 assert tf_common.max_diff(tf_common.weights(model), synced) == 0.0
-try:
-    hvd.elastic.KerasState(keras.Sequential([keras.layers.Dense(2)]))
-    raise AssertionError("an unbuilt model should raise")
-except InvalidArgumentError as e:
-    assert "built" in str(e)
+expect_raises(InvalidArgumentError, lambda: hvd.elastic.KerasState(
+    keras.Sequential([keras.layers.Dense(2)])), "built")
+expect_raises(InvalidArgumentError, lambda: hvd.elastic.KerasState(object()), "Keras model")
+expect_raises(InvalidArgumentError, lambda: hvd.elastic.CommitStateCallback(state, 0),
+              "batches_per_commit")
 
 (x_train, y_train), _ = tf_common.digits()
 model = tf_common.mlp(seed=2 + rank)

@@ -13,6 +13,7 @@ update callbacks just set.
 See :mod:`hvdlite.elastic` for what is not there yet (ranks joining or
 leaving a running job).
 """
+from ...exceptions import InvalidArgumentError
 from ..elastic import HostsUpdatedInterrupt, ObjectState, TensorFlowKerasState, run
 from .callbacks import Callback
 
@@ -33,7 +34,9 @@ class CommitStateCallback(Callback):
         super().__init__()
         if isinstance(batches_per_commit, bool) or not isinstance(batches_per_commit, int) \
                 or batches_per_commit < 1:
-            raise ValueError(f"batches_per_commit must be an int >= 1, got {batches_per_commit!r}")
+            raise InvalidArgumentError(
+                f"CommitStateCallback: batches_per_commit must be an int >= 1, got "
+                f"{batches_per_commit!r}")
         self.state = state
         self.batches_per_commit = batches_per_commit
         self.batches_remaining = batches_per_commit
