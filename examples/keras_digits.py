@@ -1,9 +1,11 @@
-"""Data-parallel Keras 3 model.fit on scikit-learn's handwritten digits
+"""Data-parallel Keras model.fit on scikit-learn's handwritten digits
 (8x8 images, 10 classes; the data ships inside scikit-learn, so this runs
 offline). A Horovod-style script: with ``import horovod.tensorflow.keras as hvd``
-it would read the same.
+it would read the same. It uses ``tf.keras``: Keras 3, or Keras 2 (tf_keras)
+with ``TF_USE_LEGACY_KERAS=1``.
 
     mpiexec -n 2 python examples/keras_digits.py
+    TF_USE_LEGACY_KERAS=1 mpiexec -n 2 python examples/keras_digits.py    # tf_keras
     hvdrun -np 2 python examples/keras_digits.py --compression fp16
     mpiexec -n 2 python examples/keras_digits.py --run-eagerly --epochs 3
     mpiexec -n 2 python examples/keras_digits.py --checkpoint /tmp/digits.keras
@@ -76,7 +78,7 @@ def main(argv=None):
     # One compute thread per rank by default: ranks sharing a host do not
     # fight over cores ("auto" = cores on this host // ranks on this host).
     hvd.init(intra_op_threads="auto", inter_op_threads=1)
-    import keras
+    keras = tf.keras  # Keras 3, or tf_keras when TF_USE_LEGACY_KERAS=1
     rank, size = hvd.rank(), hvd.size()
     keras.utils.set_random_seed(args.seed + rank)  # different on purpose: the broadcast fixes it
 

@@ -63,7 +63,8 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
     """Wraps a framework optimizer so gradients are averaged across ranks.
 
     A ``torch.optim.Optimizer`` goes to :func:`hvdlite.torch.DistributedOptimizer`,
-    a Keras optimizer to :func:`hvdlite.tensorflow.keras.DistributedOptimizer`.
+    a Keras optimizer (Keras 3 or tf_keras) to
+    :func:`hvdlite.tensorflow.keras.DistributedOptimizer`.
     The adapter is imported only here, so ``import hvdlite`` stays light.
     """
     import sys
@@ -71,10 +72,9 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
     if torch is not None and isinstance(optimizer, torch.optim.Optimizer):
         from .torch import DistributedOptimizer as torch_optimizer
         return torch_optimizer(optimizer, *args, **kwargs)
-    keras = sys.modules.get("keras")
-    if keras is not None and isinstance(optimizer, keras.optimizers.Optimizer):
+    if any(c.__module__.partition(".")[0] in ("keras", "tf_keras") for c in type(optimizer).__mro__):
         from .tensorflow.keras import DistributedOptimizer as keras_optimizer
         return keras_optimizer(optimizer, *args, **kwargs)
     raise InvalidArgumentError(
-        f"hvdlite.DistributedOptimizer() wraps a torch.optim.Optimizer or a Keras optimizer, "
-        f"not {type(optimizer).__module__}.{type(optimizer).__name__}")
+        f"hvdlite.DistributedOptimizer() wraps a torch.optim.Optimizer or a Keras optimizer "
+        f"(Keras 3 or tf_keras), not {type(optimizer).__module__}.{type(optimizer).__name__}")

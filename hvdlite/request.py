@@ -55,6 +55,27 @@ def check_op(op, what):
     return op
 
 
+def gradient_op(op, what, allowed=(Average, Sum)):
+    """The reduce op of a gradient wrapper (Keras DistributedOptimizer,
+    DistributedGradientTape): Horovod reduces gradients with Average or Sum
+    only there."""
+    op = check_op(Average if op is None else op, what)
+    if op not in allowed:
+        raise exceptions.InvalidArgumentError(
+            f"{what}: op must be {' or '.join(op_name(o) for o in allowed)} for gradients, "
+            f"not {op_name(op)}")
+    return op
+
+
+def backward_passes(value, what):
+    """``backward_passes_per_step``: an int >= 1 (gradients of that many
+    backward passes are accumulated locally before one reduction)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__") or value.__index__() < 1:
+        raise exceptions.InvalidArgumentError(
+            f"{what}: backward_passes_per_step must be an int >= 1, got {value!r}")
+    return value.__index__()
+
+
 # ---------------------------------------------------------------- dtypes
 
 DTYPE_CODES = _binding.DTYPE_CODES

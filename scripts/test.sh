@@ -13,7 +13,8 @@ fi
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q mpich mpi4py cffi setuptools wheel numpy
 # torch==2.13.0 is the CPU build; an unpinned torch pulls several GB of CUDA.
-.venv/bin/pip install -q torch==2.13.0 tensorflow-cpu scikit-learn matplotlib pytest
+# tf-keras: Keras 2, for the tests of tf_keras models (its version follows TensorFlow's).
+.venv/bin/pip install -q torch==2.13.0 tensorflow-cpu tf-keras scikit-learn matplotlib pytest
 .venv/bin/pip install -q --no-build-isolation --no-cache-dir -e '.[test]'
 export HVDLITE_TEST_REQUIRE_ALL=1
 # Arguments select tests (default: all of tests/), e.g. scripts/test.sh tests/test_engine.py

@@ -60,5 +60,10 @@ def test_synthetic_benchmark_runs():
     assert "Total img/sec on 2 CPU(s)" in proc.stdout, proc.stdout
 
 
+def test_elastic_state():
+    """TorchState / ObjectState sync, commit, restore and run() on 3 ranks."""
+    run_ranks("scripts/torch_elastic.py", 3)
+
+
 def test_join_with_distributed_optimizer():
     run_ranks("scripts/torch_join.py", 2)

@@ -1,4 +1,4 @@
 """``hvdlite.keras.callbacks``: the callbacks of :mod:`hvdlite.tensorflow.keras.callbacks`."""
 from ..tensorflow.keras.callbacks import (  # noqa: F401
-    BroadcastGlobalVariablesCallback, LearningRateScheduleCallback, LearningRateWarmupCallback,
-    MetricAverageCallback, prepare_model_for_training)
+    BestModelCheckpoint, BroadcastGlobalVariablesCallback, Callback, LearningRateScheduleCallback,
+    LearningRateWarmupCallback, MetricAverageCallback, prepare_model_for_training)

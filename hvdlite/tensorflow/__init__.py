@@ -29,6 +29,7 @@ from ..process_sets import (ProcessSet, add_process_set, global_process_set,
                             remove_process_set)
 from .. import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
                 mpi_enabled, nccl_built, rocm_built)
+from . import elastic
 from .functions import allgather_object, broadcast_object, broadcast_variables
 from .gradient_tape import DistributedGradientTape
 from .mpi_ops import (Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier,
@@ -41,6 +42,7 @@ from .mpi_ops import (Average, Max, Min, Product, Sum, allgather, allreduce, all
 HvdliteError.ag_pass_through = True
 
 Adasum = None  # Horovod's Adasum is not available in hvdlite; passing op=Adasum raises.
+_executing_eagerly = tf.executing_eagerly  # Horovod's name, which its TF scripts and tests call
 
 _THREAD_ENV = {"intra": "HVDLITE_TF_INTRA_OP_THREADS", "inter": "HVDLITE_TF_INTER_OP_THREADS"}
 
@@ -100,7 +102,8 @@ def init(comm=None, process_sets=None, intra_op_threads=None, inter_op_threads=N
 
 
 def DistributedOptimizer(optimizer, *args, **kwargs):
-    """Wraps a Keras 3 optimizer (see :func:`hvdlite.tensorflow.keras.DistributedOptimizer`).
+    """Wraps a Keras optimizer, Keras 3 or tf_keras (see
+    :func:`hvdlite.tensorflow.keras.DistributedOptimizer`).
 
     TF1-style ``tf.compat.v1.train.Optimizer`` objects are not supported; use a
     Keras optimizer, or DistributedGradientTape in a custom loop."""
@@ -117,7 +120,7 @@ __all__ = [
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
     "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
     "broadcast_variables", "broadcast_object", "allgather_object",
-    "DistributedGradientTape", "DistributedOptimizer",
+    "DistributedGradientTape", "DistributedOptimizer", "elastic",
     "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
     "size_op", "rank_op", "local_rank_op", "local_size_op", "process_set_included_op",
     "HvdliteError", "InvalidArgumentError", "NotInitializedError", "TensorMismatchError",

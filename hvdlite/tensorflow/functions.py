@@ -31,10 +31,10 @@ def _dumps(obj):
 
 def _object_collective_guard(what):
     mpi_ops._require_init(what)
-    if not tf.executing_eagerly():
+    if tf.inside_function():  # tracing: Python objects cannot flow through a graph
         raise exceptions.InvalidArgumentError(
-            f"hvdlite.tensorflow.{what} moves Python objects and runs eagerly only; call it "
-            "outside tf.function")
+            f"hvdlite.tensorflow.{what} moves Python objects and runs eagerly (or in a TF1 "
+            "graph's Python code) only; call it outside tf.function")
 
 
 @tf.autograph.experimental.do_not_convert

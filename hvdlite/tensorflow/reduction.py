@@ -4,37 +4,25 @@ call, stable names so the engine's response cache and error-feedback
 residuals see the same tensor every step."""
 import tensorflow as tf
 
-from .. import exceptions
-from ..compression import Compression, as_spec
-from ..ops import Average, Sum
+from .. import request
+from ..compression import Compression
+from ..ops import Average
 from ..process_sets import global_process_set, process_set_id
 from . import functions, mpi_ops
 
 
 class ReduceSettings:
-    """How gradients are reduced. Validated once, when the wrapper is made."""
+    """How gradients are reduced. Validated once, when the wrapper is made,
+    by the request layer's rules (hvdlite.request)."""
 
     def __init__(self, op=Average, compression=Compression.none, gradient_predivide_factor=1.0,
                  sparse_as_dense=False, process_set=global_process_set, postscale=1.0,
                  what="DistributedGradientTape"):
-        if op not in (Average, Sum):
-            raise exceptions.InvalidArgumentError(
-                f"{what}: op must be hvdlite.tensorflow.Average or Sum for gradients (got {op!r})")
-        as_spec(compression)  # raises clearly on a bad compression object
-        try:
-            f = float(gradient_predivide_factor)
-        except (TypeError, ValueError):
-            raise exceptions.InvalidArgumentError(
-                f"{what}: gradient_predivide_factor must be a number, not "
-                f"{gradient_predivide_factor!r}") from None
-        if f <= 0:
-            raise exceptions.InvalidArgumentError(f"{what}: gradient_predivide_factor must be > 0, got {f}")
-        if f != 1.0 and op != Average:
-            raise exceptions.InvalidArgumentError(
-                f"{what}: gradient_predivide_factor only applies with op=Average")
-        self.op = op
-        self.compression = compression
-        self.predivide = f
+        self.op = request.gradient_op(op, what)
+        _, self.python_compressor = request.split_compression(compression, what)
+        # A user's compress()/decompress() runs here, around an uncompressed reduction.
+        self.compression = Compression.none if self.python_compressor else compression
+        self.predivide = request.predivide_factor(gradient_predivide_factor, self.op, what)
         self.sparse_as_dense = bool(sparse_as_dense)
         self.process_set = process_set
         self.pset = process_set_id(process_set)
@@ -42,14 +30,8 @@ class ReduceSettings:
         self.what = what
 
     def engine_op(self):
-        """(reduce op, prescale, postscale) for dense tensors.
-
-        With a predivide factor f the engine sums x / f and multiplies the sum
-        by f / n: the same average, with smaller intermediate values."""
-        if self.op == Average and self.predivide != 1.0:
-            n = mpi_ops._set_size(self.pset)
-            return Sum, 1.0 / self.predivide, self.predivide / n * self.postscale
-        return self.op, 1.0, self.postscale
+        """(reduce op, prescale, postscale) for dense tensors."""
+        return request.gradient_scales(self.op, self.predivide, self.postscale)
 
 
 def source_name(source):
@@ -68,14 +50,16 @@ def reduce_gradients(grads, sources, settings, prefix):
 
     ``sources`` (same length) name the gradients: the name of the i-th
     gradient is ``prefix.i.<variable path>``, identical on every rank and every
-    step. None stays None; tf.IndexedSlices are gathered from all ranks
+    step. A rank outside ``settings.process_set`` gets ``grads`` back as they are. None stays None; tf.IndexedSlices are gathered from all ranks
     (values averaged or summed), or densified and reduced with
     ``sparse_as_dense``. Returns a list like ``grads``."""
     grads = list(grads)
     if not grads:
         return grads
+    if settings.pset != 0 and request.set_rank(settings.process_set) < 0:
+        return grads  # a rank outside the process set keeps its own gradients (as in Horovod)
     op, prescale, postscale = settings.engine_op()
-    items, positions, signature = [], [], []
+    items, positions, signature, contexts = [], [], [], {}
     for i, (g, s) in enumerate(zip(grads, sources)):
         if g is None:
             continue
@@ -83,6 +67,8 @@ def reduce_gradients(grads, sources, settings, prefix):
             g = tf.convert_to_tensor(g)
         if not isinstance(g, (tf.Tensor, tf.IndexedSlices)):
             g = mpi_ops._as_tensor(g, settings.what)
+        if settings.python_compressor is not None and isinstance(g, tf.Tensor):
+            g, contexts[i] = settings.python_compressor.compress(g)
         name = f"{prefix}.{i}"
         sname = source_name(s)
         if sname:
@@ -112,5 +98,5 @@ def reduce_gradients(grads, sources, settings, prefix):
     reduced = mpi_ops._run_reductions(items, settings.what)
     out = list(grads)
     for pos, r in zip(positions, reduced):
-        out[pos] = r
+        out[pos] = settings.python_compressor.decompress(r, contexts[pos]) if pos in contexts else r
     return out

@@ -21,6 +21,7 @@ from hvdlite.compression import Compression, Compressor
 from hvdlite.process_sets import (ProcessSet, add_process_set, global_process_set,
                                   remove_process_set)
 
+from . import elastic
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
 from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async,
@@ -53,5 +54,5 @@ __all__ = [
     "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression", "Compressor",
     "DistributedOptimizer", "OptimizerMisuseError", "broadcast_parameters",
     "broadcast_optimizer_state", "broadcast_object", "allgather_object", "SyncBatchNorm",
-    "start_timeline", "stop_timeline", "HvdliteError", "HorovodInternalError",
+    "start_timeline", "stop_timeline", "HvdliteError", "HorovodInternalError", "elastic",
 ]

@@ -18,6 +18,18 @@ def start():
     return hvd.rank(), hvd.size()
 
 
+def expect_raises(exc, fn, *words):
+    """Runs fn(); it must raise ``exc`` whose message contains every word."""
+    try:
+        fn()
+    except exc as e:
+        text = str(e)
+        for w in words:
+            assert w.lower() in text.lower(), f"error lacks {w!r}: {text}"
+        return e
+    raise AssertionError(f"{fn} did not raise {exc.__name__}")
+
+
 def digits(test_fraction=0.2, seed=0):
     """scikit-learn's 8x8 digits, scaled to [0, 1]; the same split on every rank."""
     from sklearn.datasets import load_digits
@@ -39,6 +51,38 @@ def mlp(seed=1, hidden=64, dtype=None):
         keras.layers.Dense(hidden, activation="relu", **kwargs),
         keras.layers.Dense(10, **kwargs),
     ])
+
+
+def rows_for_rank(x, y, combined, per_rank_chunk, chunks_per_batch, steps):
+    """This rank's rows such that, step by step, the union of all ranks' local
+    batches is the combined batch of a single-process run."""
+    rank, size = hvd.rank(), hvd.size()
+    idx = []
+    for k in range(steps):
+        for m in range(chunks_per_batch):
+            start = k * combined + (m * size + rank) * per_rank_chunk
+            idx.extend(range(start, start + per_rank_chunk))
+    return x[idx], y[idx]
+
+
+def check_broadcast_keeps_local_variables(keras, hvd_keras, x, y):
+    """BroadcastGlobalVariablesCallback(root, local_variables=the first layer's)
+    with a zero learning rate: the first layer keeps this rank's values, every
+    other weight becomes the root's. ``keras`` is Keras 3 or tf_keras."""
+    rank, root = hvd.rank(), hvd.size() - 1
+    init = keras.initializers.Constant(float(rank))
+    model = keras.Sequential([
+        keras.Input((x.shape[1],)),
+        keras.layers.Dense(8, kernel_initializer=init, bias_initializer=init),
+        keras.layers.Dense(10, kernel_initializer=init, bias_initializer=init)])
+    model.compile(optimizer=hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.0)),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    local_vars = model.layers[0].weights
+    bcast = hvd_keras.callbacks.BroadcastGlobalVariablesCallback(root, local_variables=local_vars)
+    model.fit(x, y, batch_size=len(x), epochs=1, verbose=0, callbacks=[bcast])
+    for v in model.weights:
+        want = float(rank) if any(v is lv for lv in local_vars) else float(root)
+        assert np.all(np.asarray(v.numpy()) == want), (v.name, want)
 
 
 def weights(model):

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_common
-from tf_common import log
+from tf_common import log, rows_for_rank
 
 rank, size = tf_common.start()
 import keras  # noqa: E402
@@ -27,17 +27,6 @@ assert hvdk.callbacks.MetricAverageCallback is hvd.callbacks.MetricAverageCallba
 (x_train, y_train), (x_test, y_test) = tf_common.digits()
 loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 t_start = time.time()
-
-
-def rows_for_rank(x, y, combined, per_rank_chunk, chunks_per_batch, steps):
-    """Rank r's rows such that, step by step, the union of all ranks' local
-    batches is the combined batch of a single-process run."""
-    idx = []
-    for k in range(steps):
-        for m in range(chunks_per_batch):
-            start = k * combined + (m * size + rank) * per_rank_chunk
-            idx.extend(range(start, start + per_rank_chunk))
-    return x[idx], y[idx]
 
 
 def reference_weights(lr, combined, steps, momentum=0.0):
@@ -287,16 +276,98 @@ rec = LrRecorder()
 model.fit(x_train[:32 * steps], y_train[:32 * steps], batch_size=32, epochs=3, verbose=0,
           callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                      hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.1, warmup_epochs=2), rec])
-want = [0.1 / size * (1 + min((e + b / steps) / 2, 1) * (size - 1)) for e in range(3) for b in range(steps)]
-want[2 * steps:] = [0.1] * steps
+# Horovod's warm-up: at batch b of epoch e, t = e + (b + 1) / steps and
+# lr = initial / size * (t * (size - 1) / warmup + 1), reaching initial on the last batch
+want = [0.1 / size * ((e + (b + 1) / steps) * (size - 1) / 2 + 1) for e in range(2)
+        for b in range(steps)] + [0.1] * steps
 assert np.allclose(rec.batches, want, rtol=1e-5), (rec.batches, want)
+assert abs(rec.batches[2 * steps - 1] - 0.1) < 1e-7
+for multiplier in (lambda e: 0.5 ** (e - 1), 0.5):  # a number m means m ** (epoch - start_epoch)
+    model = tf_common.mlp(seed=1)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss=loss)
+    rec = LrRecorder()
+    hist = model.fit(x_train[:64], y_train[:64], batch_size=32, epochs=4, verbose=0,
+                     callbacks=[hvd.callbacks.LearningRateScheduleCallback(
+                         initial_lr=0.2, multiplier=multiplier, start_epoch=1, end_epoch=3), rec])
+    assert np.allclose(rec.epochs, [0.1, 0.2, 0.1, 0.1], rtol=1e-5), rec.epochs
+    assert np.allclose(hist.history["learning_rate"], [0.1, 0.2, 0.1, 0.1], rtol=1e-5)
+log("learning-rate callbacks ok")
+
+# ------------------------------------------------ Horovod's custom-loop API on Keras 3
+a = np.array([1.0 + rank, -2.0 * (rank + 1)], np.float32)   # d loss / d w on this rank
+b = np.array([3.0 * (rank + 1)], np.float32)                  # d loss / d u (local variable)
+a_mean = np.mean([[1.0 + r, -2.0 * (r + 1)] for r in range(size)], axis=0)
+for op, a_red in ((hvd.Average, a_mean), (hvd.Sum, a_mean * size)):
+    w, u = keras.Variable([0.0, 0.0]), keras.Variable([0.0])
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), op=op)
+    opt.register_local_var(u)
+
+    def loss_fn():
+        return tf.reduce_sum(w * a) + tf.reduce_sum(u * b)
+
+    @tf.function
+    def step():
+        gv = opt._compute_gradients(loss_fn, [w, u])  # reduced here, not again in apply
+        opt.apply_gradients(gv)
+        return [g for g, _ in gv]
+
+    grads = step()
+    assert np.allclose(grads[0], a_red) and np.allclose(grads[1], b / size), grads
+    assert np.allclose(w.numpy(), -a_red) and np.allclose(u.numpy(), -b / size)
+    with tf.GradientTape() as tape:  # plain gradients: apply_gradients reduces them
+        lv = loss_fn()
+    opt.apply_gradients(zip(tape.gradient(lv, [w, u]), [w, u]))
+    assert np.allclose(w.numpy(), -2 * a_red) and np.allclose(u.numpy(), -2 * b / size)
+    gv = opt.compute_gradients(loss_fn, [w, u])        # eagerly
+    opt.apply_gradients(gv)
+    assert np.allclose(w.numpy(), -3 * a_red) and np.allclose(u.numpy(), -3 * b / size)
+
+# PartialDistributedOptimizer: the local layer trains on this rank's data alone
+model = tf_common.mlp(seed=1)
+opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=model.layers[-1])
+model.compile(optimizer=opt, loss=loss)
+model.fit(x_train[rank::size][:64], y_train[rank::size][:64], batch_size=32, epochs=1, verbose=0,
+          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+first, last = tf_common.weights(model)[:2], tf_common.weights(model)[2:]
+tf_common.assert_same_on_all_ranks(first, "PartialDistributedOptimizer shared layer")
+theirs = hvd.broadcast_object(last, 0)
+assert rank == 0 or tf_common.max_diff(last, theirs) > 1e-4, "the local layer was reduced"
+
+tf_common.check_broadcast_keeps_local_variables(keras, hvd, x_train[:32], y_train[:32])
+
+# BestModelCheckpoint keeps the best epoch's model
+ckpt = os.path.join(tmp, "best.keras")
+best = hvd.callbacks.BestModelCheckpoint(monitor="loss")
+try:
+    model.fit(x_train[:32], y_train[:32], epochs=1, verbose=0, callbacks=[best])
+    raise AssertionError("BestModelCheckpoint without filepath should raise")
+except InvalidArgumentError as e:
+    assert "filepath" in str(e)
+best.filepath = ckpt
 model = tf_common.mlp(seed=1)
 model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss=loss)
-rec = LrRecorder()
-hist = model.fit(x_train[:64], y_train[:64], batch_size=32, epochs=3, verbose=0,
-                 callbacks=[hvd.callbacks.LearningRateScheduleCallback(
-                     initial_lr=0.1, multiplier=lambda e: 0.5 ** e, start_epoch=1), rec])
-assert np.allclose(rec.epochs, [0.1, 0.05, 0.025], rtol=1e-5), rec.epochs
-log("learning-rate callbacks ok")
+model.fit(x_train[:64], y_train[:64], epochs=2, verbose=0, callbacks=[best])
+assert os.path.exists(ckpt) and best.save_best_only
+
+# a tf_keras model in this Keras 3 process: detected per object, callbacks serve it too
+try:
+    import tf_keras  # noqa: E402
+except ImportError:
+    assert os.environ.get("HVDLITE_TEST_REQUIRE_ALL") != "1", "tf_keras is required in CI"
+    tf_keras = None
+    log("tf_keras not installed: skipping the tf_keras model")
+if tf_keras is not None:
+    tf_keras.utils.set_random_seed(1 + rank)
+    model = tf_keras.Sequential([tf_keras.Input((64,)), tf_keras.layers.Dense(10)])
+    opt = hvd.DistributedOptimizer(tf_keras.optimizers.SGD(0.1))
+    model.compile(optimizer=opt,
+                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    hist = model.fit(x_train[rank::size][:64], y_train[rank::size][:64], batch_size=32, epochs=2,
+                     verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                           hvd.callbacks.MetricAverageCallback(),
+                                           hvd.callbacks.LearningRateWarmupCallback(0.1, 1)])
+    tf_common.assert_same_on_all_ranks(tf_common.weights(model), "tf_keras model weights")
+    assert np.allclose(hist.history["lr"], [0.1, 0.1]) and int(opt.iterations.numpy()) == 4
+log("Horovod custom-loop API, local variables, BestModelCheckpoint, tf_keras model ok")
 log(f"total {time.time() - t_start:.1f}s")
 print(f"RANK {rank} OK", flush=True)

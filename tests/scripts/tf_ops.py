@@ -5,7 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_common
-from tf_common import hvd, log
+from tf_common import expect_raises, hvd, log
 
 import hvdlite
 from hvdlite.exceptions import HvdliteError, InvalidArgumentError, UnsupportedDTypeError
@@ -14,17 +14,6 @@ rank, size = tf_common.start()
 assert size >= 2, "run with at least 2 ranks"
 assert tf.config.threading.get_intra_op_parallelism_threads() == 1
 assert tf.config.threading.get_inter_op_parallelism_threads() == 1
-
-
-def expect_raises(exc, fn, *words):
-    try:
-        fn()
-    except exc as e:
-        text = str(e)
-        for w in words:
-            assert w.lower() in text.lower(), f"error lacks {w!r}: {text}"
-        return e
-    raise AssertionError(f"{fn} did not raise {exc.__name__}")
 
 
 def data(shape, dtype, r, seed=0):

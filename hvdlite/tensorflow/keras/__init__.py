@@ -1,6 +1,8 @@
-"""hvdlite for Keras 3 on TensorFlow: Horovod's ``horovod.tensorflow.keras`` API.
+"""hvdlite for Keras on TensorFlow: Horovod's ``horovod.tensorflow.keras`` API,
+for Keras 3 and for Keras 2 (tf_keras, what ``tf.keras`` is with
+``TF_USE_LEGACY_KERAS=1``).
 
-    import keras
+    import keras                                # or: import tf_keras as keras
     import hvdlite.tensorflow.keras as hvd      # or: import hvdlite.keras as hvd
 
     hvd.init()
@@ -9,14 +11,11 @@
     model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                                hvd.callbacks.MetricAverageCallback()],
               verbose=1 if hvd.rank() == 0 else 0)
-"""
-import keras as _keras
-import tensorflow as tf
 
-if _keras.backend.backend() != "tensorflow":  # pragma: no cover - depends on KERAS_BACKEND
-    raise ImportError(
-        f"hvdlite.tensorflow.keras needs Keras' TensorFlow backend, but Keras runs on "
-        f"{_keras.backend.backend()!r}; set KERAS_BACKEND=tensorflow before importing keras")
+Each optimizer and model is handled as the Keras its class comes from
+(see hvdlite.tensorflow.keras.flavor).
+"""
+import tensorflow as tf
 
 from ...compression import Compression, Compressor
 from ...process_sets import (ProcessSet, add_process_set, global_process_set,
@@ -27,8 +26,9 @@ from .. import (Average, Max, Min, Product, Sum, allgather_object, barrier, broa
                 nccl_built, rank, reducescatter, shutdown, size)
 from .. import mpi_ops as _mpi_ops
 from ... import exceptions as _exceptions
-from . import callbacks
-from .optimizer import DistributedOptimizer, is_distributed, wrap_loaded
+from . import callbacks, elastic, flavor
+from .optimizer import (DistributedOptimizer, PartialDistributedOptimizer, is_distributed,
+                        wrap_loaded)
 
 
 def _to_tensor(value, what):
@@ -72,16 +72,25 @@ def broadcast_global_variables(root_rank):
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None,
-               compression=Compression.none, **distributed_kwargs):
-    """``keras.models.load_model`` whose compiled optimizer comes back
+               compression=Compression.none, legacy_opts=False, **distributed_kwargs):
+    """Loads a saved Keras model whose compiled optimizer comes back
     distributed (keeping the state it was saved with), ready to continue
-    training. ``custom_optimizers``: optimizer classes the file needs;
+    training.
+
+    The file is loaded by the Keras that saved it (its recorded Keras
+    version; a SavedModel directory is tf_keras'). ``custom_optimizers``:
+    optimizer classes the file needs; ``legacy_opts=True``: optimizer names
+    in the file mean tf_keras' legacy optimizers; ``compression`` and
     ``distributed_kwargs`` (op, gradient_predivide_factor, sparse_as_dense,
-    process_set) go to the reduction like DistributedOptimizer's."""
-    objects = dict(custom_objects or {})
-    for cls in custom_optimizers or ():
-        objects[cls.__name__] = cls
-    model = _keras.models.load_model(filepath, custom_objects=objects or None)
+    process_set, ...) are DistributedOptimizer's."""
+    keras = flavor.module(flavor.of_saved_model(filepath))
+    objects = {}
+    if legacy_opts:
+        objects.update({cls.__name__.lower(): cls
+                        for cls in keras.optimizers.legacy.Optimizer.__subclasses__()})
+    objects.update({cls.__name__: cls for cls in custom_optimizers or ()})
+    objects.update(custom_objects or {})
+    model = keras.models.load_model(filepath, custom_objects=objects or None)
     opt = getattr(model, "optimizer", None)
     if opt is not None:
         wrap_loaded(opt, compression=compression, **distributed_kwargs)
@@ -92,8 +101,9 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
     "nccl_built", "Average", "Sum", "Min", "Max", "Product", "Compression", "Compressor",
-    "DistributedOptimizer", "is_distributed", "allreduce", "allgather", "broadcast",
+    "DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed", "allreduce",
+    "allgather", "broadcast",
     "reducescatter", "join", "barrier", "broadcast_variables", "broadcast_object",
-    "allgather_object", "broadcast_global_variables", "load_model", "callbacks",
+    "allgather_object", "broadcast_global_variables", "load_model", "callbacks", "elastic",
     "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
 ]

@@ -1,0 +1,112 @@
+"""Training state that every rank can commit, restore and synchronize:
+Horovod's elastic state objects, without TensorFlow or torch.
+
+A state holds what a training loop needs to continue after an interruption
+(model and optimizer handled by the framework subclasses, plus plain Python
+attributes such as ``state.epoch`` and ``state.batch``):
+
+- ``commit()`` saves a copy in host memory (``save()``), then checks for
+  host updates;
+- ``restore()`` puts the last committed copy back;
+- ``sync()`` makes every rank's state equal to rank 0's and saves it;
+- ``register_reset_callbacks(fns)``: called by ``on_reset()``, after the job's
+  membership changed.
+
+hvdlite runs a fixed set of ranks today: there is no elastic driver that
+adds or removes hosts, so ``check_host_updates()`` has nothing to check and
+``on_reset()`` is never called by hvdlite itself. The methods are the ones
+an elastic driver will call (see hvdlite.elastic.run).
+"""
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Raised by ``check_host_updates()`` on every rank when hosts were added
+    or removed; ``skip_sync`` is True when only removals happened (the
+    remaining ranks already agree)."""
+
+    def __init__(self, skip_sync=False):
+        super().__init__("the job's hosts changed")
+        self.skip_sync = skip_sync
+
+
+class State:
+    """Base of every state object.
+
+    ``bcast_object(obj)`` returns rank 0's ``obj`` on every rank;
+    ``get_rank()`` is this rank. Subclasses implement ``save``, ``restore`` and
+    ``sync`` and may override ``reset``."""
+
+    def __init__(self, bcast_object, get_rank):
+        self._bcast_object = bcast_object
+        self._rank = get_rank
+        self._reset_callbacks = []
+
+    def register_reset_callbacks(self, callbacks):
+        """Functions (no arguments) to call after a reset, e.g. to rescale the
+        learning rate for the new number of ranks."""
+        callbacks = list(callbacks)
+        for fn in callbacks:
+            if not callable(fn):
+                raise TypeError(f"register_reset_callbacks takes callables, not {fn!r}")
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self):
+        """After the job's membership changed: ``reset()``, then the callbacks."""
+        self.reset()
+        for fn in self._reset_callbacks:
+            fn()
+
+    def commit(self):
+        """Saves the current state as the one ``restore()`` returns to, then
+        checks for host updates. A copy in host memory: commit every few
+        batches rather than every batch when the state is large."""
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self):
+        """Raises HostsUpdatedInterrupt on every rank when hosts were added or
+        removed. Without an elastic driver (hvdlite today) hosts never
+        change, so this returns at once and communicates nothing."""
+        return None
+
+    def save(self):
+        raise NotImplementedError
+
+    def restore(self):
+        raise NotImplementedError
+
+    def sync(self):
+        raise NotImplementedError
+
+    def reset(self):
+        """Subclass hook run by ``on_reset()`` before the reset callbacks."""
+
+
+class ObjectState(State):
+    """State made of Python objects given as keyword arguments; each becomes
+    an attribute (``ObjectState(bcast, rank, epoch=0).epoch``).
+
+    ``save()`` records the attributes' current values, ``restore()`` sets
+    them back, ``sync()`` replaces them with rank 0's recorded values. Values
+    are recorded as they are, not copied (as in Horovod): numbers, strings
+    and tuples behave as snapshots; an object changed in place (a list, a
+    dict) is the same object in the commit, so assign a new one instead."""
+
+    def __init__(self, bcast_object, get_rank, **kwargs):
+        self._saved_state = dict(kwargs)
+        self._set_attrs()
+        super().__init__(bcast_object=bcast_object, get_rank=get_rank)
+
+    def save(self):
+        self._saved_state = {name: getattr(self, name) for name in self._saved_state}
+
+    def restore(self):
+        self._set_attrs()
+
+    def sync(self):
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state)
+            self._set_attrs()
+
+    def _set_attrs(self):
+        for name, value in self._saved_state.items():
+            setattr(self, name, value)
