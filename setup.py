@@ -5,6 +5,7 @@ from setuptools import setup
 # Adapter packages are listed only once they exist in the tree.
 PACKAGE_DIRS = {
     "hvdlite": "hvdlite",
+    "hvdlite.common": "hvdlite/common",
     "hvdlite.elastic": "hvdlite/elastic",
     "hvdlite.torch": "hvdlite/torch",
     "hvdlite.tensorflow": "hvdlite/tensorflow",

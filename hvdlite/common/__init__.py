@@ -1,0 +1,1 @@
+"""Names that Horovod scripts import from ``horovod.common``."""
