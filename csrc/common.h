@@ -43,6 +43,7 @@ enum class OpType : int32_t {
   kRemoveProcessSet = 7,
   kJoin = 8,  // this rank is out of data; it contributes zeros until all join
 };
+constexpr int kNumOpTypes = 9;
 
 enum class CompressionType : int32_t {
   kNone = 0,

@@ -23,7 +23,7 @@ ProcessSet::~ProcessSet() {
 
 std::string ProcessSet::NextAutoName(OpType op) {
   std::lock_guard<std::mutex> lock(names_mutex_);
-  int64_t n = auto_name_counters_[static_cast<size_t>(op) % auto_name_counters_.size()]++;
+  int64_t n = auto_name_counters_.at(static_cast<size_t>(op))++;
   return std::string(OpTypeName(op)) + ".noname." + std::to_string(n);
 }
 
