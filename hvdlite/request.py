@@ -140,6 +140,13 @@ def split_compression(compression, what="compression"):
     return as_spec(compression), None  # raises with the list of what is accepted
 
 
+def compresses(spec, dtype_name):
+    """Whether the engine compression ``spec`` applies to a tensor of this
+    dtype: floating-point data only; other dtypes travel plain, so a gradient
+    list mixing dtypes can share one compression setting."""
+    return spec != as_spec(None) and dtype_name in FLOAT_DTYPES
+
+
 # ---------------------------------------------------------------- process sets and roots
 
 def set_id(process_set):

@@ -217,11 +217,6 @@ def _alltoall_op(tensor, splits, names, pset):
 # Reductions with compression
 # --------------------------------------------------------------------------
 
-def _engine_compressed(t, spec):
-    """The engine compresses floating-point data only; other dtypes go plain."""
-    return spec != _NO_COMPRESSION and t.dtype.name in request.FLOAT_DTYPES
-
-
 def _reduce(build, tensors, names, op, prescale, postscale, compression, what, grouped):
     """Runs ``build`` (an allreduce or reducescatter builder) over dense
     tensors with ``compression``: an engine compressor as the op's attribute
@@ -236,7 +231,7 @@ def _reduce(build, tensors, names, op, prescale, postscale, compression, what, g
     if python_compressor is not None:
         pairs = [python_compressor.compress(t) for t in tensors]
         tensors, contexts = [p[0] for p in pairs], [p[1] for p in pairs]
-    parts = [[i for i, t in enumerate(tensors) if _engine_compressed(t, spec) == flag]
+    parts = [[i for i, t in enumerate(tensors) if request.compresses(spec, t.dtype.name) == flag]
              for flag in (True, False)]
     outs = [None] * len(tensors)
     for indices, part_spec in zip(parts, (spec, _NO_COMPRESSION)):

@@ -186,8 +186,6 @@ class CollectiveKernel : public AsyncOpKernel {
   }
 
  protected:
-  int32_t op() const { return op_; }
-
   // How many engine requests this invocation makes.
   virtual int tensors(OpKernelContext* ctx) { return ctx->num_inputs(); }
 
@@ -269,10 +267,13 @@ class CollectiveKernel : public AsyncOpKernel {
   std::vector<std::string> names_;
 };
 
-// Reducing collectives: reduce op, scaling and compression attributes.
+// Reducing collectives (allreduce, reducescatter): reduce op, scaling and
+// compression attributes. Allreduce's output has the input's shape and the
+// engine writes it; reducescatter's comes from the engine.
+template <int32_t kOp>
 class ReducingKernel : public CollectiveKernel {
  public:
-  ReducingKernel(OpKernelConstruction* c, int32_t op) : CollectiveKernel(c, op) {
+  explicit ReducingKernel(OpKernelConstruction* c) : CollectiveKernel(c, kOp) {
     float pre = 1.f, post = 1.f, ratio = 0.f;
     OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op_));
     OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &pre));
@@ -286,13 +287,14 @@ class ReducingKernel : public CollectiveKernel {
   }
 
  protected:
-  void SetReduction(Submission* s) const {
+  Status Prepare(OpKernelContext* ctx, int i, Submission* s) override {
     s->request.reduce_op = static_cast<int32_t>(reduce_op_);
     s->request.prescale = prescale_;
     s->request.postscale = postscale_;
     s->request.compression = static_cast<int32_t>(compression_);
     s->request.topk_ratio = topk_ratio_;
     s->request.error_feedback = error_feedback_ ? 1 : 0;
+    return kOp == kAllreduce ? OutputLikeInput(ctx, i, s) : DescribeInput(ctx, i, s);
   }
 
  private:
@@ -302,27 +304,8 @@ class ReducingKernel : public CollectiveKernel {
   bool error_feedback_ = false;
 };
 
-class AllreduceKernel : public ReducingKernel {
- public:
-  explicit AllreduceKernel(OpKernelConstruction* c) : ReducingKernel(c, kAllreduce) {}
-
- protected:
-  Status Prepare(OpKernelContext* ctx, int i, Submission* s) override {
-    SetReduction(s);
-    return OutputLikeInput(ctx, i, s);
-  }
-};
-
-class ReducescatterKernel : public ReducingKernel {
- public:
-  explicit ReducescatterKernel(OpKernelConstruction* c) : ReducingKernel(c, kReducescatter) {}
-
- protected:
-  Status Prepare(OpKernelContext* ctx, int i, Submission* s) override {
-    SetReduction(s);
-    return DescribeInput(ctx, i, s);
-  }
-};
+using AllreduceKernel = ReducingKernel<kAllreduce>;
+using ReducescatterKernel = ReducingKernel<kReducescatter>;
 
 class AllgatherKernel : public CollectiveKernel {
  public:
@@ -391,10 +374,12 @@ class AlltoallKernel : public CollectiveKernel {
   }
 };
 
-// Barrier and join: one request without data.
+// Barrier and join: one request without data; join returns the last rank
+// to join.
+template <int32_t kOp>
 class ControlKernel : public CollectiveKernel {
  public:
-  ControlKernel(OpKernelConstruction* c, int32_t op) : CollectiveKernel(c, op) {}
+  explicit ControlKernel(OpKernelConstruction* c) : CollectiveKernel(c, kOp) {}
 
  protected:
   int tensors(OpKernelContext*) override { return 1; }
@@ -405,7 +390,7 @@ class ControlKernel : public CollectiveKernel {
   }
 
   Status Collect(OpKernelContext* ctx, int, int64_t handle) override {
-    if (op() != kJoin) return Status();
+    if (kOp != kJoin) return Status();
     Tensor* out = nullptr;
     TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<int32_t>()() = static_cast<int32_t>(Api()->handle_value(handle));
@@ -413,15 +398,8 @@ class ControlKernel : public CollectiveKernel {
   }
 };
 
-class BarrierKernel : public ControlKernel {
- public:
-  explicit BarrierKernel(OpKernelConstruction* c) : ControlKernel(c, kBarrier) {}
-};
-
-class JoinKernel : public ControlKernel {
- public:
-  explicit JoinKernel(OpKernelConstruction* c) : ControlKernel(c, kJoin) {}
-};
+using BarrierKernel = ControlKernel<kBarrier>;
+using JoinKernel = ControlKernel<kJoin>;
 
 }  // namespace
 }  // namespace hvdlite_tf

@@ -1,5 +1,10 @@
 // The op library's link to hvdlite's engine.
 //
+// The op library's sources live with the TensorFlow adapter rather than in
+// csrc/: csrc/ is the framework-free engine, while these files are installed
+// with the package and compiled against whichever TensorFlow is installed, at
+// pip install time or on first import (hvdlite/tensorflow/op_library.py).
+//
 // The library does not link the engine (or MPI): hvdlite.tensorflow hands it
 // the addresses of the engine's C API functions once, through
 // hvdlite_tf_bind(), so TensorFlow's kernels and the Python API share the one
