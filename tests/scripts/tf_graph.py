@@ -195,7 +195,8 @@ expect_raises(tf.errors.InvalidArgumentError, lambda: hvd.reducescatter(tf.const
 expect_raises(ValueError, lambda: in_graph(lambda: hvd.reducescatter(tf.constant(1.0))), "scalar")
 # argument rules (hvdlite.request), before any op is built
 expect_raises(UnsupportedDTypeError, lambda: hvd.alltoall(tf.ones([size]), splits=tf.ones([size])), "int32")
-expect_raises(InvalidArgumentError, lambda: hvd.alltoall(tf.ones([size]), splits=[0.5] * size), "splits")
+expect_raises(TypeError, lambda: hvd.alltoall(tf.ones([size]), splits=[0.5] * size), "whole row counts")
+expect_raises(TypeError, lambda: hvd.alltoall(tf.ones([size]), splits=np.full(size, 0.5)), "integers")
 expect_raises(InvalidArgumentError, lambda: hvd.allreduce(tf.ones([2]), op=hvd.Sum, average=True), "not both")
 expect_raises(InvalidArgumentError, lambda: hvd.allreduce(tf.ones([2], tf.bool)), "bool")
 expect_raises(InvalidArgumentError, lambda: hvd.allreduce(tf.ones([2]), prescale_factor=float("inf")), "finite")
