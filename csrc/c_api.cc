@@ -258,6 +258,14 @@ int hvd_wait_release(int64_t handle, double timeout_seconds) {
   return 1;
 }
 
+int hvd_on_completion(int64_t handle, hvd_completion_callback callback, void* arg) {
+  auto work = FindWork(handle);
+  if (!work) return UnknownHandle();
+  if (callback == nullptr) return SetError(ErrorKind::kInvalidArgument, "callback is NULL");
+  work->OnCompletion([callback, handle, arg] { callback(handle, arg); });
+  return 0;
+}
+
 int hvd_handle_error(int64_t handle, char* buffer, int64_t length) {
   auto work = FindWork(handle);
   if (!work) return UnknownHandle();

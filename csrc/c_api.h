@@ -67,6 +67,16 @@ int hvd_wait(int64_t handle, double timeout_seconds);
    (handle released), 2 failed (handle kept so its error can be read), -1 on
    an unknown handle. One call per tensor on the common path. */
 int hvd_wait_release(int64_t handle, double timeout_seconds);
+/* Completion notification, for front ends whose threads must not block
+   (TensorFlow's asynchronous kernels): callback(handle, arg) runs exactly
+   once when the handle completes, successfully or not. It runs on the engine
+   thread, or on the calling thread at once if the handle has completed
+   already. It must return quickly and must not call into hvdlite: it should
+   only hand the handle to a thread of its own, which then reads the outcome
+   (hvd_handle_error, hvd_handle_take_output, ...) and releases the handle.
+   Returns 0, or -1 for an unknown handle. */
+typedef void (*hvd_completion_callback)(int64_t handle, void* arg);
+int hvd_on_completion(int64_t handle, hvd_completion_callback callback, void* arg);
 /* ErrorKind of a completed handle (0 = success); the message goes to buffer. */
 int hvd_handle_error(int64_t handle, char* buffer, int64_t length);
 /* Engine-allocated result: ownership passes to the caller (free with

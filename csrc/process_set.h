@@ -58,7 +58,7 @@ class ProcessSet {
   std::unique_ptr<Controller> controller_;
   TensorQueue queue_;
   std::mutex names_mutex_;
-  std::array<int64_t, kNumOpTypes> auto_name_counters_{};
+  std::array<int64_t, kNumOpTypes> auto_name_counters_{};  // one sequence per OpType
 };
 
 // The engine's process sets, shared between the engine thread (which adds and

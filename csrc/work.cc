@@ -54,14 +54,28 @@ void Work::Finish() { Complete(Status::OK()); }
 
 void Work::Fail(const Status& status) { Complete(status); }
 
+void Work::OnCompletion(std::function<void()> listener) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!completed_) {
+      listeners_.push_back(std::move(listener));
+      return;
+    }
+  }
+  listener();
+}
+
 void Work::Complete(const Status& status) {
+  std::vector<std::function<void()>> listeners;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (completed_) return;
     completed_ = true;
     status_ = status;
+    listeners.swap(listeners_);
   }
   done_cv_.notify_all();
+  for (auto& listener : listeners) listener();
 }
 
 }  // namespace hvdlite

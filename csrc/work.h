@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -51,6 +52,11 @@ class Work {
 
   void Finish();
   void Fail(const Status& status);
+  // Runs `listener` once when the work completes: on the completing (engine)
+  // thread, or at once on this thread if it has completed already. Listeners
+  // must be quick and must not call into the engine (they hand the news to
+  // a thread of their own).
+  void OnCompletion(std::function<void()> listener);
 
   OpType op() const { return op_; }
   const std::string& name() const { return name_; }
@@ -70,6 +76,7 @@ class Work {
   std::condition_variable done_cv_;
   bool completed_ = false;
   Status status_;
+  std::vector<std::function<void()>> listeners_;
 };
 
 }  // namespace hvdlite

@@ -161,6 +161,13 @@ def split_compression(compression, what="compression"):
     return as_spec(compression), None  # raises with the list of what is accepted
 
 
+def compresses(spec, dtype_name):
+    """Whether the engine compression ``spec`` applies to a tensor of this
+    dtype: floating-point data only; other dtypes travel plain, so a gradient
+    list mixing dtypes can share one compression setting."""
+    return spec != as_spec(None) and dtype_name in FLOAT_DTYPES
+
+
 # ---------------------------------------------------------------- process sets and roots
 
 def set_id(process_set):
@@ -192,8 +199,9 @@ def root_in_set(root_rank, process_set, what):
 
 def splits_list(splits, what):
     """Alltoall splits as a list of ints (None: divide equally). Accepts a
-    list, tuple or 1-d array/tensor of integers, as Horovod does; floats and
-    other types raise a clear error."""
+    list, tuple or 1-d array/tensor of integers, as Horovod does. Non-integer
+    splits raise UnsupportedDTypeError, both a TypeError (what Horovod's
+    TensorFlow op raises) and a ValueError (what its torch op raises)."""
     if splits is None:
         return None
     values = splits
@@ -202,7 +210,7 @@ def splits_list(splits, what):
     if hasattr(values, "dtype") and hasattr(values, "reshape"):
         kind = getattr(values.dtype, "kind", None)
         if kind is not None and kind not in "iu":
-            raise exceptions.InvalidArgumentError(
+            raise exceptions.UnsupportedDTypeError(
                 f"{what}: splits must be integers, not {values.dtype}; pass an int32/int64 "
                 "tensor or a list of ints")
         values = values.reshape(-1).tolist()
@@ -215,7 +223,7 @@ def splits_list(splits, what):
             if hasattr(s, "__index__"):
                 s = s.__index__()
             else:
-                raise exceptions.InvalidArgumentError(
+                raise exceptions.UnsupportedDTypeError(
                     f"{what}: splits must be whole row counts, got {s!r}; pass one int per rank")
         if s < 0:
             raise exceptions.InvalidArgumentError(

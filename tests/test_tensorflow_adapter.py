@@ -3,10 +3,15 @@
 Each test is one mpiexec launch running many checks (TF start-up costs a few
 seconds per rank); the scripts live in tests/scripts/tf_*.py."""
 import importlib.util
+import os
+import subprocess
+import sys
 
 import pytest
 
 from mpi_harness import REQUIRE_ALL, run_ranks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -19,10 +24,49 @@ def _tensorflow():
             pytest.skip(f"{name} not installed")
 
 
+def _import_tensorflow_adapter(ops_dir, **env):
+    """A fresh process importing hvdlite.tensorflow with its op library in ``ops_dir``."""
+    code = ("import hvdlite.tensorflow as hvd, tensorflow as tf; hvd.init(); "
+            "from hvdlite.tensorflow import op_library; "
+            "print('LIB', op_library.find(), float(hvd.allreduce(tf.ones([]), op=hvd.Sum)))")
+    return subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",
+             "HVDLITE_TF_OPS_DIR": str(ops_dir), **env})
+
+
+def test_op_library_built_on_first_import(tmp_path):
+    """Without a build for this TensorFlow, the first import compiles the op library (once,
+    under a lock, for processes importing together); a compiler failure is an ImportError
+    that shows the compiler's error and how to rebuild."""
+    broken = _import_tensorflow_adapter(tmp_path, CXX="g++ -include /nonexistent.h")
+    out, err = broken.communicate(timeout=600)
+    assert broken.returncode != 0, out
+    for words in ("ImportError", "could not be built", "nonexistent.h", "op_library.py --rebuild"):
+        assert words in err, err[-3000:]
+    procs = [_import_tensorflow_adapter(tmp_path) for _ in range(2)]
+    results = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, err[-3000:]
+    paths = {line.split()[1] for out, _ in results for line in out.splitlines() if line.startswith("LIB")}
+    built = [f for f in os.listdir(tmp_path) if f.endswith(".so")]
+    assert len(paths) == 1 and len(built) == 1 and paths == {str(tmp_path / built[0])}, (paths, built)
+    assert all(out.split()[-1] == "1.0" for out, _ in results), results  # one-rank allreduce ran
+
+
 def test_collectives_tape_and_bad_input():
     """Collectives eager and in tf.function, broadcast helpers, DistributedGradientTape
     (reference equality, None grads, persistent, nested, IndexedSlices), clear errors."""
     run_ranks("scripts/tf_ops.py", 2, timeout=600)
+
+
+def test_graph_mode_gradients_and_errors():
+    """The op library: tf.compat.v1 sessions running many independent collectives on one
+    inter-op thread, gradients of every collective (tf.gradients, GradientTape, tf.function),
+    TensorFlow error classes in both modes, IndexedSlices rules, objects and variables in
+    graphs, local sources, join."""
+    run_ranks("scripts/tf_graph.py", 2, timeout=600)
 
 
 def test_keras_fit():

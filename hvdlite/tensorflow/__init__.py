@@ -10,8 +10,10 @@
     tape = hvd.DistributedGradientTape(tape)
     grads = tape.gradient(loss, model.trainable_variables)
 
-Collectives take tf.Tensor / tf.Variable and work eagerly and inside
-tf.function (not inside XLA: jit_compile=True raises a clear error).
+Collectives take tf.Tensor / tf.Variable and work eagerly, inside
+tf.function and in tf.compat.v1 graphs (not inside XLA: jit_compile=True
+raises a clear error). They are ops of a TensorFlow op library built for the
+installed TensorFlow (see hvdlite/tensorflow/op_library.py).
 """
 import os
 import warnings
@@ -29,20 +31,19 @@ from ..process_sets import (ProcessSet, add_process_set, global_process_set,
                             remove_process_set)
 from .. import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
                 mpi_enabled, nccl_built, rocm_built)
-from . import elastic
-from .functions import allgather_object, broadcast_object, broadcast_variables
-from .gradient_tape import DistributedGradientTape
-from .mpi_ops import (Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier,
-                      broadcast, grouped_allgather, grouped_allreduce, grouped_reducescatter,
-                      join, local_rank_op, local_size_op, process_set_included_op, rank_op,
-                      reducescatter, size_op)
+from . import elastic, util
+from .functions import (allgather_object, broadcast_global_variables, broadcast_object,
+                        broadcast_object_fn, broadcast_variables)
+from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
+from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall,
+                      barrier, broadcast, broadcast_, grouped_allgather, grouped_allreduce,
+                      grouped_reducescatter, join, local_rank_op, local_size_op,
+                      process_set_included_op, rank_op, reducescatter, size_op)
+from .util import _executing_eagerly
 
 # Autograph re-raises exceptions from code it traced as a generic StagingError
 # unless they carry this marker; hvdlite's errors should reach users as they are.
 HvdliteError.ag_pass_through = True
-
-Adasum = None  # Horovod's Adasum is not available in hvdlite; passing op=Adasum raises.
-_executing_eagerly = tf.executing_eagerly  # Horovod's name, which its TF scripts and tests call
 
 _THREAD_ENV = {"intra": "HVDLITE_TF_INTRA_OP_THREADS", "inter": "HVDLITE_TF_INTER_OP_THREADS"}
 
@@ -101,6 +102,15 @@ def init(comm=None, process_sets=None, intra_op_threads=None, inter_op_threads=N
     _set_threads(_thread_count(intra_op_threads, "intra"), _thread_count(inter_op_threads, "inter"))
 
 
+def __getattr__(name):
+    # SyncBatchNormalization subclasses tf.keras's BatchNormalization, whose
+    # import (Keras) waits until the layer is asked for.
+    if name == "SyncBatchNormalization":
+        from .sync_batch_norm import SyncBatchNormalization
+        return SyncBatchNormalization
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def DistributedOptimizer(optimizer, *args, **kwargs):
     """Wraps a Keras optimizer, Keras 3 or tf_keras (see
     :func:`hvdlite.tensorflow.keras.DistributedOptimizer`).
@@ -116,11 +126,13 @@ __all__ = [
     "cross_rank", "cross_size", "mpi_threads_supported", "mpi_library_version",
     "mpi_built", "mpi_enabled", "gloo_built", "gloo_enabled", "nccl_built", "cuda_built",
     "rocm_built", "ddl_built", "ccl_built",
-    "Average", "Sum", "Min", "Max", "Product", "Compression", "Compressor",
-    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
+    "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression", "Compressor",
+    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "broadcast_",
     "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
-    "broadcast_variables", "broadcast_object", "allgather_object",
-    "DistributedGradientTape", "DistributedOptimizer", "elastic",
+    "broadcast_variables", "broadcast_global_variables", "broadcast_object",
+    "broadcast_object_fn", "allgather_object", "SyncBatchNormalization",
+    "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
+    "elastic",
     "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
     "size_op", "rank_op", "local_rank_op", "local_size_op", "process_set_included_op",
     "HvdliteError", "InvalidArgumentError", "NotInitializedError", "TensorMismatchError",

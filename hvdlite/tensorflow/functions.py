@@ -1,6 +1,7 @@
 """Variables and Python objects across ranks: broadcast_variables,
-broadcast_object, allgather_object, and the cross-rank consistency check the
-gradient reducers run once per gradient signature."""
+broadcast_global_variables, broadcast_object(_fn), allgather_object, and the
+cross-rank consistency check the gradient reducers run once per gradient
+signature."""
 import hashlib
 import io
 import pickle
@@ -29,19 +30,16 @@ def _dumps(obj):
     return np.frombuffer(buf.getvalue(), dtype=np.uint8)
 
 
-def _object_collective_guard(what):
-    mpi_ops._require_init(what)
-    if tf.inside_function():  # tracing: Python objects cannot flow through a graph
-        raise exceptions.InvalidArgumentError(
-            f"hvdlite.tensorflow.{what} moves Python objects and runs eagerly (or in a TF1 "
-            "graph's Python code) only; call it outside tf.function")
-
+# Python objects have no graph form, so the object collectives run at once
+# through hvdlite's NumPy API in every mode: eagerly, while a tf.compat.v1
+# graph is built (Horovod runs them in the default session and returns the
+# object too) and while a tf.function is traced (once per trace).
 
 @tf.autograph.experimental.do_not_convert
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
-    """Returns ``root_rank``'s picklable ``obj`` on every rank (eager only;
-    ``root_rank`` is a global rank)."""
-    _object_collective_guard("broadcast_object")
+    """Returns ``root_rank``'s picklable ``obj`` on every rank (``root_rank``
+    is a global rank). ``session`` is accepted for Horovod compatibility."""
+    mpi_ops._require_init("broadcast_object")
     pset = process_set_id(process_set)
     prefix = f"{name}." if name else None
     mpi_ops.set_root(root_rank, pset, "broadcast_object")  # validates: a member of the set
@@ -59,10 +57,20 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=glob
     return pickle.loads(data.tobytes())
 
 
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+    """Horovod's TF1 helper: returns a function ``f(obj)`` that broadcasts
+    ``obj`` from ``root_rank`` (see :func:`broadcast_object`)."""
+    mpi_ops.set_root(root_rank, process_set_id(process_set), "broadcast_object_fn")
+
+    def broadcast_fn(obj):
+        return broadcast_object(obj, root_rank, session=session, name=name, process_set=process_set)
+    return broadcast_fn
+
+
 @tf.autograph.experimental.do_not_convert
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
-    """Returns the list of every rank's picklable ``obj``, in rank order (eager only)."""
-    _object_collective_guard("allgather_object")
+    """Returns the list of every rank's picklable ``obj``, in rank order."""
+    mpi_ops._require_init("allgather_object")
     pset = process_set_id(process_set)
     prefix = f"{name}." if name else None
     payload = _dumps(obj)
@@ -137,14 +145,16 @@ def _variable_name(v, i):
 
 
 @tf.autograph.experimental.do_not_convert
-def broadcast_variables(variables, root_rank, process_set=global_process_set, name=None):
+def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False,
+                        name=None):
     """Assigns ``root_rank``'s values to ``variables`` on every rank.
 
     Takes tf.Variable or Keras Variable objects (a list, or any nest). Eagerly
     the ranks first check that they pass the same list (names, shapes,
-    dtypes) and raise a clear error when they do not. Inside tf.function the
-    broadcast is one graph node followed by the assignments; the returned
-    group op is the last of them."""
+    dtypes) and raise a clear error when they do not. The broadcast is one op
+    for all variables, followed by the assignments; in a graph the returned
+    group op runs them. ``inplace`` is accepted for Horovod compatibility (the
+    values are always assigned in place)."""
     flat = tf.nest.flatten(variables)
     for v in flat:
         if not (isinstance(v, tf.Variable) or (mpi_ops._keras_variable_class() is not None
@@ -152,27 +162,39 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, na
             raise exceptions.InvalidArgumentError(
                 "hvdlite.tensorflow.broadcast_variables takes tf.Variable or keras.Variable "
                 f"objects, not {type(v).__module__}.{type(v).__name__}")
-    mpi_ops._require_init("broadcast_variables")
+    if not flat and not tf.executing_eagerly():
+        return tf.no_op()  # e.g. broadcast_global_variables() of a graph without variables
+    mpi_ops._start("broadcast_variables")
     pset = process_set_id(process_set)
     if tf.executing_eagerly():
         check_same_on_all_ranks(
             [(_variable_name(v, i), v.shape.as_list() if hasattr(v.shape, "as_list") else list(v.shape),
               _dtype_name(v)) for i, v in enumerate(flat)],
             "hvdlite.tensorflow.broadcast_variables", pset)
+    if not flat:
+        return None if tf.executing_eagerly() else tf.no_op()
     base = name or ("broadcast_variables" if tf.executing_eagerly()
                     else mpi_ops.graph_name("broadcast_variables"))
-    values = [tf.convert_to_tensor(v) for v in flat]
+    values = mpi_ops._tensors([tf.convert_to_tensor(v) for v in flat], "broadcast_variables")
     root = mpi_ops.set_root(root_rank, pset, "broadcast_variables")
-    jobs = []
-    for i, (v, t) in enumerate(zip(flat, values)):
-        mpi_ops._dtype_code(t.dtype, "broadcast_variables")
-        jobs.append(mpi_ops._Broadcast(f"{base}.{i}.{_variable_name(v, i)}", t.dtype, t.shape,
-                                       root, pset))
-    results = mpi_ops.run_group(jobs, values, "broadcast_variables")
+    names = [f"{base}.{i}.{_variable_name(v, i)}" for i, v in enumerate(flat)]
+    results = mpi_ops._broadcast_op(values, names, root, pset, grouped=True)
     assigns = [v.assign(r) for v, r in zip(flat, results)]
     if tf.executing_eagerly():
         return None
-    return tf.group(*[a for a in assigns if a is not None]) if assigns else tf.no_op()
+    return tf.group(*[a for a in assigns if a is not None])
+
+
+def broadcast_global_variables(root_rank):
+    """Broadcasts every global variable of the current tf.compat.v1 graph from
+    ``root_rank``; returns the op to run. TF2 code (eager) has no global
+    variables: use broadcast_variables(model.variables, root_rank) there."""
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "hvdlite.tensorflow.broadcast_global_variables() needs a tf.compat.v1 graph; eagerly "
+            "there are no global variables. Use "
+            "hvdlite.tensorflow.broadcast_variables(<model/optimizer variables>, root_rank) instead.")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
 def _dtype_name(v):

@@ -1,52 +1,51 @@
-"""Collectives on tf.Tensor / tf.Variable, eagerly and inside tf.function.
+"""Collectives on tf.Tensor / tf.Variable: eagerly, in tf.function and in
+tf.compat.v1 graphs.
 
-Every public call builds a *group* of engine jobs and runs it in one of two
-ways:
+Every collective is an op of hvdlite's TensorFlow op library
+(hvdlite/tensorflow/ops/, built and loaded by :mod:`.op_library`). Its kernels
+are asynchronous: they hand the tensors to the engine and return, and the
+engine's completion fills the outputs. So any number of independent
+collectives may run in one ``session.run`` or function, in any order, and
+errors reach TensorFlow with Horovod's classes (``tf.errors.InvalidArgumentError``
+for bad input, ``FailedPreconditionError`` when ranks disagree, ``AbortedError``
+once the engine has stopped). Argument rules come from :mod:`hvdlite.request`,
+shared with the other front ends; gradients are registered with Horovod's rules.
 
-- eagerly: the inputs are handed to the engine as NumPy views of the tensors'
-  own buffers (no copy), and the results come back to TF through DLPack from
-  64-byte aligned buffers (no copy either);
-- inside a graph (tf.function, compiled Keras): the whole group becomes one
-  ``tf.numpy_function(..., stateful=True)`` node. Stateful, so TF neither
-  prunes nor reorders it (auto control dependencies run hvdlite nodes in
-  program order on every rank), and the static shapes are restored with
-  ``set_shape``.
-
-Allreduce and broadcast write into separate, freshly allocated output buffers,
-never into the input: TF may let several tensors share one buffer.
+Engine names: an explicit ``name=`` is used as given. Otherwise eager calls
+let the engine number them (ranks make the same calls in the same order), and
+ops built into a graph get a name fixed when the graph is built (see
+:func:`graph_name`), since graph nodes may run in any order.
 """
+import sys
 import threading
 
-import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import ops as _tf_framework_ops
 from tensorflow.python.ops import control_flow_util as _control_flow_util
 
-from .. import _binding, exceptions
-from ..compression import Compression, NoneCompressor, as_spec
-from ..ops import Average, Max, Min, Product, Sum
-from ..process_sets import global_process_set, process_set_id, set_root_rank
+from .. import _binding, exceptions, request
+from ..compression import Compression
+from ..process_sets import global_process_set
+from ..request import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
+from . import op_library
+from .util import _executing_eagerly
 
-_ALIGN = 64
+_ops = op_library.load()
+
 # Public entry points are not converted by autograph when called from a
 # user's tf.function: they contain no tensor-dependent Python control flow,
 # and unconverted code lets hvdlite's own exceptions reach the user unchanged.
 _not_converted = tf.autograph.experimental.do_not_convert
-_OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product"}
-_FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-_NONE_SPEC = NoneCompressor().spec()
+_NO_COMPRESSION = (0, 0.0, 0)
 
 
 # --------------------------------------------------------------------------
-# Input checks and conversions
+# Inputs
 # --------------------------------------------------------------------------
 
 def _keras_variable_class():
-    import sys
     keras = sys.modules.get("keras")
-    if keras is None:
-        return None
-    return getattr(keras, "Variable", None)
+    return None if keras is None else getattr(keras, "Variable", None)
 
 
 def is_tf_value(x):
@@ -67,7 +66,7 @@ def _as_tensor(x, what):
             "dense tf.Tensor first (tf.sparse.to_dense / RaggedTensor.to_tensor)")
     if is_tf_value(x):
         return tf.convert_to_tensor(x)
-    if isinstance(x, np.ndarray):
+    if type(x).__module__ == "numpy":
         hint = f"for NumPy arrays use hvdlite.{what}, or pass tf.convert_to_tensor(array)"
     else:
         hint = "wrap the value with tf.constant(...) first"
@@ -76,55 +75,28 @@ def _as_tensor(x, what):
         f"{type(x).__module__}.{type(x).__name__}; {hint}")
 
 
-def _dtype_code(dtype, what):
-    code = _binding.DTYPE_CODES.get(dtype.name)
-    if code is None:
-        supported = ", ".join(_binding.DTYPE_CODES)
-        raise exceptions.UnsupportedDTypeError(
-            f"hvdlite.tensorflow.{what}: dtype {dtype.name} is not supported; use one of: {supported}")
-    return code
-
-
-def _check_op(op, what):
-    if op not in _OP_NAMES:
-        raise exceptions.InvalidArgumentError(
-            f"hvdlite.tensorflow.{what}: op must be one of hvdlite.tensorflow.Average, Sum, Min, "
-            f"Max, Product (got {op!r}); Adasum is not available in hvdlite")
-    return op
-
-
-def _resolve_op(op, average, what, default=Average):
-    if average is not None:
-        if op is not None:
-            raise exceptions.InvalidArgumentError(
-                f"hvdlite.tensorflow.{what}: pass either op= or the older average=, not both")
-        return Average if average else Sum
-    return _check_op(default if op is None else op, what)
+def _tensors(xs, what):
+    """Tensors of a collective, with dtypes the engine takes."""
+    out = [_as_tensor(x, what) for x in xs]
+    for t in out:
+        request.dtype_code(t.dtype.name, f"hvdlite.tensorflow.{what}")
+    return out
 
 
 def _set_size(process_set):
-    pid = process_set_id(process_set)
-    if pid == 0:
-        return _binding.check(_binding.lib.hvd_size())
-    return _binding.check(_binding.lib.hvd_process_set_size(pid))
+    return request.set_size(process_set)
 
 
-def set_root(root_rank, pset, what):
-    """Horovod's root_rank is a global rank; the engine wants the position in
-    the process set (validated, with a clear error for non-members)."""
-    return set_root_rank(root_rank, pset, f"hvdlite.tensorflow.{what}")
+def set_root(root_rank, process_set, what):
+    """Horovod's root_rank is a global rank; the op wants the position in the
+    process set (validated, with a clear error for non-members)."""
+    return request.root_in_set(root_rank, process_set, f"hvdlite.tensorflow.{what}")
 
 
 def _require_init(what):
     if not _binding.lib.hvd_is_initialized():
         raise exceptions.NotInitializedError(
             f"hvdlite.tensorflow.{what}: hvdlite is not initialised; call hvdlite.tensorflow.init() first")
-
-
-def _compression_for(dtype_name, compression):
-    """Compression applies to floating-point data only; other dtypes go plain."""
-    spec = as_spec(compression)
-    return spec if dtype_name in _FLOAT_DTYPES else _NONE_SPEC
 
 
 def in_xla_context():
@@ -139,235 +111,21 @@ def _check_not_xla(what):
     if in_xla_context():
         raise exceptions.InvalidArgumentError(
             f"hvdlite.tensorflow.{what} cannot run inside an XLA-compiled function "
-            "(jit_compile=True): hvdlite calls its engine through tf.numpy_function, which XLA "
-            "cannot compile. Use jit_compile=False for the function that communicates; with Keras, "
-            "model.compile(..., jit_compile=False), or add "
+            "(jit_compile=True): hvdlite's collectives are TensorFlow ops with CPU kernels only, "
+            "which XLA cannot compile. Use jit_compile=False for the function that communicates; "
+            "with Keras, model.compile(..., jit_compile=False), or add "
             "hvdlite.tensorflow.keras.callbacks.BroadcastGlobalVariablesCallback, which turns it "
             "off with a warning.")
 
 
-# --------------------------------------------------------------------------
-# Buffers
-# --------------------------------------------------------------------------
-
-def aligned_empty(shape, dtype):
-    """An uninitialised C-contiguous array whose data starts on a 64-byte boundary."""
-    dtype = np.dtype(dtype)
-    shape = tuple(int(d) for d in shape)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(nbytes + _ALIGN, dtype=np.uint8)
-    offset = (-raw.ctypes.data) % _ALIGN
-    return raw[offset:offset + nbytes].view(dtype).reshape(shape)
-
-
-def _engine_array(handle_id, dtype):
-    """The engine-allocated result of a handle as a NumPy array (no copy; the
-    array keeps the engine buffer alive)."""
-    owned, nbytes, shape = _binding.take_output(handle_id)
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    if nbytes == 0 or count == 0:
-        return np.empty(shape, dtype=dtype)
-    buf = _binding.ffi.buffer(owned, nbytes)
-    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
-
-
-def _eager_view(t):
-    """A NumPy view of an eager tensor's buffer (no copy on CPU)."""
-    return t._numpy()
-
-
-def to_tf(arr, dtype):
-    """An eager tf.Tensor over ``arr``'s buffer when it is 64-byte aligned
-    (DLPack, no copy); a copy otherwise."""
-    if arr.size and arr.flags.c_contiguous and arr.flags.writeable and arr.ctypes.data % _ALIGN == 0:
-        try:
-            if dtype == tf.bfloat16:
-                # DLPack has no bfloat16 in NumPy: move the bits as uint16.
-                bits = tf.experimental.dlpack.from_dlpack(arr.view(np.uint16).__dlpack__())
-                return tf.bitcast(bits, tf.bfloat16)
-            return tf.experimental.dlpack.from_dlpack(arr.__dlpack__())
-        except (BufferError, TypeError, ValueError, tf.errors.InvalidArgumentError):
-            pass
-    return tf.convert_to_tensor(arr, dtype=dtype)
+def _start(what):
+    _require_init(what)
+    if not tf.executing_eagerly():
+        _check_not_xla(what)
 
 
 # --------------------------------------------------------------------------
-# Jobs: one engine collective each, on NumPy arrays
-# --------------------------------------------------------------------------
-
-class _Job:
-    """One collective. ``n_in`` arrays go in; ``submit`` returns a Handle
-    whose result is a tuple of output arrays matching ``out_dtypes``."""
-
-    n_in = 1
-
-    def __init__(self, name, dtype, shape):
-        self.name = name
-        self.dtype = dtype              # tf.DType of the data input
-        self.np_dtype = dtype.as_numpy_dtype
-        self.code = _binding.DTYPE_CODES[dtype.name]
-        self.shape = shape              # tf.TensorShape (static) of the data input
-
-    def out_dtypes(self):
-        return [self.dtype]
-
-    def out_shapes(self):
-        return [self.shape]
-
-
-class _Allreduce(_Job):
-    def __init__(self, name, dtype, shape, op, prescale, postscale, compression, pset):
-        super().__init__(name, dtype, shape)
-        self.op, self.prescale, self.postscale = op, float(prescale), float(postscale)
-        self.compression, self.pset = compression, pset
-
-    def submit(self, arr):
-        out = aligned_empty(arr.shape, arr.dtype)
-        return _binding.enqueue(
-            _binding.ALLREDUCE, name=self.name, dtype_code=self.code, shape=arr.shape,
-            input_ptr=arr.ctypes.data, output_ptr=out.ctypes.data, reduce_op=self.op,
-            prescale=self.prescale, postscale=self.postscale, compression=self.compression,
-            process_set=self.pset, keep=(arr, out), finish=lambda _h: (out,))
-
-
-class _Broadcast(_Job):
-    def __init__(self, name, dtype, shape, root_rank, pset):
-        super().__init__(name, dtype, shape)
-        self.root_rank, self.pset = int(root_rank), pset
-
-    def submit(self, arr):
-        out = aligned_empty(arr.shape, arr.dtype)
-        return _binding.enqueue(
-            _binding.BROADCAST, name=self.name, dtype_code=self.code, shape=arr.shape,
-            input_ptr=arr.ctypes.data, output_ptr=out.ctypes.data, root_rank=self.root_rank,
-            process_set=self.pset, keep=(arr, out), finish=lambda _h: (out,))
-
-
-class _Allgather(_Job):
-    def __init__(self, name, dtype, shape, pset):
-        super().__init__(name, dtype, shape)
-        self.pset = pset
-
-    def out_shapes(self):
-        dims = self.shape.as_list() if self.shape.rank is not None else None
-        if dims is None:
-            return [tf.TensorShape(None)]
-        return [tf.TensorShape([None] + dims[1:] if dims else [None])]
-
-    def submit(self, arr):
-        if arr.ndim == 0:
-            arr = arr.reshape(1)
-        np_dtype = self.np_dtype
-        return _binding.enqueue(
-            _binding.ALLGATHER, name=self.name, dtype_code=self.code, shape=arr.shape,
-            input_ptr=arr.ctypes.data, process_set=self.pset, keep=arr,
-            finish=lambda h: (_engine_array(h, np_dtype),))
-
-
-class _Reducescatter(_Allgather):
-    def __init__(self, name, dtype, shape, op, prescale, postscale, compression, pset):
-        super().__init__(name, dtype, shape, pset)
-        self.op, self.prescale, self.postscale = op, float(prescale), float(postscale)
-        self.compression = compression
-
-    def submit(self, arr):
-        np_dtype = self.np_dtype
-        return _binding.enqueue(
-            _binding.REDUCESCATTER, name=self.name, dtype_code=self.code, shape=arr.shape,
-            input_ptr=arr.ctypes.data, reduce_op=self.op, prescale=self.prescale,
-            postscale=self.postscale, compression=self.compression, process_set=self.pset,
-            keep=arr, finish=lambda h: (_engine_array(h, np_dtype),))
-
-
-class _Alltoall(_Allgather):
-    def __init__(self, name, dtype, shape, pset, with_splits):
-        super().__init__(name, dtype, shape, pset)
-        self.n_in = 2 if with_splits else 1
-
-    def out_dtypes(self):
-        return [self.dtype, tf.int32]
-
-    def out_shapes(self):
-        return [super().out_shapes()[0], tf.TensorShape([None])]
-
-    def submit(self, arr, splits=None):
-        if splits is not None:
-            splits = [int(s) for s in np.asarray(splits).reshape(-1)]
-        np_dtype, pset = self.np_dtype, self.pset
-
-        def finish(h):
-            data = _engine_array(h, np_dtype)
-            n = _binding.lib.hvd_process_set_size(pset)
-            received = np.asarray(_binding.received_splits(h, n), dtype=np.int32)
-            return data, received
-
-        return _binding.enqueue(
-            _binding.ALLTOALL, name=self.name, dtype_code=self.code, shape=arr.shape,
-            input_ptr=arr.ctypes.data, splits=splits, process_set=pset, keep=arr, finish=finish)
-
-
-class _Barrier(_Job):
-    n_in = 0
-
-    def __init__(self, pset):
-        self.name = None
-        self.dtype = tf.int32
-        self.shape = tf.TensorShape([])
-        self.pset = pset
-
-    def submit(self):
-        return _binding.enqueue(_binding.BARRIER, dtype_code=0, shape=[], process_set=self.pset,
-                                finish=lambda _h: (np.zeros((), np.int32),))
-
-
-class _Join(_Barrier):
-    def submit(self):
-        result = _core_join()()
-        return _Done((np.asarray(-1 if result is None else result, dtype=np.int32),))
-
-
-class _Done:
-    """An already-finished result in Handle's shape."""
-
-    def __init__(self, result):
-        self._result = result
-
-    def wait(self):
-        return self._result
-
-
-def _execute(jobs, arrays):
-    """Submits every job, then waits for all; returns the flat output list.
-
-    All jobs are enqueued before the first wait so the engine can negotiate
-    and fuse them together. Runs on any thread (TF calls it from its own)."""
-    handles = []
-    # 0-d tensors come as NumPy scalars; everything else is a view already.
-    it = iter(a if isinstance(a, np.ndarray) else np.asarray(a) for a in arrays)
-    try:
-        for job in jobs:
-            handles.append(job.submit(*[next(it) for _ in range(job.n_in)]))
-    except BaseException:
-        for h in handles:  # let already-submitted work finish before unwinding
-            try:
-                h.wait()
-            except Exception:
-                pass
-        raise
-    outputs = []
-    error = None
-    for h in handles:
-        try:
-            outputs.extend(h.wait())
-        except Exception as e:  # wait for the rest so no buffer is freed early
-            error = error or e
-    if error is not None:
-        raise error
-    return outputs
-
-
-# --------------------------------------------------------------------------
-# Running a group eagerly or as one graph node
+# Names
 # --------------------------------------------------------------------------
 
 _graph_counter_lock = threading.Lock()
@@ -381,13 +139,12 @@ def _outermost_graph():
 
 
 def graph_name(kind):
-    """A name for an unnamed collective built inside a graph.
+    """A name for an unnamed collective built into a graph.
 
-    Eager calls leave naming to the engine (ranks making the same sequence of
-    calls get matching names). Inside a graph the run order of nodes is not
-    the trace order, so names are fixed at trace time: the outermost
-    function's name plus a counter of hvdlite nodes in that function. Both
-    are the same on every rank, and the same again after a retrace."""
+    Graph nodes run in any order, so the engine cannot number them as they
+    arrive; the name is fixed when the graph is built instead: the outermost
+    graph's name plus a counter of hvdlite ops built into it. Both are the
+    same on every rank building the same graph, and again after a retrace."""
     graph = _outermost_graph()
     with _graph_counter_lock:
         count = getattr(graph, "_hvdlite_node_count", 0)
@@ -395,89 +152,156 @@ def graph_name(kind):
     return f"tf.{getattr(graph, 'name', 'graph')}.{kind}.{count}"
 
 
-def run_group(jobs, inputs, what):
-    """Runs ``jobs`` over the flat tensor list ``inputs``; returns the flat
-    list of output tensors (static shapes restored in graphs)."""
-    if not jobs:
-        return []
-    _require_init(what)
-    out_dtypes = [d for job in jobs for d in job.out_dtypes()]
-    if tf.executing_eagerly():
-        arrays = [_eager_view(t) for t in inputs]
-        outputs = _execute(jobs, arrays)
-        return [to_tf(a, d) for a, d in zip(outputs, out_dtypes)]
-    _check_not_xla(what)
-
-    def body(*arrays):
-        return _execute(jobs, arrays)
-
-    outputs = tf.numpy_function(body, list(inputs), out_dtypes, stateful=True,
-                                name=f"Hvdlite{what.title().replace('_', '')}")
-    if not isinstance(outputs, (list, tuple)):
-        outputs = [outputs]
-    outputs = list(outputs)
-    shapes = [s for job in jobs for s in job.out_shapes()]
-    for out, shape in zip(outputs, shapes):
-        out.set_shape(shape)
-    return outputs
+def _names(name, n, kind, grouped):
+    """Engine names of an op's ``n`` tensors ([] lets the engine name them)."""
+    if name is None:
+        if tf.executing_eagerly():
+            return []
+        name = graph_name(kind)
+    name = str(name)
+    return [f"{name}.{i}" for i in range(n)] if grouped else [name] * n
 
 
-def _name_for(name, kind):
-    if name is not None:
-        return str(name)
-    if tf.executing_eagerly():
-        return None
-    return graph_name(kind)
+def _suffixed(names, suffix):
+    return [f"{n}.{suffix}" for n in names]
+
+
+# --------------------------------------------------------------------------
+# Op builders (also used by the gradients): tensors -> op outputs
+# --------------------------------------------------------------------------
+
+def _reduce_attrs(op, prescale, postscale, spec):
+    code, ratio, error_feedback = spec
+    return dict(reduce_op=int(op), prescale_factor=float(prescale),
+                postscale_factor=float(postscale), compression=int(code),
+                topk_ratio=float(ratio), error_feedback=bool(error_feedback))
+
+
+def _allreduce_op(tensors, names, op, prescale, postscale, spec, pset, grouped):
+    attrs = _reduce_attrs(op, prescale, postscale, spec)
+    if not grouped:
+        return [_ops.hvdlite_allreduce(tensors[0], tensor_names=names, process_set_id=pset, **attrs)]
+    return list(_ops.hvdlite_grouped_allreduce(tensors, tensor_names=names, process_set_id=pset,
+                                               **attrs))
+
+
+def _allgather_op(tensors, names, pset, grouped):
+    if not grouped:
+        return [_ops.hvdlite_allgather(tensors[0], tensor_names=names, process_set_id=pset)]
+    return list(_ops.hvdlite_grouped_allgather(tensors, tensor_names=names, process_set_id=pset))
+
+
+def _broadcast_op(tensors, names, root, pset, grouped):
+    if not grouped:
+        return [_ops.hvdlite_broadcast(tensors[0], root_rank=root, tensor_names=names,
+                                       process_set_id=pset)]
+    return list(_ops.hvdlite_grouped_broadcast(tensors, root_rank=root, tensor_names=names,
+                                               process_set_id=pset))
+
+
+def _reducescatter_op(tensors, names, op, prescale, postscale, spec, pset, grouped):
+    attrs = _reduce_attrs(op, prescale, postscale, spec)
+    if not grouped:
+        return [_ops.hvdlite_reducescatter(tensors[0], tensor_names=names, process_set_id=pset,
+                                           **attrs)]
+    return list(_ops.hvdlite_grouped_reducescatter(tensors, tensor_names=names,
+                                                   process_set_id=pset, **attrs))
+
+
+def _alltoall_op(tensor, splits, names, pset):
+    out, received = _ops.hvdlite_alltoall(tensor, splits, tensor_names=names, process_set_id=pset)
+    return out, received
+
+
+# --------------------------------------------------------------------------
+# Reductions with compression
+# --------------------------------------------------------------------------
+
+def _reduce(build, tensors, names, op, prescale, postscale, compression, what, grouped):
+    """Runs ``build`` (an allreduce or reducescatter builder) over dense
+    tensors with ``compression``: an engine compressor as the op's attribute
+    (one op per kind of tensor, compressible or not), or a user's compressor
+    applied here around an uncompressed op."""
+    for t in tensors:
+        request.check_reduction(op, t.dtype.name, f"hvdlite.tensorflow.{what}")
+    prescale = request.factor(prescale, "prescale_factor", what)
+    postscale = request.factor(postscale, "postscale_factor", what)
+    spec, python_compressor = request.split_compression(compression, what)
+    contexts = None
+    if python_compressor is not None:
+        pairs = [python_compressor.compress(t) for t in tensors]
+        tensors, contexts = [p[0] for p in pairs], [p[1] for p in pairs]
+    parts = [[i for i, t in enumerate(tensors) if request.compresses(spec, t.dtype.name) == flag]
+             for flag in (True, False)]
+    outs = [None] * len(tensors)
+    for indices, part_spec in zip(parts, (spec, _NO_COMPRESSION)):
+        if not indices:
+            continue
+        part_names = [names[i] for i in indices] if names else []
+        results = build([tensors[i] for i in indices], part_names, op, prescale, postscale,
+                        part_spec, grouped)
+        for i, r in zip(indices, results):
+            outs[i] = r
+    if contexts is not None:
+        outs = [python_compressor.decompress(o, c) for o, c in zip(outs, contexts)]
+    return outs
+
+
+def _gather_slices(slices, names, pset):
+    """Every rank's (values, indices) of each tf.IndexedSlices, in one op."""
+    values = _tensors([s.values for s in slices], "allreduce")
+    indices = _tensors([s.indices for s in slices], "allreduce")
+    gathered = _allgather_op(values + indices,
+                             _suffixed(names, "values") + _suffixed(names, "indices")
+                             if names else [], pset, grouped=True)
+    n = len(slices)
+    return gathered[:n], gathered[n:]
+
+
+def _average_values(values, size):
+    """Horovod's Average of sparse values: divided by the set size with
+    TensorFlow's true division (integer values become floating point)."""
+    return tf.math.truediv(values, tf.cast(size, values.dtype))
+
+
+def _sparse_allreduce(slices, names, op, prescale, postscale, pset, what):
+    request.sparse_rule(op, prescale, postscale, f"hvdlite.tensorflow.{what}")
+    values, indices = _gather_slices(slices, names, pset)
+    size = request.set_size(pset)
+    out = []
+    for s, v, i in zip(slices, values, indices):
+        if op == Average:
+            v = _average_values(v, size)
+        out.append(tf.IndexedSlices(v, i, dense_shape=s.dense_shape))
+    return out
+
+
+def _reduce_mixed(tensors, name, op, prescale, postscale, compression, pset, what, grouped):
+    """Dense tensors in one reducing op, tf.IndexedSlices gathered; results in order."""
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    names = _names(name, len(tensors), "allreduce", grouped)
+    outs = [None] * len(tensors)
+    if sparse:
+        for i, r in zip(sparse, _sparse_allreduce([tensors[i] for i in sparse],
+                                                  [names[i] for i in sparse] if names else [],
+                                                  op, prescale, postscale, pset, what)):
+            outs[i] = r
+    if dense:
+        ts = _tensors([tensors[i] for i in dense], what)
+
+        def build(xs, ns, op_, pre, post, spec, grouped_):
+            return _allreduce_op(xs, ns, op_, pre, post, spec, pset, grouped_)
+        results = _reduce(build, ts, [names[i] for i in dense] if names else [], op, prescale,
+                          postscale, compression, what, grouped)
+        for i, r in zip(dense, results):
+            outs[i] = r
+    return outs
 
 
 # --------------------------------------------------------------------------
 # Public collectives
 # --------------------------------------------------------------------------
-
-def _reduce_jobs(tensor, name, op, prescale, postscale, compression, pset, what):
-    """Jobs and input tensors reducing one dense tensor or IndexedSlices.
-
-    Returns (jobs, inputs, rebuild) where rebuild(outputs) gives the result."""
-    if isinstance(tensor, tf.IndexedSlices):
-        if op not in (Average, Sum):
-            raise exceptions.InvalidArgumentError(
-                f"hvdlite.tensorflow.{what}: tf.IndexedSlices can only be averaged or summed "
-                f"(got op={_OP_NAMES.get(op, op)}); densify with tf.convert_to_tensor first")
-        values = _as_tensor(tensor.values, what)
-        indices = tf.cast(tensor.indices, tf.int64)
-        _dtype_code(values.dtype, what)
-        jobs = [_Allgather(None if name is None else f"{name}.values", values.dtype, values.shape, pset),
-                _Allgather(None if name is None else f"{name}.indices", tf.int64, indices.shape, pset)]
-        n = _set_size(pset)
-        dense_shape = tensor.dense_shape
-        scale = float(prescale) * float(postscale) / (n if op == Average else 1)
-
-        def rebuild(outs):
-            vals, idx = outs
-            if scale != 1.0:
-                vals = vals * tf.cast(scale, vals.dtype)
-            return tf.IndexedSlices(vals, tf.cast(idx, tensor.indices.dtype), dense_shape)
-
-        return jobs, [values, indices], rebuild
-    t = _as_tensor(tensor, what)
-    _dtype_code(t.dtype, what)
-    job = _Allreduce(name, t.dtype, t.shape, op, prescale, postscale,
-                     _compression_for(t.dtype.name, compression), pset)
-    return [job], [t], lambda outs: outs[0]
-
-
-def _run_reductions(items, what):
-    """items: list of (jobs, inputs, rebuild); one group for all."""
-    jobs = [j for it in items for j in it[0]]
-    inputs = [t for it in items for t in it[1]]
-    outputs = run_group(jobs, inputs, what)
-    results, pos = [], 0
-    for its_jobs, _, rebuild in items:
-        n = sum(len(j.out_dtypes()) for j in its_jobs)
-        results.append(rebuild(outputs[pos:pos + n]))
-        pos += n
-    return results
-
 
 @_not_converted
 def allreduce(tensor, average=None, device_dense="", device_sparse="",
@@ -485,176 +309,314 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
               name=None, process_set=global_process_set, ignore_name_scope=False):
     """Reduces ``tensor`` over the ranks of ``process_set`` (default: average).
 
-    ``tensor`` is a tf.Tensor, tf.Variable or tf.IndexedSlices (gathered from
-    all ranks, values averaged or summed). Works eagerly and in tf.function.
-    ``device_dense``/``device_sparse``/``ignore_name_scope`` are accepted for
-    Horovod compatibility and ignored."""
-    op = _resolve_op(op, average, "allreduce")
-    pset = process_set_id(process_set)
-    item = _reduce_jobs(tensor, _name_for(name, "allreduce"), op, prescale_factor,
-                        postscale_factor, compression, pset, "allreduce")
-    return _run_reductions([item], "allreduce")[0]
+    ``tensor`` is a tf.Tensor, tf.Variable or tf.IndexedSlices (every rank's
+    values and indices are gathered; Sum or Average only, without pre/postscale,
+    as in Horovod). ``device_dense``/``device_sparse``/``ignore_name_scope`` are
+    accepted for Horovod compatibility and ignored."""
+    what = "allreduce"
+    op = request.resolve_op(op, average, f"hvdlite.tensorflow.{what}")
+    _start(what)
+    return _reduce_mixed([tensor], name, op, prescale_factor, postscale_factor, compression,
+                         request.set_id(process_set), what, grouped=False)[0]
 
 
 @_not_converted
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       compression=Compression.none, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0, name=None, process_set=global_process_set):
-    """Reduces a list of tensors as one group (one graph node, submitted to
-    the engine together so they can be fused). Returns a list."""
+                      postscale_factor=1.0, process_set=global_process_set,
+                      ignore_name_scope=False, name=None):
+    """Reduces a list of tensors (dense and tf.IndexedSlices may mix) as one
+    op, submitted to the engine together so it can fuse them. Returns a list."""
+    what = "grouped_allreduce"
     if not isinstance(tensors, (list, tuple)):
         raise exceptions.InvalidArgumentError(
-            f"hvdlite.tensorflow.grouped_allreduce takes a list of tensors, not {type(tensors).__name__}")
-    op = _resolve_op(op, average, "grouped_allreduce")
-    pset = process_set_id(process_set)
-    base = _name_for(name, "grouped_allreduce")
-    items = [_reduce_jobs(t, None if base is None else f"{base}.{i}", op, prescale_factor,
-                          postscale_factor, compression, pset, "grouped_allreduce")
-             for i, t in enumerate(tensors)]
-    return _run_reductions(items, "grouped_allreduce")
+            f"hvdlite.tensorflow.{what} takes a list of tensors, not {type(tensors).__name__}")
+    op = request.resolve_op(op, average, f"hvdlite.tensorflow.{what}")
+    if not tensors:
+        return list(tensors)
+    _start(what)
+    return _reduce_mixed(list(tensors), name, op, prescale_factor, postscale_factor, compression,
+                         request.set_id(process_set), what, grouped=True)
 
 
 @_not_converted
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Concatenates every rank's ``tensor`` along the first dimension (which
-    may differ by rank; the others must agree)."""
-    t = _as_tensor(tensor, "allgather")
-    _dtype_code(t.dtype, "allgather")
-    job = _Allgather(_name_for(name, "allgather"), t.dtype, t.shape, process_set_id(process_set))
-    return run_group([job], [t], "allgather")[0]
+    may differ by rank; the others must agree). A scalar counts as one row."""
+    _start("allgather")
+    t = _tensors([tensor], "allgather")
+    return _allgather_op(t, _names(name, 1, "allgather", False), request.set_id(process_set),
+                         grouped=False)[0]
 
 
 @_not_converted
-def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    """allgather for a list of tensors as one group; returns a list."""
-    ts = [_as_tensor(t, "grouped_allgather") for t in tensors]
-    base = _name_for(name, "grouped_allgather")
-    pset = process_set_id(process_set)
-    jobs = []
-    for i, t in enumerate(ts):
-        _dtype_code(t.dtype, "grouped_allgather")
-        jobs.append(_Allgather(None if base is None else f"{base}.{i}", t.dtype, t.shape, pset))
-    return run_group(jobs, ts, "grouped_allgather")
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """allgather of each tensor of a list, as one op; returns a list."""
+    _start("grouped_allgather")
+    ts = _tensors(tensors, "grouped_allgather")
+    if not ts:
+        return []
+    return _allgather_op(ts, _names(name, len(ts), "grouped_allgather", True),
+                         request.set_id(process_set), grouped=True)
 
 
 @_not_converted
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Returns ``root_rank``'s ``tensor`` on every rank of the set
     (``root_rank`` is a global rank, as in Horovod)."""
-    t = _as_tensor(tensor, "broadcast")
-    _dtype_code(t.dtype, "broadcast")
-    pset = process_set_id(process_set)
-    job = _Broadcast(_name_for(name, "broadcast"), t.dtype, t.shape,
-                     set_root(root_rank, pset, "broadcast"), pset)
-    return run_group([job], [t], "broadcast")[0]
+    _start("broadcast")
+    t = _tensors([tensor], "broadcast")
+    pset = request.set_id(process_set)
+    return _broadcast_op(t, _names(name, 1, "broadcast", False),
+                         set_root(root_rank, pset, "broadcast"), pset, grouped=False)[0]
+
+
+def _is_resource_variable(v):
+    from tensorflow.python.ops import resource_variable_ops
+    return resource_variable_ops.is_resource_variable(v)
+
+
+@_not_converted
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Assigns ``root_rank``'s values to ``variables`` (tf.Variable, resource
+    or tf.compat.v1 reference variables) on every rank; returns their new
+    values. One op for the whole list."""
+    what = "broadcast_"
+    variables = list(variables)
+    for v in variables:
+        if not isinstance(v, tf.Variable):
+            raise exceptions.InvalidArgumentError(
+                f"hvdlite.tensorflow.{what} takes tf.Variable objects, not "
+                f"{type(v).__module__}.{type(v).__name__}; use broadcast() for tensors")
+    _start(what)
+    if not variables:
+        return []
+    pset = request.set_id(process_set)
+    values = _tensors([v.value() for v in variables], what)
+    results = _broadcast_op(values, _names(name, len(values), what, True),
+                            set_root(root_rank, pset, what), pset, grouped=True)
+    if tf.executing_eagerly():
+        for v, r in zip(variables, results):
+            v.assign(r)
+        return [v.read_value() for v in variables]
+    assigns = [v.assign(r, read_value=False) for v, r in zip(variables, results)]
+    with tf.control_dependencies(assigns):
+        return [v.read_value() if _is_resource_variable(v) else tf.identity(v) for v in variables]
+
+
+def _splits_tensor(splits, what):
+    """Alltoall splits as an int32/int64 tensor (empty: equal parts)."""
+    if splits is None:
+        return tf.constant([], dtype=tf.int32)
+    if isinstance(splits, (tf.Tensor, tf.Variable)):
+        if splits.dtype not in (tf.int32, tf.int64):
+            raise exceptions.UnsupportedDTypeError(
+                f"hvdlite.tensorflow.{what}: splits must be an int32 or int64 tensor, not "
+                f"{splits.dtype.name}")
+        return tf.convert_to_tensor(splits)
+    return tf.constant(request.splits_list(splits, f"hvdlite.tensorflow.{what}"), dtype=tf.int64)
 
 
 @_not_converted
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Sends ``splits[i]`` rows of ``tensor`` (in order) to rank i. Returns
-    ``(received rows concatenated in rank order, int32 rows received from each
-    rank)``. Without ``splits`` the first dimension is divided equally."""
-    t = _as_tensor(tensor, "alltoall")
-    _dtype_code(t.dtype, "alltoall")
-    inputs = [t]
-    if splits is not None:
-        if is_tf_value(splits):
-            splits = tf.cast(_as_tensor(splits, "alltoall"), tf.int64)
-        else:
-            splits = tf.constant(np.asarray(splits, dtype=np.int64).reshape(-1))
-        inputs.append(splits)
-    job = _Alltoall(_name_for(name, "alltoall"), t.dtype, t.shape, process_set_id(process_set),
-                    splits is not None)
-    data, received = run_group([job], inputs, "alltoall")
-    return data, received
+    """Sends ``splits[i]`` rows of ``tensor`` (in order) to rank i and returns
+    the rows received, concatenated in rank order. Without ``splits`` the first
+    dimension is divided equally (it must divide by the set size). With
+    ``splits``, returns ``(rows, received_splits)`` as Horovod does: int32 rows
+    received from each rank."""
+    what = "alltoall"
+    _start(what)
+    t = _tensors([tensor], what)[0]
+    out, received = _alltoall_op(t, _splits_tensor(splits, what), _names(name, 1, what, False),
+                                 request.set_id(process_set))
+    return out if splits is None else (out, received)
+
+
+def _reducescatter_builder(pset):
+    def build(xs, names, op, pre, post, spec, grouped):
+        return _reducescatter_op(xs, names, op, pre, post, spec, pset, grouped)
+    return build
 
 
 @_not_converted
 def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
-                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0,
-                  ignore_name_scope=False):
+                  process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
+                  postscale_factor=1.0):
     """Reduces ``tensor`` over ranks and returns this rank's block of rows
     (rows split as evenly as possible, earlier ranks taking one more)."""
-    _check_op(op, "reducescatter")
-    t = _as_tensor(tensor, "reducescatter")
-    _dtype_code(t.dtype, "reducescatter")
-    job = _Reducescatter(_name_for(name, "reducescatter"), t.dtype, t.shape, op, prescale_factor,
-                         postscale_factor, _compression_for(t.dtype.name, compression),
-                         process_set_id(process_set))
-    return run_group([job], [t], "reducescatter")[0]
+    what = "reducescatter"
+    op = request.resolve_op(op, None, f"hvdlite.tensorflow.{what}")
+    _start(what)
+    t = _tensors([tensor], what)
+    pset = request.set_id(process_set)
+    return _reduce(_reducescatter_builder(pset), t, _names(name, 1, what, False), op,
+                   prescale_factor, postscale_factor, compression, what, grouped=False)[0]
 
 
 @_not_converted
 def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
                           name=None, process_set=global_process_set, prescale_factor=1.0,
-                          postscale_factor=1.0):
-    """reducescatter for a list of tensors as one group; returns a list."""
-    _check_op(op, "grouped_reducescatter")
-    ts = [_as_tensor(t, "grouped_reducescatter") for t in tensors]
-    base = _name_for(name, "grouped_reducescatter")
-    pset = process_set_id(process_set)
-    jobs = []
-    for i, t in enumerate(ts):
-        _dtype_code(t.dtype, "grouped_reducescatter")
-        jobs.append(_Reducescatter(None if base is None else f"{base}.{i}", t.dtype, t.shape, op,
-                                   prescale_factor, postscale_factor,
-                                   _compression_for(t.dtype.name, compression), pset))
-    return run_group(jobs, ts, "grouped_reducescatter")
+                          postscale_factor=1.0, ignore_name_scope=False):
+    """reducescatter of each tensor of a list, as one op; returns a list."""
+    what = "grouped_reducescatter"
+    op = request.resolve_op(op, None, f"hvdlite.tensorflow.{what}")
+    _start(what)
+    ts = _tensors(tensors, what)
+    if not ts:
+        return []
+    pset = request.set_id(process_set)
+    return _reduce(_reducescatter_builder(pset), ts, _names(name, len(ts), what, True), op,
+                   prescale_factor, postscale_factor, compression, what, grouped=True)
 
 
 @_not_converted
 def barrier(process_set=global_process_set):
-    """Returns once every rank of the set has reached it (eager: None; in a
-    graph: an int32 tensor the graph keeps because the node is stateful)."""
-    out = run_group([_Barrier(process_set_id(process_set))], [], "barrier")[0]
-    return None if tf.executing_eagerly() else out
-
-
-def _core_join():
-    import hvdlite
-    core = getattr(hvdlite, "join", None)
-    if core is None:
-        raise exceptions.HvdliteError(
-            "hvdlite.tensorflow.join() needs hvdlite.join() from the engine, which this build "
-            "does not provide yet")
-    return core
+    """Returns once every rank of the set has reached it (eagerly: None; in a
+    graph: the op to run)."""
+    _start("barrier")
+    result = _ops.hvdlite_barrier(process_set_id=request.set_id(process_set))
+    return None if tf.executing_eagerly() else result
 
 
 @_not_converted
 def join(device=""):
-    """Marks this rank as done with its data (uneven inputs): it takes part in
-    the other ranks' collectives with neutral values until every rank has
-    joined. Returns the rank that joined last, as an int32 tensor."""
-    _core_join()
-    return run_group([_Join(0)], [], "join")[0]
+    """Marks this rank as done with its data (uneven inputs): while other
+    ranks go on, it takes part in their allreduces with zeros. Completes once
+    every rank has joined and returns the rank that joined last, as an int32
+    scalar tensor."""
+    _start("join")
+    return _ops.hvdlite_join(process_set_id=0)
 
 
-def size_op(process_set_id=0):
-    """The number of ranks, as an int32 tensor."""
-    return tf.constant(_set_size(process_set_id), dtype=tf.int32)
+def size_op(process_set_id=0, name=None):
+    """The number of ranks of the process set, as an int32 tensor."""
+    return tf.constant(_set_size(process_set_id), dtype=tf.int32, name=name)
 
 
-def rank_op():
-    return tf.constant(_binding.check(_binding.lib.hvd_rank()), dtype=tf.int32)
+def rank_op(name=None):
+    return tf.constant(_binding.check(_binding.lib.hvd_rank()), dtype=tf.int32, name=name)
 
 
-def local_rank_op():
-    return tf.constant(_binding.check(_binding.lib.hvd_local_rank()), dtype=tf.int32)
+def local_rank_op(name=None):
+    return tf.constant(_binding.check(_binding.lib.hvd_local_rank()), dtype=tf.int32, name=name)
 
 
-def local_size_op():
-    return tf.constant(_binding.check(_binding.lib.hvd_local_size()), dtype=tf.int32)
+def local_size_op(name=None):
+    return tf.constant(_binding.check(_binding.lib.hvd_local_size()), dtype=tf.int32, name=name)
 
 
-def process_set_included_op(process_set_id=0):
-    pid = process_set_id
-    rank_in_set = _binding.lib.hvd_process_set_rank(pid)
-    return tf.constant(1 if rank_in_set >= 0 else 0, dtype=tf.int32)
+def process_set_included_op(process_set_id=0, name=None):
+    rank_in_set = _binding.lib.hvd_process_set_rank(process_set_id)
+    return tf.constant(1 if rank_in_set >= 0 else 0, dtype=tf.int32, name=name)
+
+
+# --------------------------------------------------------------------------
+# Gradients (Horovod's rules)
+# --------------------------------------------------------------------------
+
+def _grad_names(kind, n, grouped):
+    return _names(None, n, f"grad.{kind}", grouped)
+
+
+def _dense(grads, op):
+    """Incoming gradients as dense tensors; zeros for outputs without one
+    (every rank must still take part in the gradient's collective)."""
+    out = []
+    for i, g in enumerate(grads):
+        if g is None:
+            g = tf.zeros_like(op.outputs[i])
+        elif isinstance(g, tf.IndexedSlices):
+            g = tf.convert_to_tensor(g)
+        out.append(g)
+    return out
+
+
+def _reduce_attrs_of(op):
+    return (op.get_attr("reduce_op"), op.get_attr("prescale_factor"),
+            op.get_attr("postscale_factor"))
+
+
+def _allreduce_grad(op, *grads):
+    """The gradient of a reduction is the same reduction of the gradient."""
+    grads = _dense(grads, op)
+    reduce_op, pre, post = _reduce_attrs_of(op)
+    grouped = op.type != "HvdliteAllreduce"
+    return _allreduce_op(grads, _grad_names("allreduce", len(grads), grouped), reduce_op, pre,
+                         post, _NO_COMPRESSION, op.get_attr("process_set_id"), grouped)
+
+
+def _allgather_grad(op, *grads):
+    """Averaged over the ranks, then each rank takes the rows it contributed."""
+    grads = _dense(grads, op)
+    pset = op.get_attr("process_set_id")
+    grouped = op.type != "HvdliteAllgather"
+    n = len(grads)
+    reduced = _allreduce_op(grads, _grad_names("allgather", n, grouped), Average, 1.0, 1.0,
+                            _NO_COMPRESSION, pset, grouped)
+    rows = [tf.reshape(tf.shape(x)[0], [1]) if x.shape.rank != 0 else tf.ones([1], tf.int32)
+            for x in op.inputs]
+    counts = _allgather_op(rows, _grad_names("allgather.rows", n, grouped), pset, grouped)
+    size, me = request.set_size(pset), request.set_rank(pset)
+    out = []
+    for x, g, c in zip(op.inputs, reduced, counts):
+        mine = tf.split(g, tf.reshape(c, [size]), num=size, axis=0)[me]
+        out.append(tf.reshape(mine, tf.shape(x)) if x.shape.rank == 0 else mine)
+    return out
+
+
+def _broadcast_grad(op, *grads):
+    """Averaged over the ranks on the root; zero elsewhere."""
+    grads = _dense(grads, op)
+    pset = op.get_attr("process_set_id")
+    grouped = op.type != "HvdliteBroadcast"
+    reduced = _allreduce_op(grads, _grad_names("broadcast", len(grads), grouped), Average, 1.0,
+                            1.0, _NO_COMPRESSION, pset, grouped)
+    if request.set_rank(pset) != op.get_attr("root_rank"):
+        # Multiplied, not replaced by zeros: the result must depend on the
+        # allreduce, or a session would prune it on this rank only.
+        reduced = [g * tf.zeros([], g.dtype) for g in reduced]
+    return reduced
+
+
+def _alltoall_grad(op, grad, _received_splits_grad):
+    """The rows go back where they came from."""
+    grad = _dense([grad], op)[0]
+    back, _ = _alltoall_op(grad, op.outputs[1], _grad_names("alltoall", 1, False),
+                           op.get_attr("process_set_id"))
+    return [back, None]
+
+
+def _reducescatter_grad(op, *grads):
+    """Gathered back; scaled by the set size for Sum (not divided for Average,
+    as Horovod does) and by the pre/postscale factors."""
+    grads = _dense(grads, op)
+    pset = op.get_attr("process_set_id")
+    reduce_op, pre, post = _reduce_attrs_of(op)
+    scale = (request.set_size(pset) if reduce_op == Sum else 1.0) * pre * post
+    if scale != 1.0:
+        grads = [g * tf.cast(scale, g.dtype) for g in grads]
+    grouped = op.type != "HvdliteReducescatter"
+    return _allgather_op(grads, _grad_names("reducescatter", len(grads), grouped), pset, grouped)
+
+
+for _type, _fn in (("HvdliteAllreduce", _allreduce_grad),
+                   ("HvdliteGroupedAllreduce", _allreduce_grad),
+                   ("HvdliteAllgather", _allgather_grad),
+                   ("HvdliteGroupedAllgather", _allgather_grad),
+                   ("HvdliteBroadcast", _broadcast_grad),
+                   ("HvdliteGroupedBroadcast", _broadcast_grad),
+                   ("HvdliteAlltoall", _alltoall_grad),
+                   ("HvdliteReducescatter", _reducescatter_grad),
+                   ("HvdliteGroupedReducescatter", _reducescatter_grad)):
+    tf.RegisterGradient(_type)(_fn)
+for _type in ("HvdliteBarrier", "HvdliteJoin"):
+    tf.no_gradient(_type)
 
 
 __all__ = [
-    "Average", "Sum", "Min", "Max", "Product", "allreduce", "grouped_allreduce", "allgather",
-    "grouped_allgather", "broadcast", "alltoall", "reducescatter", "grouped_reducescatter",
-    "barrier", "join", "size_op", "rank_op", "local_rank_op", "local_size_op",
-    "process_set_included_op", "is_tf_value", "in_xla_context", "aligned_empty", "to_tf",
+    "Average", "Sum", "Min", "Max", "Product", "Adasum", "allreduce", "grouped_allreduce",
+    "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter",
+    "grouped_reducescatter", "barrier", "join", "size_op", "rank_op", "local_rank_op",
+    "local_size_op", "process_set_included_op", "is_tf_value", "in_xla_context", "graph_name",
+    "_executing_eagerly",
 ]

@@ -1,7 +1,8 @@
 """Gradient reduction shared by DistributedGradientTape and the Keras
-DistributedOptimizer: one group (one engine submission, one graph node) per
-call, stable names so the engine's response cache and error-feedback
-residuals see the same tensor every step."""
+DistributedOptimizer: one op per call (every dense gradient submitted to the
+engine together, tf.IndexedSlices gathered in one more), stable names so the
+engine's response cache and error-feedback residuals see the same tensor every
+step."""
 import tensorflow as tf
 
 from .. import request
@@ -9,6 +10,9 @@ from ..compression import Compression
 from ..ops import Average
 from ..process_sets import global_process_set, process_set_id
 from . import functions, mpi_ops
+
+# Ops a gradient may be reduced with (Adasum runs in the engine).
+_GRADIENT_OPS = (request.Average, request.Sum, request.Adasum)
 
 
 class ReduceSettings:
@@ -18,19 +22,22 @@ class ReduceSettings:
     def __init__(self, op=Average, compression=Compression.none, gradient_predivide_factor=1.0,
                  sparse_as_dense=False, process_set=global_process_set, postscale=1.0,
                  what="DistributedGradientTape"):
-        self.op = request.gradient_op(op, what)
-        _, self.python_compressor = request.split_compression(compression, what)
-        # A user's compress()/decompress() runs here, around an uncompressed reduction.
-        self.compression = Compression.none if self.python_compressor else compression
+        self.op = request.gradient_op(op, what, allowed=_GRADIENT_OPS)
+        request.split_compression(compression, what)  # raises clearly on a bad compression object
+        # A user's compress()/decompress() runs in the reduction, around an
+        # uncompressed op (mpi_ops._reduce); engine compressors run in the engine.
+        self.compression = compression
         self.predivide = request.predivide_factor(gradient_predivide_factor, self.op, what)
         self.sparse_as_dense = bool(sparse_as_dense)
         self.process_set = process_set
         self.pset = process_set_id(process_set)
-        self.postscale = float(postscale)
+        self.postscale = request.factor(postscale, "postscale", what)
         self.what = what
 
     def engine_op(self):
-        """(reduce op, prescale, postscale) for dense tensors."""
+        """(reduce op, prescale, postscale) for dense tensors: with a predivide
+        factor f, x / f is averaged and the average multiplied by f (the same
+        average, with smaller partial sums)."""
         return request.gradient_scales(self.op, self.predivide, self.postscale)
 
 
@@ -43,6 +50,22 @@ def source_name(source):
         n = source.name
         return n[:-2] if n.endswith(":0") else n
     return ""
+
+
+def _reduce_sparse(slices, names, settings):
+    """tf.IndexedSlices: every rank's values and indices gathered (the
+    predivide factor does not apply), values averaged and scaled here."""
+    request.sparse_rule(settings.op, 1.0, 1.0, settings.what)
+    values, indices = mpi_ops._gather_slices(slices, names, settings.pset)
+    size = request.set_size(settings.pset)
+    out = []
+    for s, v, i in zip(slices, values, indices):
+        if settings.op == Average:
+            v = mpi_ops._average_values(v, size)
+        if settings.postscale != 1.0:
+            v = v * tf.cast(settings.postscale, v.dtype)
+        out.append(tf.IndexedSlices(v, i, dense_shape=s.dense_shape))
+    return out
 
 
 def reduce_gradients(grads, sources, settings, prefix):
@@ -58,8 +81,7 @@ def reduce_gradients(grads, sources, settings, prefix):
         return grads
     if settings.pset != 0 and request.set_rank(settings.process_set) < 0:
         return grads  # a rank outside the process set keeps its own gradients (as in Horovod)
-    op, prescale, postscale = settings.engine_op()
-    items, positions, signature, contexts = [], [], [], {}
+    dense, sparse, signature = [], [], []
     for i, (g, s) in enumerate(zip(grads, sources)):
         if g is None:
             continue
@@ -67,36 +89,39 @@ def reduce_gradients(grads, sources, settings, prefix):
             g = tf.convert_to_tensor(g)
         if not isinstance(g, (tf.Tensor, tf.IndexedSlices)):
             g = mpi_ops._as_tensor(g, settings.what)
-        if settings.python_compressor is not None and isinstance(g, tf.Tensor):
-            g, contexts[i] = settings.python_compressor.compress(g)
         name = f"{prefix}.{i}"
         sname = source_name(s)
         if sname:
             name += f".{sname}"
         if isinstance(g, tf.IndexedSlices):
-            # The sparse path reduces with the logical op; predivide does not apply.
-            item = mpi_ops._reduce_jobs(g, name, settings.op, 1.0, settings.postscale,
-                                        settings.compression, settings.pset, settings.what)
+            sparse.append((i, g, name))
             shape = ["sparse"] + (g.values.shape.as_list()[1:] if g.values.shape.rank else [])
+            dtype = g.values.dtype.name
         else:
-            item = mpi_ops._reduce_jobs(g, name, op, prescale, postscale, settings.compression,
-                                        settings.pset, settings.what)
+            dense.append((i, g, name))
             shape = g.shape.as_list() if g.shape.rank is not None else None
-        items.append(item)
-        positions.append(i)
-        dtype = g.dtype.name if isinstance(g, tf.Tensor) else g.values.dtype.name
+            dtype = g.dtype.name
         signature.append((name, shape, dtype))
-    if not items:
+    if not signature:
         return grads
-    mpi_ops._require_init(settings.what)
-    if not tf.executing_eagerly():
-        mpi_ops._check_not_xla(settings.what)
+    mpi_ops._start(settings.what)
     # Once per signature and process: the ranks must reduce the same list;
     # otherwise the engine would wait for tensors some ranks never send.
     functions.check_same_on_all_ranks(signature, settings.what, settings.pset,
                                       once_key=("gradients", prefix))
-    reduced = mpi_ops._run_reductions(items, settings.what)
     out = list(grads)
-    for pos, r in zip(positions, reduced):
-        out[pos] = settings.python_compressor.decompress(r, contexts[pos]) if pos in contexts else r
+    if dense:
+        op, prescale, postscale = settings.engine_op()
+        tensors = mpi_ops._tensors([g for _, g, _ in dense], settings.what)
+
+        def build(xs, names, op_, pre, post, spec, grouped):
+            return mpi_ops._allreduce_op(xs, names, op_, pre, post, spec, settings.pset, grouped)
+        reduced = mpi_ops._reduce(build, tensors, [n for _, _, n in dense], op, prescale,
+                                  postscale, settings.compression, settings.what, grouped=True)
+        for (i, _, _), r in zip(dense, reduced):
+            out[i] = r
+    if sparse:
+        reduced = _reduce_sparse([g for _, g, _ in sparse], [n for _, _, n in sparse], settings)
+        for (i, _, _), r in zip(sparse, reduced):
+            out[i] = r
     return out

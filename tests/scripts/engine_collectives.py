@@ -249,6 +249,46 @@ def test_handles(r, n):
     check_equal(result["v"], np.full(2, n * (n - 1) / 2, np.float64), "waited in a thread")
 
 
+def test_completion_callback(r, n):
+    """hvd_on_completion (the C API's notification for non-blocking front ends):
+    exactly one call per handle, from the engine thread for pending work, at
+    once for completed work, for failures too; -1 for unknown handles."""
+    import threading
+    import time
+    from hvdlite._binding import ffi, lib
+    calls, lock, done = [], threading.Lock(), threading.Event()
+
+    @ffi.callback("void(int64_t, void *)")
+    def notify(handle, arg):
+        with lock:
+            calls.append((handle, int(ffi.cast("intptr_t", arg)), threading.current_thread().name))
+            if len(calls) == 3:
+                done.set()
+
+    if r == 1:
+        time.sleep(0.3)  # rank 0 registers while its handle is still pending
+    pending = hvd.allreduce_async(np.ones(3, np.float32), op=hvd.Sum, name="notify.pending")
+    assert lib.hvd_on_completion(pending._id, notify, ffi.cast("void *", 11)) == 0
+    failing = hvd.allreduce_async(np.ones(2 + (r == 1), np.float32), name="notify.failing")
+    assert lib.hvd_on_completion(failing._id, notify, ffi.cast("void *", 12)) == 0
+    check_equal(hvd.synchronize(pending), np.full(3, n, np.float32), "notified allreduce")
+    expect(hvd.TensorMismatchError, lambda: hvd.synchronize(failing), "notify.failing")
+    finished = hvd.allreduce_async(np.ones(1, np.float32), name="notify.finished")
+    while not hvd.poll(finished):
+        time.sleep(0.01)
+    main_thread = threading.current_thread().name
+    assert lib.hvd_on_completion(finished._id, notify, ffi.cast("void *", 13)) == 0
+    with lock:  # already completed: called at once, on this thread
+        assert calls[-1] == (finished._id, 13, main_thread), calls
+    hvd.synchronize(finished)
+    assert done.wait(30), calls
+    time.sleep(0.1)  # a second call for any handle would show up here
+    assert sorted(c[1] for c in calls) == [11, 12, 13], calls
+    assert len({c[0] for c in calls}) == 3, calls
+    assert lib.hvd_on_completion(10 ** 9, notify, ffi.NULL) == -1
+    assert "unknown" in ffi.string(lib.hvd_last_error()).decode()
+
+
 def test_bad_input(r, n):
     import time
     expect(hvd.InvalidArgumentError, lambda: hvd.allreduce(np.ones((4, 4), np.float32)[:, ::2]), "contiguous")
@@ -336,7 +376,7 @@ def main():
     assert hvd.local_size() == n and hvd.local_rank() == r and hvd.cross_size() == 1 and hvd.cross_rank() == 0
     hvd.init()  # a second init with the same communicator is a no-op
     for test in [test_allreduce, test_allgather, test_broadcast, test_alltoall, test_reducescatter,
-                 test_many_async_random_order, test_lagging_ranks, test_mismatches, test_handles, test_bad_input,
+                 test_many_async_random_order, test_lagging_ranks, test_mismatches, test_handles, test_completion_callback, test_bad_input,
                  test_process_sets]:
         test(r, n)
         hvd.barrier()

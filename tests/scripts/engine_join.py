@@ -56,6 +56,15 @@ def main():
         assert np.array_equal(got, np.repeat(np.arange(n), 2).reshape(n, 2)), got
         got = hvd.allreduce(np.full(2, r + 1.0), op=hvd.Sum)
         assert np.array_equal(got, np.full(2, n * (n + 1) / 2)), got
+    # Unnamed collectives are numbered per kind: an allreduce the joined
+    # ranks never submitted must not shift the name of the next join.
+    if r in early:
+        last = hvd.join()
+    else:
+        got = hvd.allreduce(np.full(2, r + 1.0, np.float32), op=hvd.Sum)
+        assert np.array_equal(got, np.full(2, sum(k + 1.0 for k in busy), np.float32)), got
+        last = hvd.join()
+    assert last in busy, f"last joined rank {last} should be one of {busy}"
     # After everyone joined, collectives (and the cache) work as before.
     for _ in range(3):
         got = hvd.allreduce(np.full(4, r + 1.0, np.float32), op=hvd.Sum, name="warm")
