@@ -17,6 +17,7 @@ _exit_reason = None        # set when the process dies of an unhandled exception
 _exit_code = None          # the code given to sys.exit, when it was called
 _peer_lost = False         # the engine stopped because a peer stopped answering
 _reported = False          # a "failing" line went to hvdrun
+_homogeneous = None        # every host runs the same number of ranks (set by init)
 
 
 def _mpi():
@@ -74,6 +75,8 @@ def init(comm=None, process_sets=None):
         resolved = _resolve_comm(comm)
         check(lib.hvd_init(resolved.py2f()))
         _init_comm = resolved
+        global _homogeneous
+        _homogeneous = len(set(resolved.allgather(local_size()))) == 1
         if not _atexit_registered:
             # Registered after mpi4py's own exit hook, so it runs first: the
             # engine stops before MPI is finalised.
@@ -149,6 +152,14 @@ def cross_rank():
 
 def cross_size():
     return _query(lib.hvd_cross_size, "cross_size")
+
+
+def is_homogeneous():
+    """True when every host runs the same number of ranks (Horovod's query)."""
+    if not lib.hvd_is_initialized():
+        raise exceptions.NotInitializedError(
+            "is_homogeneous(): hvdlite is not initialised; call hvdlite.init() first")
+    return bool(_homogeneous)
 
 
 def mpi_threads_supported():

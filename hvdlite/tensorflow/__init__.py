@@ -21,9 +21,10 @@ import warnings
 import tensorflow as tf
 
 from .. import basics as _basics
-from ..basics import (cross_rank, cross_size, is_initialized, local_rank, local_size,
-                      mpi_library_version, mpi_threads_supported, rank, shutdown, size)
+from ..basics import (cross_rank, cross_size, is_homogeneous, is_initialized, local_rank,
+                      local_size, mpi_library_version, mpi_threads_supported, rank, shutdown, size)
 from ..compression import Compression, Compressor
+from ..engine_control import start_timeline, stop_timeline
 from ..exceptions import (HvdliteError, HvdliteShutdownError, InvalidArgumentError, MPIError,
                           NotInitializedError, StallError, TensorMismatchError,
                           UnsupportedDTypeError)
@@ -122,10 +123,11 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
 
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "init", "shutdown", "is_initialized", "is_homogeneous", "rank", "size", "local_rank",
+    "local_size",
     "cross_rank", "cross_size", "mpi_threads_supported", "mpi_library_version",
     "mpi_built", "mpi_enabled", "gloo_built", "gloo_enabled", "nccl_built", "cuda_built",
-    "rocm_built", "ddl_built", "ccl_built",
+    "rocm_built", "ddl_built", "ccl_built", "start_timeline", "stop_timeline",
     "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression", "Compressor",
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "broadcast_",
     "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",

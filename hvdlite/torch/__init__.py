@@ -14,7 +14,8 @@ See docs/torch.md.
 """
 import hvdlite as _hvdlite
 from hvdlite import (HvdliteError, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-                     gloo_built, gloo_enabled, init, is_initialized, local_rank, local_size,
+                     gloo_built, gloo_enabled, init, is_homogeneous, is_initialized, local_rank,
+                     local_size,
                      mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
                      rocm_built, shutdown, size)
 from hvdlite.compression import Compression, Compressor
@@ -39,7 +40,8 @@ from .sync_batch_norm import SyncBatchNorm
 HorovodInternalError = HvdliteError  # the name Horovod scripts catch
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+    "init", "shutdown", "is_initialized", "is_homogeneous", "size", "rank", "local_size",
+    "local_rank",
     "cross_size", "cross_rank", "mpi_threads_supported", "mpi_built", "mpi_enabled",
     "gloo_built", "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "ddl_built",
     "ccl_built",

@@ -367,7 +367,9 @@ def main():
     assert not tasks, "an engine thread exists before init()"
     expect(hvd.NotInitializedError, hvd.rank, "init")
     expect(hvd.NotInitializedError, lambda: hvd.allreduce(np.ones(2)), "init")
+    expect(hvd.NotInitializedError, hvd.is_homogeneous, "init")
     hvd.init()
+    assert hvd.is_homogeneous(), "one host, every rank on it: homogeneous"
     tasks = [t for t in os.listdir("/proc/self/task")
              if open(f"/proc/self/task/{t}/comm").read().strip() == "hvdlite-engine"]
     assert len(tasks) == 1, f"expected one native engine thread, found {tasks}"

@@ -20,10 +20,12 @@ import tensorflow as tf
 from ...compression import Compression, Compressor
 from ...process_sets import (ProcessSet, add_process_set, global_process_set,
                              remove_process_set)
-from .. import (Average, Max, Min, Product, Sum, allgather_object, barrier, broadcast_object,
-                broadcast_variables, cross_rank, cross_size, init, is_initialized, join,
+from ...engine_control import start_timeline, stop_timeline
+from .. import (Adasum, Average, Max, Min, Product, Sum, allgather_object, barrier,
+                broadcast_object, broadcast_variables, ccl_built, cross_rank, cross_size,
+                cuda_built, ddl_built, gloo_built, gloo_enabled, init, is_initialized, join,
                 local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
-                nccl_built, rank, reducescatter, shutdown, size)
+                nccl_built, rank, rocm_built, shutdown, size)
 from .. import mpi_ops as _mpi_ops
 from ... import exceptions as _exceptions
 from . import callbacks, elastic, flavor
@@ -63,6 +65,13 @@ def broadcast(value, root_rank, name=None, process_set=global_process_set):
                               process_set=process_set)
 
 
+def reducescatter(value, name=None, op=Average, process_set=global_process_set):
+    """Reduces a tensor-compatible value over ranks and returns this rank's
+    block of rows (Horovod's Keras signature)."""
+    return _mpi_ops.reducescatter(_to_tensor(value, "reducescatter"), op=op, name=name,
+                                  process_set=process_set)
+
+
 def broadcast_global_variables(root_rank):
     """TF2 has no global variable collection: this raises and says what to use."""
     raise _exceptions.InvalidArgumentError(
@@ -100,7 +109,9 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
-    "nccl_built", "Average", "Sum", "Min", "Max", "Product", "Compression", "Compressor",
+    "nccl_built", "gloo_built", "gloo_enabled", "cuda_built", "rocm_built", "ddl_built",
+    "ccl_built", "start_timeline", "stop_timeline",
+    "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression", "Compressor",
     "DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed", "allreduce",
     "allgather", "broadcast",
     "reducescatter", "join", "barrier", "broadcast_variables", "broadcast_object",
