@@ -241,37 +241,7 @@ def gather_shape(shape):
     return shape if shape else (1,)
 
 
-def rows_per_rank(first_dim, size):
-    """How reducescatter splits ``first_dim`` rows: as evenly as possible,
-    earlier ranks taking one more row when it does not divide (Horovod's rule)."""
-    base, extra = divmod(int(first_dim), int(size))
-    return [base + (1 if r < extra else 0) for r in range(size)]
-
-
-# ---------------------------------------------------------------- submission
-
-def submit(kind, *, name, dtype, shape, input_ptr, output_ptr=0, op=Sum, prescale=1.0,
-           postscale=1.0, root_rank=0, splits=None, compression=None, process_set=None,
-           keep=None, finish=None, result=None):
-    """Hands one collective to the engine; returns a :class:`_binding.Handle`.
-    ``dtype`` is a dtype name, ``compression`` an engine compressor."""
-    return _binding.enqueue(
-        kind, name=name, dtype_code=dtype_code(dtype, _binding_name(kind)), shape=shape,
-        input_ptr=input_ptr, output_ptr=output_ptr, reduce_op=op, prescale=prescale,
-        postscale=postscale, root_rank=root_rank, splits=splits,
-        compression=as_spec(compression), process_set=set_id(process_set), keep=keep,
-        finish=finish, result=result)
-
-
-_KIND_NAMES = {_binding.ALLREDUCE: "allreduce", _binding.ALLGATHER: "allgather",
-               _binding.BROADCAST: "broadcast", _binding.ALLTOALL: "alltoall",
-               _binding.REDUCESCATTER: "reducescatter", _binding.BARRIER: "barrier",
-               _binding.JOIN: "join"}
-
-
-def _binding_name(kind):
-    return _KIND_NAMES.get(kind, "collective")
-
+# ---------------------------------------------------------------- engine results
 
 def engine_output(wrap):
     """``finish=`` callback for collectives whose output the engine allocates
@@ -328,12 +298,8 @@ class GroupHandle:
         return self._result
 
 
-def is_handle(handle):
-    return isinstance(handle, (_binding.Handle, GroupHandle))
-
-
 def check_handle(handle, what):
-    if not is_handle(handle):
+    if not isinstance(handle, (_binding.Handle, GroupHandle)):
         raise exceptions.InvalidArgumentError(
             f"{what}() takes a handle returned by an *_async collective, not {type(handle).__name__}")
 

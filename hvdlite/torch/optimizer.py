@@ -91,9 +91,8 @@ class _DistributedOptimizer:
                 f"named_parameters was given, but {len(unnamed)} parameter(s) of the optimizer are "
                 f"not in it (shapes {shapes}); pass model.named_parameters() of the model that "
                 "owns every optimized parameter")
-        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
-            raise exceptions.InvalidArgumentError(
-                f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
+        backward_passes_per_step = request.backward_passes(backward_passes_per_step,
+                                                           "DistributedOptimizer")
 
         self._hvd_names = {p: name for name, p in named_parameters}
         self._hvd_compression = compression
@@ -363,9 +362,7 @@ class _DistributedOptimizer:
         return super().load_state_dict(state_dict)
 
     def set_backward_passes_per_step(self, passes):
-        if not isinstance(passes, int) or passes < 1:
-            raise exceptions.InvalidArgumentError(
-                f"backward_passes_per_step must be an int >= 1, got {passes!r}")
+        passes = request.backward_passes(passes, "set_backward_passes_per_step")
         self.backward_passes_per_step = passes
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = passes
