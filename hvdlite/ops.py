@@ -221,8 +221,9 @@ def barrier(process_set=None):
 
 def join(process_set=None):
     """Tells the other ranks this rank has run out of data. Until every rank
-    of the set has joined, this rank takes part in their collectives with zeros
-    (allreduce, reducescatter) or no rows (allgather). Blocks until all ranks
+    of the set has joined, this rank takes part in their allreduces with zeros
+    (and in their barriers); any other collective issued meanwhile fails with
+    an error on the ranks that issued it, as in Horovod. Blocks until all ranks
     have joined; returns the rank that joined last."""
     from ._binding import lib
     handle = _binding.enqueue(_binding.JOIN, dtype_code=0, shape=[],
