@@ -20,9 +20,22 @@ _reported = False          # a "failing" line went to hvdrun
 _homogeneous = None        # every host runs the same number of ranks (set by init)
 
 
+_mpi_started_here = False  # init() called MPI_Init_thread, so exit must finalise
+
+
 def _mpi():
-    # mpi4py initialises MPI with MPI_THREAD_MULTIPLE, which the engine needs.
+    # mpi4py initialises MPI with MPI_THREAD_MULTIPLE, which the engine needs,
+    # unless the script set mpi4py.rc.initialize = False (as Horovod scripts
+    # that start MPI late do): then MPI is started here, as Horovod does.
     from mpi4py import MPI
+    global _mpi_started_here
+    if not MPI.Is_initialized() and not MPI.Is_finalized():
+        provided = MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        _mpi_started_here = True
+        if provided < MPI.THREAD_MULTIPLE:
+            raise exceptions.InvalidArgumentError(
+                "this MPI library does not provide MPI_THREAD_MULTIPLE, which hvdlite's engine "
+                "needs; use an MPI built with thread support (the mpich wheel has it)")
     return MPI
 
 
@@ -59,7 +72,6 @@ def init(comm=None, process_sets=None):
     added and removed at any time anyway). Calling init() again with the same
     communicator does nothing.
     """
-    global _init_comm, _atexit_registered
     if isinstance(process_sets, str):
         if process_sets != "dynamic":
             raise exceptions.InvalidArgumentError(
@@ -71,23 +83,30 @@ def init(comm=None, process_sets=None):
                 raise exceptions.InvalidArgumentError(
                     "hvdlite is already initialised with a different communicator; call "
                     "hvdlite.shutdown() before init() with another one")
-            return
-        resolved = _resolve_comm(comm)
-        check(lib.hvd_init(resolved.py2f()))
-        _init_comm = resolved
-        global _homogeneous
-        _homogeneous = len(set(resolved.allgather(local_size()))) == 1
-        if not _atexit_registered:
-            # Registered after mpi4py's own exit hook, so it runs first: the
-            # engine stops before MPI is finalised.
-            atexit.register(_shutdown_at_exit)
-            _install_excepthook()
-            _install_exit_hook()
-            _atexit_registered = True
+        else:
+            _start(comm)
     if process_sets:
-        from .process_sets import add_process_set
-        for ps in process_sets:
-            add_process_set(ps)
+        # Also on a repeated init(): its sets are registered (or found) and
+        # bound, so a script can retry after a rejected list, as in Horovod.
+        from .process_sets import register_at_init
+        register_at_init(process_sets, _init_comm)
+
+
+def _start(comm):
+    global _init_comm, _atexit_registered, _homogeneous
+    resolved = _resolve_comm(comm)
+    check(lib.hvd_init(resolved.py2f()))
+    _init_comm = resolved
+    from .process_sets import global_process_set
+    global_process_set.mpi_comm = resolved
+    _homogeneous = len(set(resolved.allgather(local_size()))) == 1
+    if not _atexit_registered:
+        # Registered after mpi4py's own exit hook, so it runs first: the
+        # engine stops before MPI is finalised.
+        atexit.register(_shutdown_at_exit)
+        _install_excepthook()
+        _install_exit_hook()
+        _atexit_registered = True
 
 
 def _same_comm(comm, current):
@@ -241,3 +260,7 @@ def _shutdown_at_exit():
                 _report_failing(_exit_code or 1, "lost contact with a peer rank (hvdlite timeout)")
             time.sleep(5)
         _mpi().COMM_WORLD.Abort(_exit_code or 1)
+    if _mpi_started_here:
+        from mpi4py import MPI
+        if not MPI.Is_finalized():
+            MPI.Finalize()

@@ -124,12 +124,61 @@ def add_process_set(process_set):
     if bad or not process_set.ranks:
         raise exceptions.InvalidArgumentError(
             f"process set ranks must be a non-empty list in [0, {n}); got {process_set.ranks}")
+    if process_set.ranks == list(range(n)):
+        raise exceptions.InvalidArgumentError(
+            f"add_process_set({process_set.ranks}): these are all ranks, the global process set "
+            "(hvdlite.global_process_set); use it instead")
+    for pid, ranks in get_process_set_ids_and_ranks().items():
+        if ranks == process_set.ranks:
+            raise exceptions.InvalidArgumentError(
+                f"add_process_set({process_set.ranks}): a process set with these ranks is already "
+                f"registered (id {pid}); a set of ranks may be registered once, as in Horovod")
     with _registry_lock:
         handle = _binding.enqueue(
             _binding.ADD_PROCESS_SET, dtype_code=0, shape=[], splits=process_set.ranks,
             finish=lambda h: lib.hvd_handle_value(h))
         process_set.process_set_id = int(handle.wait())
     return process_set
+
+
+def register_at_init(entries, comm):
+    """init(process_sets=...): registers the sets every rank listed and binds
+    each entry to its id. A set given by a communicator may name different
+    ranks on different ranks (each rank passes the part of a split it belongs
+    to), so the sets registered are the union over all ranks: communicator sets
+    first, then lists of ranks, each in rank order. Entries repeating an
+    earlier one or the global set raise once the others are bound, and a later
+    init() with a corrected list binds to the sets already registered."""
+    from .basics import size
+    sets = [e if isinstance(e, ProcessSet) else ProcessSet(e) for e in entries]
+    seen = {tuple(range(size()))}
+    duplicates = []
+    by_comm, by_ranks = [], []
+    for i, ps in enumerate(sets):
+        key = tuple(ps.ranks)
+        if key in seen:
+            duplicates.append(i)
+            continue
+        seen.add(key)
+        (by_comm if ps.mpi_comm is not None else by_ranks).append(ps.ranks)
+    everyone = comm.allgather((by_comm, by_ranks))
+    union = []
+    for part in (0, 1):
+        for lists in everyone:
+            union += [ranks for ranks in lists[part] if ranks not in union]
+    ids = {tuple(ranks): pid for pid, ranks in get_process_set_ids_and_ranks().items()}
+    for ranks in union:
+        if tuple(ranks) not in ids:
+            ids[tuple(ranks)] = add_process_set(ranks).process_set_id
+    for i, ps in enumerate(sets):
+        if i not in duplicates:
+            ps.process_set_id = ids[tuple(ps.ranks)]
+    if duplicates:
+        i = duplicates[0]
+        raise exceptions.InvalidArgumentError(
+            f"init(process_sets=...): entry number {i}, {sets[i].ranks}, repeats an earlier entry "
+            "or the global process set; list each set of ranks once (the others are registered, "
+            "so init() can be called again with the corrected list)")
 
 
 def remove_process_set(process_set):

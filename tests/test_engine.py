@@ -15,3 +15,10 @@ def test_collectives_against_numpy(ranks, wire):
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_join(ranks):
     run_ranks("scripts/engine_join.py", ranks, timeout=300)
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_init_with_process_sets(ranks):
+    """init(process_sets=...) with repeated and per-rank communicator sets, on
+    an MPI that init() itself starts (mpi4py.rc.initialize = False)."""
+    run_ranks("scripts/init_process_sets.py", ranks, timeout=180)

