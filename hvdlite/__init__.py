@@ -51,6 +51,13 @@ def rocm_built():
     return False
 
 
+def gpu_available(ext_base_name="", verbose=False):
+    """Whether this build runs collectives on GPU tensors (Horovod's
+    ``hvd.gpu_available('tensorflow')``); one engine serves every framework,
+    so ``ext_base_name`` does not change the answer."""
+    return cuda_built()
+
+
 def ddl_built():
     return False
 

@@ -30,8 +30,8 @@ from ..exceptions import (HvdliteError, HvdliteShutdownError, InvalidArgumentErr
                           UnsupportedDTypeError)
 from ..process_sets import (ProcessSet, add_process_set, global_process_set,
                             remove_process_set)
-from .. import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
-                mpi_enabled, nccl_built, rocm_built)
+from .. import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, gpu_available,
+                mpi_built, mpi_enabled, nccl_built, rocm_built)
 from . import elastic, util
 from .functions import (allgather_object, broadcast_global_variables, broadcast_object,
                         broadcast_object_fn, broadcast_variables)
@@ -127,7 +127,7 @@ __all__ = [
     "local_size",
     "cross_rank", "cross_size", "mpi_threads_supported", "mpi_library_version",
     "mpi_built", "mpi_enabled", "gloo_built", "gloo_enabled", "nccl_built", "cuda_built",
-    "rocm_built", "ddl_built", "ccl_built", "start_timeline", "stop_timeline",
+    "rocm_built", "ddl_built", "ccl_built", "gpu_available", "start_timeline", "stop_timeline",
     "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression", "Compressor",
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "broadcast_",
     "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
