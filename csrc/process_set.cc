@@ -76,8 +76,12 @@ std::vector<int32_t> ProcessSetTable::Ids() {
 }
 
 int32_t ProcessSetTable::NextId() {
+  // The lowest free id, as Horovod assigns them: a removed set's id is reused.
+  // Every rank holds the same table, so every rank picks the same id.
   std::lock_guard<std::mutex> lock(mutex_);
-  return next_id_++;
+  int32_t id = 0;
+  while (std::any_of(sets_.begin(), sets_.end(), [id](const auto& s) { return s->id() == id; })) ++id;
+  return id;
 }
 
 }  // namespace hvdlite

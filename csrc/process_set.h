@@ -75,7 +75,6 @@ class ProcessSetTable {
  private:
   std::mutex mutex_;
   std::vector<std::shared_ptr<ProcessSet>> sets_;
-  int32_t next_id_ = 0;
 };
 
 }  // namespace hvdlite

@@ -98,7 +98,7 @@ def _start(comm):
     check(lib.hvd_init(resolved.py2f()))
     _init_comm = resolved
     from .process_sets import global_process_set
-    global_process_set.mpi_comm = resolved
+    global_process_set.mpi_comm = comm if hasattr(comm, "py2f") else None  # as Horovod: the one given
     _homogeneous = len(set(resolved.allgather(local_size()))) == 1
     if not _atexit_registered:
         # Registered after mpi4py's own exit hook, so it runs first: the

@@ -53,7 +53,8 @@ class ProcessSet:
         return rank() in self.ranks
 
     def __repr__(self):
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+        return (f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "
+                f"mpi_comm={self.mpi_comm})")
 
 
 class _GlobalProcessSet(ProcessSet):

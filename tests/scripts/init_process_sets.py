@@ -57,8 +57,8 @@ def main():
     assert MPI.Is_initialized() and MPI.Query_thread() == MPI.THREAD_MULTIPLE, MPI.Query_thread()
     assert hvd.is_initialized() and hvd.size() == n and hvd.rank() == r
     world = MPI.COMM_WORLD
-    assert hvd.global_process_set.mpi_comm is not None
-    assert MPI.Comm.Compare(hvd.global_process_set.mpi_comm, world) in (MPI.IDENT, MPI.CONGRUENT)
+    assert hvd.global_process_set.mpi_comm is None  # init() was given no communicator
+    assert str(first[0]) == "ProcessSet(process_set_id=1, ranks=[0], mpi_comm=None)", str(first[0])
     want = {0: list(range(n)), 1: [0], 2: rest}
     assert get_process_set_ids_and_ranks() == want, get_process_set_ids_and_ranks()
     assert first[0].process_set_id == 1 and first[1].process_set_id == 2
@@ -107,6 +107,12 @@ def main():
     # add_process_set: Horovod's duplicate rule.
     expect(ValueError, lambda: hvd.add_process_set([0]), "already registered", "id 1")
     expect(ValueError, lambda: hvd.add_process_set(list(range(n))), "global process set")
+    # A removed set's id is reused by the next set, as in Horovod.
+    hvd.remove_process_set(again[0])
+    assert again[0].process_set_id is None
+    reused = hvd.add_process_set([0])
+    assert reused.process_set_id == 1, reused
+    hvd.remove_process_set(reused)
     hvd.barrier()
     half.Free()
     print(f"RANK {r} OK", flush=True)
