@@ -183,10 +183,14 @@ def register_at_init(entries, comm):
 
 
 def remove_process_set(process_set):
-    """Unregisters a set on every rank; its pending collectives fail."""
+    """Unregisters a set on every rank; its pending collectives fail. Returns
+    whether a set was removed: False for the global set and for a set that is
+    not registered, as in Horovod."""
+    if isinstance(process_set, ProcessSet) and process_set.process_set_id is None:
+        return False
     pid = process_set_id(process_set)
-    if pid == 0:
-        raise exceptions.InvalidArgumentError("the global process set cannot be removed")
+    if pid == 0 or pid not in get_process_set_ids_and_ranks():
+        return False
     handle = _binding.enqueue(_binding.REMOVE_PROCESS_SET, dtype_code=0, shape=[], splits=[pid])
     handle.wait()
     if isinstance(process_set, ProcessSet):
