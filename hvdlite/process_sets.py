@@ -84,11 +84,19 @@ def process_set_id(process_set):
     if process_set is None:
         return 0
     if isinstance(process_set, ProcessSet):
-        return process_set._require_id()
-    if isinstance(process_set, int):
-        return process_set
-    raise exceptions.InvalidArgumentError(
-        f"process_set must be a ProcessSet or an int id, not {type(process_set).__name__}")
+        pid = process_set._require_id()
+    elif isinstance(process_set, int):
+        pid = process_set
+    else:
+        raise exceptions.InvalidArgumentError(
+            f"process_set must be a ProcessSet or an int id, not {type(process_set).__name__}")
+    # Checked here, not only by the engine, so that a TensorFlow op over an
+    # unknown set fails where it is built (ValueError, as in Horovod).
+    if pid != 0 and lib.hvd_is_initialized() and lib.hvd_process_set_size(pid) < 0:
+        raise exceptions.InvalidArgumentError(
+            f"there is no process set with id {pid} (never added, or removed); add it with "
+            "add_process_set()")
+    return pid
 
 
 def set_root_rank(root_rank, process_set, what):
@@ -186,10 +194,13 @@ def remove_process_set(process_set):
     """Unregisters a set on every rank; its pending collectives fail. Returns
     whether a set was removed: False for the global set and for a set that is
     not registered, as in Horovod."""
-    if isinstance(process_set, ProcessSet) and process_set.process_set_id is None:
-        return False
-    pid = process_set_id(process_set)
-    if pid == 0 or pid not in get_process_set_ids_and_ranks():
+    if isinstance(process_set, ProcessSet):
+        pid = process_set.process_set_id
+    elif isinstance(process_set, int):
+        pid = process_set
+    else:
+        pid = process_set_id(process_set)  # raises: not a set
+    if pid is None or pid == 0 or pid not in get_process_set_ids_and_ranks():
         return False
     handle = _binding.enqueue(_binding.REMOVE_PROCESS_SET, dtype_code=0, shape=[], splits=[pid])
     handle.wait()

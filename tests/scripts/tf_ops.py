@@ -185,6 +185,12 @@ if rank == 1:
     expect_raises(InvalidArgumentError, lambda: hvd.broadcast(tf.ones(1), 0, process_set=solo), "member")
     assert hvd.broadcast_object("solo", root_rank=1, process_set=solo) == "solo"
 hvd.remove_process_set(solo)
+# A set that is not registered fails where the op is built, eagerly or traced.
+fake = hvd.ProcessSet([0])
+fake.process_set_id = 10
+expect_raises(ValueError, lambda: hvd.allreduce(tf.ones(2), process_set=fake), "no process set with id 10")
+expect_raises(ValueError, lambda: tf.function(lambda: hvd.allgather(tf.ones(2), process_set=fake))(),
+              "no process set with id 10")
 log("barrier / process sets ok")
 
 # ---------------------------------------------------------------- IndexedSlices
