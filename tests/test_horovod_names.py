@@ -73,3 +73,25 @@ def test_horovod_names_exist(module):
     mod = importlib.import_module(module)
     missing = [n for n in NAMES[module] if not hasattr(mod, n)]
     assert not missing, f"{module} lacks Horovod's names {missing}"
+
+
+@pytest.mark.parametrize("module", sorted(NAMES))
+def test_signatures_readable_before_init(module):
+    """help(hvd.allreduce) before init() shows the signature, whose defaults include
+    global_process_set: its repr must not need the engine."""
+    if module.startswith("hvdlite.torch"):
+        require("torch")
+    if module.startswith(("hvdlite.tensorflow", "hvdlite.keras")):
+        require("tensorflow")
+    import inspect
+
+    mod = importlib.import_module(module)
+    for name in NAMES[module]:
+        obj = getattr(mod, name)
+        if callable(obj):
+            try:
+                sig = inspect.signature(obj)
+            except (TypeError, ValueError):
+                continue  # builtins without a signature
+            assert str(sig)
+    assert "ranks=None" in repr(importlib.import_module("hvdlite").global_process_set)
