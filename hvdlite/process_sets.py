@@ -74,6 +74,13 @@ class _GlobalProcessSet(ProcessSet):
     def included(self):
         return True
 
+    def __repr__(self):
+        # Signatures show this object as a default value (help(), inspect):
+        # that must work before init(), when the ranks are not known yet.
+        from .basics import is_initialized
+        ranks = self.ranks if is_initialized() else None
+        return f"ProcessSet(process_set_id=0, ranks={ranks}, mpi_comm={self.mpi_comm})"
+
 
 global_process_set = _GlobalProcessSet()
 _registry_lock = threading.Lock()

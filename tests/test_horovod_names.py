@@ -33,7 +33,8 @@ NAMES = {
         "is_homogeneous", "Min", "Max", "Product", "allreduce", "grouped_allreduce", "allgather",
         "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter",
         "grouped_reducescatter", "join", "barrier", "broadcast_variables",
-        "broadcast_global_variables", "broadcast_object", "broadcast_object_fn",
+        "broadcast_global_variables", "BroadcastGlobalVariablesHook", "broadcast_object",
+        "broadcast_object_fn",
         "allgather_object", "DistributedGradientTape", "PartialDistributedGradientTape",
         "DistributedOptimizer", "SyncBatchNormalization", "size_op", "rank_op", "local_rank_op",
         "local_size_op", "process_set_included_op", "elastic", "_executing_eagerly",
@@ -73,3 +74,25 @@ def test_horovod_names_exist(module):
     mod = importlib.import_module(module)
     missing = [n for n in NAMES[module] if not hasattr(mod, n)]
     assert not missing, f"{module} lacks Horovod's names {missing}"
+
+
+@pytest.mark.parametrize("module", sorted(NAMES))
+def test_signatures_readable_before_init(module):
+    """help(hvd.allreduce) before init() shows the signature, whose defaults include
+    global_process_set: its repr must not need the engine."""
+    if module.startswith("hvdlite.torch"):
+        require("torch")
+    if module.startswith(("hvdlite.tensorflow", "hvdlite.keras")):
+        require("tensorflow")
+    import inspect
+
+    mod = importlib.import_module(module)
+    for name in NAMES[module]:
+        obj = getattr(mod, name)
+        if callable(obj):
+            try:
+                sig = inspect.signature(obj)
+            except (TypeError, ValueError):
+                continue  # builtins without a signature
+            assert str(sig)
+    assert "ranks=None" in repr(importlib.import_module("hvdlite").global_process_set)

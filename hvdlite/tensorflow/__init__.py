@@ -33,8 +33,9 @@ from ..process_sets import (ProcessSet, add_process_set, global_process_set,
 from .. import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, gpu_available,
                 mpi_built, mpi_enabled, nccl_built, rocm_built)
 from . import elastic, util
-from .functions import (allgather_object, broadcast_global_variables, broadcast_object,
-                        broadcast_object_fn, broadcast_variables)
+from .functions import (BroadcastGlobalVariablesHook, allgather_object,
+                        broadcast_global_variables, broadcast_object, broadcast_object_fn,
+                        broadcast_variables)
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall,
                       barrier, broadcast, broadcast_, grouped_allgather, grouped_allreduce,
@@ -131,7 +132,8 @@ __all__ = [
     "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression", "Compressor",
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "broadcast_",
     "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
-    "broadcast_variables", "broadcast_global_variables", "broadcast_object",
+    "broadcast_variables", "broadcast_global_variables", "BroadcastGlobalVariablesHook",
+    "broadcast_object",
     "broadcast_object_fn", "allgather_object", "SyncBatchNormalization",
     "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
     "elastic",

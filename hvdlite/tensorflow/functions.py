@@ -197,6 +197,27 @@ def broadcast_global_variables(root_rank):
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
+
+class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """For tf.compat.v1 sessions (MonitoredTrainingSession): when the session
+    is created, every global variable takes ``root_rank``'s value, so all
+    ranks start from the same initial or restored weights. ``device`` is
+    accepted for Horovod's signature; the broadcast runs on the host."""
+
+    def __init__(self, root_rank, device=""):
+        super().__init__()
+        self.root_rank = root_rank
+        self.device = device
+        self.bcast_op = None
+
+    def begin(self):
+        # A hook may be reused for a new graph (e.g. a second training run).
+        if self.bcast_op is None or self.bcast_op.graph is not tf.compat.v1.get_default_graph():
+            self.bcast_op = broadcast_global_variables(self.root_rank)
+
+    def after_create_session(self, session, coord):
+        session.run(self.bcast_op)
+
 def _dtype_name(v):
     d = v.dtype
     return d.name if hasattr(d, "name") else str(d)

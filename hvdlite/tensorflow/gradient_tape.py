@@ -35,7 +35,7 @@ class _DistributedGradientTapeMixin:
         return bool(keys) and _source_key(source) in keys
 
     @tf.autograph.experimental.do_not_convert
-    def gradient(self, target, sources, output_gradients=None,
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
         grads = super().gradient(target, sources, output_gradients=output_gradients,
                                  unconnected_gradients=unconnected_gradients)
@@ -46,7 +46,8 @@ class _DistributedGradientTapeMixin:
         settings = self._hvdlite_settings
         local = [self._is_local(s) for s in flat_sources]
         shared = [None if is_local else g for g, is_local in zip(flat_grads, local)]
-        reduced = reduce_gradients(shared, flat_sources, settings, "tape")
+        reduced = reduce_gradients(shared, flat_sources, settings, "tape",
+                                   generic_names=use_generic_names)
         if any(local):
             size = float(request.set_size(settings.pset))
             for i, is_local in enumerate(local):

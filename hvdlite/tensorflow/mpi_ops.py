@@ -455,8 +455,8 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
 
 @_not_converted
 def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
-                          name=None, process_set=global_process_set, prescale_factor=1.0,
-                          postscale_factor=1.0, ignore_name_scope=False):
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0, name=None, ignore_name_scope=False):
     """reducescatter of each tensor of a list, as one op; returns a list."""
     what = "grouped_reducescatter"
     op = request.resolve_op(op, None, f"hvdlite.tensorflow.{what}")

@@ -68,12 +68,13 @@ def _reduce_sparse(slices, names, settings):
     return out
 
 
-def reduce_gradients(grads, sources, settings, prefix):
+def reduce_gradients(grads, sources, settings, prefix, generic_names=False):
     """Reduces the non-None entries of ``grads`` across ranks as one group.
 
     ``sources`` (same length) name the gradients: the name of the i-th
     gradient is ``prefix.i.<variable path>``, identical on every rank and every
-    step. A rank outside ``settings.process_set`` gets ``grads`` back as they are. None stays None; tf.IndexedSlices are gathered from all ranks
+    step; with ``generic_names`` it is ``prefix.i`` (for ranks whose variables
+    are named differently, e.g. Keras layers built in another order). A rank outside ``settings.process_set`` gets ``grads`` back as they are. None stays None; tf.IndexedSlices are gathered from all ranks
     (values averaged or summed), or densified and reduced with
     ``sparse_as_dense``. Returns a list like ``grads``."""
     grads = list(grads)
@@ -90,7 +91,7 @@ def reduce_gradients(grads, sources, settings, prefix):
         if not isinstance(g, (tf.Tensor, tf.IndexedSlices)):
             g = mpi_ops._as_tensor(g, settings.what)
         name = f"{prefix}.{i}"
-        sname = source_name(s)
+        sname = None if generic_names else source_name(s)
         if sname:
             name += f".{sname}"
         if isinstance(g, tf.IndexedSlices):

@@ -269,6 +269,16 @@ with tf.Graph().as_default() as g:
         got_a, got_b = sess.run([a, b])
 assert np.array_equal(got_a, [1, 1]) and np.array_equal(got_b, [10, 10, 10]), (got_a, got_b)
 
+# the same through a session hook, as TF1 training scripts start
+with tf.Graph().as_default():
+    a, b = global_variables()
+    next_step = v1.assign_add(v1.train.get_or_create_global_step(), 1)
+    hooks = [hvd.BroadcastGlobalVariablesHook(1), v1.train.StopAtStepHook(last_step=1)]
+    with v1.train.MonitoredTrainingSession(hooks=hooks) as sess:
+        got_a, got_b = sess.run([a, b])
+        sess.run(next_step)
+assert np.array_equal(got_a, [1, 1]) and np.array_equal(got_b, [10, 10, 10]), (got_a, got_b)
+
 # in-place broadcast of resource and reference variables
 with tf.Graph().as_default() as g:
     res = v1.Variable(np.full((2, 2), rank, np.float32), use_resource=True)

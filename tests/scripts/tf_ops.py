@@ -296,6 +296,17 @@ g3 = tape.gradient(y2, [w, b])
 assert np.allclose(g3[0].numpy(), 1.0) and np.allclose(g3[1].numpy(), 4.0 * mean_factor)
 del tape
 
+# use_generic_names: ranks whose variables are named differently reduce by position
+v_named = tf.Variable([1.0, 2.0], name=f"weights_of_rank_{rank}")
+with tf.GradientTape() as tape:
+    y = tf.reduce_sum(v_named) * (rank + 1)
+g = hvd.DistributedGradientTape(tape).gradient(y, [v_named], use_generic_names=True)
+assert np.allclose(g[0].numpy(), mean_factor), g
+with tf.GradientTape() as tape:
+    y = tf.reduce_sum(v_named) * (rank + 1)
+expect_raises(InvalidArgumentError, lambda: hvd.DistributedGradientTape(tape).gradient(y, [v_named]),
+              "weights_of_rank_")
+
 # embeddings: IndexedSlices gathered, or densified on request
 emb = keras.layers.Embedding(10, 4)
 emb.build((None,))
