@@ -32,3 +32,15 @@ def test_init_with_process_sets(ranks, case, rank_launch):
     """init(process_sets=...) with repeated and per-rank communicator sets, on
     an MPI that init() itself starts (mpi4py.rc.initialize = False)."""
     rank_launch(INIT_PROCESS_SETS, ranks).check(case)
+
+
+RANDOM_PROGRAMS = RankTests("scripts/engine_random.py")
+
+
+@pytest.mark.parametrize("case", RANDOM_PROGRAMS.cases)
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_random_programs(ranks, case, rank_launch):
+    """Seeded random sequences of collectives (every op, dtype, process set,
+    named and unnamed, submitted and waited for in random orders per rank)
+    against NumPy; a failure names the seed and program to replay."""
+    rank_launch(RANDOM_PROGRAMS, ranks).check(case)
