@@ -39,6 +39,7 @@ class Controller {
   bool waiting() const { return !cached_waiting_.empty() || !sent_.empty() || !retry_.empty(); }
 
  private:
+  friend class ControllerTest;  // tests/cpp/test_controller.cc drives Coordinate without MPI
   using Clock = std::chrono::steady_clock;
   struct Pending {  // coordinator: one name, waiting for all ranks
     std::vector<Request> by_rank;

@@ -29,6 +29,8 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from checks import REQUIRE_ALL
+
 SSHD = "/usr/sbin/sshd"
 NS_PREFIX = "hvdl"          # namespaces are called hvdl<pid>-n<k> and hvdl<pid>-sw
 SUBNETS = ["10.79.%d" % i for i in range(0, 250)]
@@ -426,7 +428,6 @@ class NetnsHosts:
 # ---- helpers for the launcher tests ---------------------------------------------
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REQUIRE_ALL = os.environ.get("HVDLITE_TEST_REQUIRE_ALL") == "1"
 
 
 def hvdrun_argv():

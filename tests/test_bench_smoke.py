@@ -3,32 +3,16 @@ allreduce and train-step cases writes the results JSON, the Markdown report and
 the plots, and --report regenerates the report from the JSON alone."""
 
 import glob
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 
-import pytest
+from checks import installed, require
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = os.path.join(REPO, "bench", "run.py")
-REQUIRE_ALL = os.environ.get("HVDLITE_TEST_REQUIRE_ALL") == "1"
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-def _have(module):
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ImportError:
-        return False
-
-
-def _require(module):
-    if not _have(module):
-        if REQUIRE_ALL:
-            pytest.fail("%s is required in CI" % module)
-        pytest.skip("%s not importable" % module)
 
 
 def _run(args, timeout):
@@ -44,9 +28,9 @@ def _check_png(path):
 
 
 def test_tiny_suite_writes_json_markdown_and_plots(tmp_path):
-    _require("hvdlite._engine")
-    _require("matplotlib")
-    with_torch = _have("torch")
+    require("hvdlite._engine", import_module=False)
+    require("matplotlib", import_module=False)
+    with_torch = installed("torch")
     cases = "allreduce,train_step" if with_torch else "allreduce"
     p = _run(["--tiny", "--cases", cases, "--out-dir", str(tmp_path)], timeout=240)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -1,24 +1,46 @@
-"""Engine foundation: collectives, negotiation, handles, errors on real ranks."""
+"""Engine foundation: collectives, negotiation, handles, errors on real ranks.
+
+Each case of the rank-side modules (tests/scripts/engine_*.py) is a case here;
+the ranks are launched once per module, rank count and wire."""
 import pytest
 
-from mpi_harness import run_ranks
+from mpi_harness import RankTests
+
+COLLECTIVES = RankTests("scripts/engine_collectives.py")
+JOIN = RankTests("scripts/engine_join.py")
+INIT_PROCESS_SETS = RankTests("scripts/init_process_sets.py")
 
 
+@pytest.mark.parametrize("case", COLLECTIVES.cases)
 @pytest.mark.parametrize("ranks,wire", [(2, "shm"), (4, "shm"), (2, "mpi"), (4, "mpi")])
-def test_collectives_against_numpy(ranks, wire):
+def test_collectives_against_numpy(ranks, wire, case, rank_launch):
     """Every check once with reductions through shared memory (the default on one
     host) and once through MPI."""
     env = {"HVDLITE_SHM_ALLREDUCE": "0"} if wire == "mpi" else None
-    run_ranks("scripts/engine_collectives.py", ranks, env=env, timeout=600)
+    rank_launch(COLLECTIVES, ranks, env=env).check(case)
 
 
+@pytest.mark.parametrize("case", JOIN.cases)
 @pytest.mark.parametrize("ranks", [2, 4])
-def test_join(ranks):
-    run_ranks("scripts/engine_join.py", ranks, timeout=300)
+def test_join(ranks, case, rank_launch):
+    rank_launch(JOIN, ranks).check(case)
 
 
+@pytest.mark.parametrize("case", INIT_PROCESS_SETS.cases)
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_init_with_process_sets(ranks):
+def test_init_with_process_sets(ranks, case, rank_launch):
     """init(process_sets=...) with repeated and per-rank communicator sets, on
     an MPI that init() itself starts (mpi4py.rc.initialize = False)."""
-    run_ranks("scripts/init_process_sets.py", ranks, timeout=180)
+    rank_launch(INIT_PROCESS_SETS, ranks).check(case)
+
+
+RANDOM_PROGRAMS = RankTests("scripts/engine_random.py")
+
+
+@pytest.mark.parametrize("case", RANDOM_PROGRAMS.cases)
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_random_programs(ranks, case, rank_launch):
+    """Seeded random sequences of collectives (every op, dtype, process set,
+    named and unnamed, submitted and waited for in random orders per rank)
+    against NumPy; a failure names the seed and program to replay."""
+    rank_launch(RANDOM_PROGRAMS, ranks).check(case)

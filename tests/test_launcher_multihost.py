@@ -17,6 +17,7 @@ import uuid
 
 import pytest
 
+from checks import require
 from hosts_fixture import (INSTALL_HINT, REPO, REQUIRE_ALL, NetnsHosts, hvdrun_argv,
                            missing_requirements, wait_until_gone)
 
@@ -122,15 +123,6 @@ def json_lines(stdout):
     return out
 
 
-def require_module(name):
-    try:
-        __import__(name)
-    except ImportError as e:
-        if REQUIRE_ALL:
-            pytest.fail("%s is required in CI: %s" % (name, e))
-        pytest.skip("%s not importable" % name)
-
-
 # ---- jobs that work ------------------------------------------------------------------
 
 def test_mpi_across_hosts_topology_and_traffic(hosts, tag, tmp_path):
@@ -174,7 +166,7 @@ def test_hostfile_and_output_across_hosts(hosts, tag, tmp_path):
 
 
 def test_hvdlite_numpy_allreduce_across_hosts(hosts, tag):
-    require_module("hvdlite._engine")
+    require("hvdlite._engine")
     p = hvdrun(hosts, two_by_two(hosts) + [sys.executable, HVDLITE, tag, "numpy"])
     assert p.returncode == 0, p.stdout + p.stderr
     ranks = json_lines(p.stdout)
@@ -186,8 +178,8 @@ def test_hvdlite_numpy_allreduce_across_hosts(hosts, tag):
 
 
 def test_torch_distributed_optimizer_across_hosts(hosts, tag):
-    require_module("torch")
-    require_module("hvdlite.torch")
+    require("torch")
+    require("hvdlite.torch")
     p = hvdrun(hosts, two_by_two(hosts) + [sys.executable, HVDLITE, tag, "torch"],
                extra_env={"TORCH_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stdout + p.stderr
@@ -279,7 +271,7 @@ def test_rank_stuck_in_finalize_on_remote_host(hosts, tag):
 def test_hvdlite_rank_raising_on_remote_host(hosts, tag):
     """The realistic failure: an exception in one rank's training loop.  The engine
     tells the other ranks, they fail too, and the job ends naming a failed rank."""
-    require_module("hvdlite._engine")
+    require("hvdlite._engine")
     p = hvdrun(hosts, two_by_two(hosts) + [sys.executable, HVDLITE, tag, "raise", "3"])
     assert p.returncode != 0
     assert "[3]<stderr>: ValueError: simulated failure in rank 3" in p.stderr
@@ -326,7 +318,7 @@ def test_stopping_hvdrun_stops_every_rank_on_every_host(hosts, tag, sig):
 def test_hvdlite_started_by_mpiexec_without_hvdrun(hosts, tag, tmp_path):
     """Scripts started by mpiexec itself get the same ranks (hvdlite does not
     depend on anything hvdrun sets)."""
-    require_module("hvdlite._engine")
+    require("hvdlite._engine")
     from hvdlite import _build_info
     ssh = tmp_path / "ssh"
     ssh.write_text('#!/bin/sh\nexec %s/ssh -i %s "$@"\n' % (hosts.bin_dir, hosts.key))

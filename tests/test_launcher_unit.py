@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from hosts_fixture import REPO, REQUIRE_ALL, hvdrun_argv
+from checks import REQUIRE_ALL, unavailable
+from hosts_fixture import REPO, hvdrun_argv
 
 try:
     import hvdlite.launcher as pkg
@@ -185,9 +186,8 @@ def test_cli_version_and_usage_error_exit_codes():
 def test_console_script_installed():
     exe = os.path.join(os.path.dirname(sys.executable), "hvdrun")
     if not os.path.exists(exe):
-        if REQUIRE_ALL:
-            pytest.fail("the hvdrun console script is not installed next to %s" % sys.executable)
-        pytest.skip("hvdlite is not installed (pip install -e .)")
+        unavailable("the hvdrun console script is not installed next to %s (pip install -e .)"
+                    % sys.executable)
     p = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "hvdrun (hvdlite)" in p.stdout
 

@@ -17,7 +17,8 @@ import uuid
 import pytest
 
 from hosts_fixture import hvdrun_argv, wait_until_gone
-from mpi_harness import REQUIRE_ALL, TESTS, mpiexec, rank_env, require, run_ranks
+from checks import require, unavailable
+from mpi_harness import TESTS, RankTests, mpiexec, rank_env, run_ranks
 
 FAILURE_LIMIT_S = 10.0
 REPO = os.path.dirname(TESTS)
@@ -195,12 +196,14 @@ def test_stall_shutdown_stops_every_rank():
 
 # ---------------------------------------------------------------- bad input
 
+BAD_INPUT = RankTests("scripts/reliability_bad_input.py")
+LARGE_CASES = ["test_large_int8_allreduce", "test_large_uint8_broadcast"]
+
+
+@pytest.mark.parametrize("case", [c for c in BAD_INPUT.cases if c not in LARGE_CASES])
 @pytest.mark.parametrize("ranks", [2, 4])
-def test_bad_input_catalogue(ranks):
-    proc = run_ranks("scripts/reliability_bad_input.py", ranks,
-                     args=["calls,init_twice,fork,settings,large_lazy"])
-    counts = {int(c) for c in re.findall(r"OK cases=(\d+)", proc.stdout)}
-    assert len(counts) == 1 and counts.pop() >= 20
+def test_bad_input_catalogue(ranks, case, rank_launch):
+    rank_launch(BAD_INPUT, ranks).check(case)
 
 
 def _mem_available_gb():
@@ -211,14 +214,17 @@ def _mem_available_gb():
     return 0.0
 
 
-def test_large_count_allreduce():
+def test_large_count_allreduce(rank_launch):
     """2^31+3 int8 elements on 2 ranks: right at the 2^30-element chunk borders
     and in the last partial chunk (about 5 GB per rank at the peak)."""
     need = 12.0
     if _mem_available_gb() < need:
         pytest.skip(f"needs {need} GB of free memory, {_mem_available_gb():.1f} GB available")
-    proc = run_ranks("scripts/reliability_bad_input.py", 2, args=["large"], timeout=900)
-    print("\n" + "\n".join(l for l in proc.stdout.splitlines() if "LARGE" in l))
+    case = "test_large_int8_allreduce"
+    reports = rank_launch(BAD_INPUT, 2, env={"HVDLITE_TEST_LARGE": "1"}, cases=[case],
+                          timeout=900).check(case)
+    print("\n" + "\n".join(line for r in reports for line in reports[r]["stdout"].splitlines()
+                            if "LARGE" in line))
 
 
 TORCH_CUDA = r"""
@@ -279,10 +285,7 @@ def test_full_dev_shm_falls_back_to_mpi(tmp_path):
     """/dev/shm too small for the engine's segment (a container's 64 MB tmpfs,
     here 48 MB against a 512 MB segment): MPI carries the set, no SIGBUS."""
     if os.geteuid() != 0 or not shutil.which("unshare"):
-        msg = "needs root and unshare to mount a small /dev/shm in a private mount namespace"
-        if REQUIRE_ALL:
-            pytest.fail(msg)
-        pytest.skip(msg)
+        unavailable("needs root and unshare to mount a small /dev/shm in a private mount namespace")
     script = tmp_path / "shm_full.py"
     script.write_text(SHM_FULL)
     inner = "mount -t tmpfs -o size=48m tmpfs /dev/shm && exec %s -n 2 %s %s" % (

@@ -10,10 +10,11 @@ import sys
 
 import pytest
 
+from checks import require
 # The fixtures (hosts: module-scoped SSH hosts; tag: checks every host for
 # leftovers after each test) and helpers of the launcher's multi-host tests.
 from test_launcher_multihost import (FAILURE_LIMIT_S, SCRIPTS, hosts, hvdrun,  # noqa: F401
-                                     require_module, tag, two_by_two)
+                                     tag, two_by_two)
 
 FAILURE = os.path.join(SCRIPTS, "reliability_failure.py")
 
@@ -27,7 +28,7 @@ def _fail_at(stdout):
     ("exit", 3, r"failed: called sys.exit\(3\) \(exit code 3\)"),
 ])
 def test_rank_on_remote_host_fails(hosts, tag, mode, code, words):
-    require_module("hvdlite._engine")
+    require("hvdlite._engine")
     p = hvdrun(hosts, two_by_two(hosts) + [sys.executable, FAILURE, tag, mode, "3"])
     last = p.stderr.strip().splitlines()[-1]
     assert re.match(r"hvdrun: rank 3 on host %s %s; hvdrun stopped the 3 other ranks still running"
@@ -41,7 +42,7 @@ def test_rank_on_remote_host_fails(hosts, tag, mode, code, words):
 def test_hung_rank_on_remote_host_times_out(hosts, tag):
     """SIGSTOP: nothing outside the process can tell a hung rank from a slow
     one; HVDLITE_TIMEOUT_SECONDS makes the others give up and name the cause."""
-    require_module("hvdlite._engine")
+    require("hvdlite._engine")
     p = hvdrun(hosts, two_by_two(hosts) + [sys.executable, FAILURE, tag, "sigstop", "3"],
                extra_env={"HVDLITE_TIMEOUT_SECONDS": "2"})
     last = p.stderr.strip().splitlines()[-1]
@@ -56,7 +57,7 @@ def test_hung_rank_on_remote_host_times_out(hosts, tag):
 def test_stall_inspector_across_hosts(hosts, tag):
     """Rank 3, on the other host, skips a tensor: the warning names it, and the
     stall shutdown stops every rank on both hosts."""
-    require_module("hvdlite._engine")
+    require("hvdlite._engine")
     p = hvdrun(hosts, two_by_two(hosts) + ["--stall-check-warning-time-seconds", "1",
                                            "--stall-check-shutdown-time-seconds", "3",
                                            sys.executable, FAILURE, tag, "stall", "3"])

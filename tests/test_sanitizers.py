@@ -23,13 +23,15 @@ SUPP = os.path.join(TESTS, "sanitizers")
 REPORT = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|"
                     r"WARNING: ThreadSanitizer|SUMMARY: \w+Sanitizer")
 
-# What runs under the sanitizers: (script, arguments, ranks).
+# What runs under the sanitizers: (python's arguments, ranks). Rank-side test
+# modules (tests/rank_plugin.py) run under pytest, the other scripts directly.
+PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
 ENGINE_RUNS = [
-    ("scripts/engine_collectives.py", [], 2),
-    ("scripts/engine_features.py", ["{tmp}", "fusion_matches_unfused,cache,fp16,topk,timeline"], 2),
-    ("scripts/reliability_bad_input.py", ["calls,init_twice,fork,settings,large_lazy"], 2),
-    ("scripts/reliability_threads.py", [4, 60], 2),
-    ("scripts/engine_adasum.py", ["{tmp}", "main"], 2),
+    (PYTEST + ["{tests}/scripts/engine_collectives.py"], 2),
+    (["{tests}/scripts/engine_features.py", "{tmp}", "fusion_matches_unfused,cache,fp16,topk,timeline"], 2),
+    (PYTEST + ["{tests}/scripts/reliability_bad_input.py"], 2),
+    (["{tests}/scripts/reliability_threads.py", 4, 60], 2),
+    (["{tests}/scripts/engine_adasum.py", "{tmp}", "main"], 2),
 ]
 
 # Engines started and replaced, process sets added and removed, with no other
@@ -64,19 +66,23 @@ def sanitizer_env(kind, root, leak_supp="lsan.supp"):
         # UCX's memory hooks (libucm) intercept madvise in every new thread and
         # crash inside TSan's interceptors; MPI over shared memory needs none.
         "UCX_MEM_EVENTS": "no",
+        # Sanitized ranks are slower: a rank-side case gets the launch's time.
+        "HVDLITE_TEST_CASE_TIMEOUT": "900",
     })
     return env
 
 
-def launch_sanitized(kind, root, script, args, ranks, env, timeout=900):
+def launch_sanitized(kind, root, argv, ranks, env, cwd, timeout=900):
+    """Runs ``python argv...`` on ``ranks`` ranks from ``cwd``, which must not
+    hold an hvdlite/ that would shadow ``root`` (``-m`` puts it first)."""
     from hvdlite import _build_info
     preload = runtime_library(kind)
     if _build_info.MPI_FLAVOUR == "openmpi":
         pass_env = ["-x", "LD_PRELOAD=" + preload]
     else:
         pass_env = ["-genv", "LD_PRELOAD", preload]
-    cmd = [mpiexec(), *pass_env, "-n", str(ranks), sys.executable, script, *map(str, args)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    cmd = [mpiexec(), *pass_env, "-n", str(ranks), sys.executable, *map(str, argv)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 def check_clean(proc, ranks, what, expect_ok=True):
@@ -106,19 +112,19 @@ def run_engine_suite(kind, tmp_path):
     root = build(kind)
     env = sanitizer_env(kind, root)
     assert_instrumented(kind, root, env)
-    for script, args, ranks in ENGINE_RUNS:
-        args = [str(a).format(tmp=tmp_path) for a in args]
-        proc = launch_sanitized(kind, root, os.path.join(TESTS, script), args, ranks, env)
-        check_clean(proc, ranks, f"{kind}: {script}")
+    for argv, ranks in ENGINE_RUNS:
+        argv = [str(a).format(tmp=tmp_path, tests=TESTS) for a in argv]
+        proc = launch_sanitized(kind, root, argv, ranks, env, tmp_path)
+        check_clean(proc, ranks, f"{kind}: {' '.join(argv)}")
     # A rank failing with pending handles: the shutdown paths, checked too.
-    proc = launch_sanitized(kind, root, os.path.join(TESTS, "scripts/reliability_failure.py"),
-                            ["tag", "raise_pending", 1], 2, env)
+    proc = launch_sanitized(kind, root, [os.path.join(TESTS, "scripts/reliability_failure.py"),
+                                         "tag", "raise_pending", 1], 2, env, tmp_path)
     check_clean(proc, 2, f"{kind}: reliability_failure.py raise_pending", expect_ok=False)
     assert "SURVIVOR 0 ERROR_AT" in proc.stdout, proc.stdout + proc.stderr[-4000:]
     script = tmp_path / "lifecycle.py"
     script.write_text(LIFECYCLE)
-    proc = launch_sanitized(kind, root, str(script), [], 2,
-                            sanitizer_env(kind, root, leak_supp="lsan-engine.supp"))
+    proc = launch_sanitized(kind, root, [script], 2,
+                            sanitizer_env(kind, root, leak_supp="lsan-engine.supp"), tmp_path)
     check_clean(proc, 2, f"{kind}: engine lifecycle")
     runs = len(ENGINE_RUNS) + 2
     print(f"\n{kind}: {runs} multi-rank runs on 2 ranks, 0 sanitizer reports")

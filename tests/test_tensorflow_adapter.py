@@ -2,26 +2,23 @@
 
 Each test is one mpiexec launch running many checks (TF start-up costs a few
 seconds per rank); the scripts live in tests/scripts/tf_*.py."""
-import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
 
-from mpi_harness import REQUIRE_ALL, run_ranks
+from checks import require, unavailable
+from mpi_harness import run_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _tensorflow():
-    # find_spec, not import: importing TF here would cost seconds for nothing
+    # Found, not imported: importing TF here would cost seconds for nothing.
     for name in ("tensorflow", "keras", "sklearn"):
-        if importlib.util.find_spec(name) is None:
-            if REQUIRE_ALL:
-                pytest.fail(f"{name} is required in CI but is not installed")
-            pytest.skip(f"{name} not installed")
+        require(name, import_module=False)
 
 
 def _import_tensorflow_adapter(ops_dir, **env):
@@ -83,10 +80,7 @@ def test_tf_keras_keras2():
     (local variables, aggregation, sparse, user compressor), errors, config, callbacks incl.
     momentum correction, load_model, KerasState, mixed precision; Keras 3 never imported.
     Then the same in a TF1 graph (eager execution off): fit equals one process, KerasState."""
-    if importlib.util.find_spec("tf_keras") is None:
-        if REQUIRE_ALL:
-            pytest.fail("tf_keras is required in CI but is not installed")
-        pytest.skip("tf_keras not installed")
+    require("tf_keras", import_module=False)
     run_ranks("scripts/tf_keras2.py", 2, env={"TF_USE_LEGACY_KERAS": "1"}, timeout=600)
     run_ranks("scripts/tf_keras2_graph.py", 2, env={"TF_USE_LEGACY_KERAS": "1"}, timeout=300)
 
@@ -101,9 +95,7 @@ def test_compression_wire_bytes_and_accuracy():
     engine wire bytes and accuracy margins against the uncompressed run."""
     import hvdlite
     if not hasattr(hvdlite, "engine_stats"):
-        if REQUIRE_ALL:
-            pytest.fail("hvdlite.engine_stats() is missing from this engine build")
-        pytest.skip("engine without engine_stats()")
+        unavailable("hvdlite.engine_stats() is missing from this engine build")
     proc = run_ranks("scripts/tf_compression.py", 2, timeout=600)
     for line in proc.stdout.splitlines():
         if line.startswith("ACCURACY"):

@@ -2,7 +2,11 @@
 DistributedOptimizer against single-process training, overlap, misuse."""
 import pytest
 
-from mpi_harness import require, run_ranks
+from checks import require
+from mpi_harness import RankTests, run_ranks
+
+COLLECTIVES = RankTests("scripts/torch_collectives.py")
+OPTIMIZER = RankTests("scripts/torch_optimizer.py")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -10,13 +14,15 @@ def _torch():
     require("torch")
 
 
+@pytest.mark.parametrize("case", COLLECTIVES.cases)
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_collectives_objects_syncbn(ranks):
-    run_ranks("scripts/torch_collectives.py", ranks)
+def test_collectives_objects_syncbn(ranks, case, rank_launch):
+    rank_launch(COLLECTIVES, ranks).check(case)
 
 
-def test_distributed_optimizer():
-    run_ranks("scripts/torch_optimizer.py", 2)
+@pytest.mark.parametrize("case", OPTIMIZER.cases)
+def test_distributed_optimizer(case, rank_launch):
+    rank_launch(OPTIMIZER, 2).check(case)
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

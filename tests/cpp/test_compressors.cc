@@ -2,8 +2,7 @@
 // reference, vectorised == scalar, the MPI sum op, top-k exactness against a
 // full sort, DecompressAdd, and that error feedback loses nothing.
 // A plain program: prints each failed check, exits non-zero if any failed.
-// Build: mpicxx -std=c++17 -O2 -I csrc tests/cpp/test_compressors.cc
-//        csrc/compressors/*.cc csrc/common.cc csrc/message.cc
+// Built and run by tests/test_compressors_cpp.py (tests/cpp_build.py).
 #include <mpi.h>
 
 #include <algorithm>
@@ -22,28 +21,16 @@
 #include "compressors/topk.h"
 #include "half.h"
 
+#include "check.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
 
 using namespace hvdlite;
+using hvdlite_test::RunTests;
 
 namespace {
-
-int g_checks = 0;
-int g_failures = 0;
-
-#define CHECK(cond, ...)                                                    \
-  do {                                                                      \
-    ++g_checks;                                                             \
-    if (!(cond)) {                                                          \
-      if (++g_failures <= 40) {                                             \
-        std::fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-        std::fprintf(stderr, __VA_ARGS__);                                  \
-        std::fprintf(stderr, "\n");                                         \
-      }                                                                     \
-    }                                                                       \
-  } while (0)
 
 uint32_t Bits(float f) {
   uint32_t b;
@@ -594,7 +581,7 @@ void TestRegistry() {
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   std::printf("fp16 kernels: %s\n", BestFp16Kernels().name);
-  struct { const char* name; void (*fn)(); } tests[] = {
+  const int status = RunTests({
       {"half: all 65536 patterns", TestHalfAllPatterns},
       {"half: float edges + random vs reference", TestFloatToHalfEdges},
       {"half: vectorised == scalar", TestVectorisedEqualsScalar},
@@ -611,13 +598,7 @@ int main(int argc, char** argv) {
       {"error feedback: fp16, normal",
        [] { TestErrorFeedbackConserves(std::make_unique<FP16Compressor>(), false, 1e-4); }},
       {"registry", TestRegistry},
-  };
-  for (const auto& t : tests) {
-    const int before = g_failures;
-    t.fn();
-    std::printf("%s %s\n", g_failures == before ? "ok  " : "FAIL", t.name);
-  }
+  });
   MPI_Finalize();
-  std::printf("%d checks, %d failed\n", g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return status;
 }

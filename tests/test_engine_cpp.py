@@ -1,0 +1,12 @@
+"""MPI-free C++ unit tests of engine parts (tests/cpp/): the response cache,
+message serialization, and the coordinator's decisions (Controller's
+Coordinate and Decide). Each program is built against the engine's objects
+by tests/cpp_build.py and prints one line per test and a failure count."""
+import pytest
+
+from cpp_build import build_and_run
+
+
+@pytest.mark.parametrize("program", ["test_response_cache", "test_message", "test_controller"])
+def test_engine_unit(program, tmp_path):
+    print(build_and_run(program, tmp_path))
