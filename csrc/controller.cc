@@ -58,10 +58,8 @@ std::string Num(double v) {
 
 }  // namespace
 
-Controller::Controller(MpiCollectives* mpi, ShmCollectives* shm, const EngineOptions& options,
-                       EngineStats* stats)
-    : mpi_(mpi),
-      shm_(shm),
+Controller::Controller(Transport* transport, const EngineOptions& options, EngineStats* stats)
+    : transport_(transport),
       options_(options),
       stats_(stats),
       cache_(options.cache_capacity),
@@ -110,7 +108,7 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
       }
     }
   }
-  if (mpi_->rank() == kCoordinator && stall_shutdown_.empty()) stall_shutdown_ = InspectStalls();
+  if (transport_->rank() == kCoordinator && stall_shutdown_.empty()) stall_shutdown_ = InspectStalls();
 
   const bool quiet = mine.requests.empty() && !mine.shutdown && stall_shutdown_.empty();
   const int slots = cache_.num_slots();
@@ -119,8 +117,7 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
   bits[0] = (quiet ? kQuietBit : 0) | (idle ? kIdleBit : 0);
   for (const auto& kv : cached_waiting_) bits[1 + kv.first / 64] |= uint64_t{1} << (kv.first % 64);
   const int words = static_cast<int>(bits.size());
-  Status s = shm_ != nullptr && shm_->FitsBoard(words) ? shm_->BitwiseAnd(bits.data(), words)
-                                                       : mpi_->BitwiseAnd(bits.data(), words);
+  Status s = transport_->BitwiseAnd(bits.data(), words);
   if (!s.ok()) return s;
   stats_->Add(stats_->cycles, 1);
 
@@ -137,16 +134,16 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
 
   for (const auto& q : mine.requests) sent_[q.name] = q;
   std::vector<std::vector<uint8_t>> gathered;
-  s = mpi_->GatherBytes(Serialize(mine), kCoordinator, &gathered);
+  s = transport_->GatherBytes(Serialize(mine), kCoordinator, &gathered);
   if (!s.ok()) return s;
   std::vector<uint8_t> reply;
-  if (mpi_->rank() == kCoordinator) {
+  if (transport_->rank() == kCoordinator) {
     std::vector<RequestList> all;
     all.reserve(gathered.size());
     for (const auto& bytes : gathered) all.push_back(DeserializeRequestList(bytes.data(), bytes.size()));
     reply = Serialize(Coordinate(all));
   }
-  s = mpi_->BroadcastBytes(&reply, kCoordinator);
+  s = transport_->BroadcastBytes(&reply, kCoordinator);
   if (!s.ok()) return s;
   ResponseList slow = DeserializeResponseList(reply.data(), reply.size());
   stats_->Add(stats_->negotiations, 1);

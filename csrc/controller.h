@@ -13,21 +13,19 @@
 #include <unordered_set>
 #include <vector>
 
-#include "collectives/mpi_collectives.h"
-#include "collectives/shm_collectives.h"
 #include "engine_options.h"
 #include "engine_stats.h"
 #include "message.h"
 #include "response_cache.h"
 #include "status.h"
+#include "transport.h"
 
 namespace hvdlite {
 
 class Controller {
  public:
-  // `shm` (may be null): the set's shared-memory collectives, which then
-  // carry each round's bit vector instead of MPI.
-  Controller(MpiCollectives* mpi, ShmCollectives* shm, const EngineOptions& options, EngineStats* stats);
+  // `transport`: the set's wire, which carries each round's exchanges.
+  Controller(Transport* transport, const EngineOptions& options, EngineStats* stats);
 
   // One round, collective over the set. `shutdown` (with its reason) asks all
   // ranks to stop. `out` gets the same ordered responses on every rank.
@@ -60,8 +58,7 @@ class Controller {
   std::string InspectStalls();
   void ForgetCached(const std::string& name);
 
-  MpiCollectives* mpi_;
-  ShmCollectives* shm_;
+  Transport* transport_;
   EngineOptions options_;
   EngineStats* stats_;
   ResponseCache cache_;

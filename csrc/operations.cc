@@ -40,10 +40,6 @@ CompressionSpec Effective(const Request& q) {
   return q.dtype == DataType::kFloat32 ? q.compression : CompressionSpec();
 }
 
-const char* WirePhase(const Compressor* c) {
-  return c && c->wire() == Compressor::Wire::kAllgather ? "MPI_ALLGATHER" : "MPI_ALLREDUCE";
-}
-
 std::vector<Segment> One(const TensorEntry& e, int64_t count) {
   return {Segment{e.request.name, 0, count}};
 }
@@ -65,8 +61,6 @@ struct OperationRunner::Bucket {
   ReduceOp op = ReduceOp::kSum;
   Compressor* compressor = nullptr;
   bool direct = false;  // one tensor straight from its own buffers
-  bool shm = false;     // reduced through shared memory, already done by Start
-  bool scaled = false;  // the post-scale was applied on the way (direct buckets)
   int slot = 0;
   int64_t count = 0;     // elements
   size_t wire_bytes = 0;  // per rank
@@ -74,7 +68,8 @@ struct OperationRunner::Bucket {
   uint8_t* gathered = nullptr;
   const void* send = nullptr;
   void* recv = nullptr;
-  MPI_Request request = MPI_REQUEST_NULL;
+  std::unique_ptr<TransportWork> work;  // the wire's part, started by Start
+  const char* activity = "";            // its timeline name
 };
 
 void OperationRunner::Phase(const std::vector<TensorEntry*>& entries, const char* phase,
@@ -186,7 +181,7 @@ Status OperationRunner::RunOne(ProcessSet& set, const Response& r, TensorEntry& 
     case OpType::kReducescatter:
       return Effective(e.request).type == CompressionType::kNone ? Reducescatter(set, e, r)
                                                                  : CompressedReducescatter(set, e, r);
-    case OpType::kBarrier: return set.mpi().Barrier();
+    case OpType::kBarrier: return set.transport().Barrier();
     case OpType::kJoin:
       e.work->value = r.sizes.at(0);  // the rank that joined last
       return Status::OK();
@@ -255,9 +250,9 @@ Status OperationRunner::RunAllreduces(ProcessSet& set, std::vector<TensorEntry*>
   }
 
   for (size_t i = 0; i < buckets.size(); ++i) {
-    MPI_Request* previous = i > 0 ? &buckets[i - 1].request : nullptr;
+    TransportWork* previous = i > 0 ? buckets[i - 1].work.get() : nullptr;
     if ((status = Prepare(set, buckets[i], previous)).ok()) status = Start(set, buckets[i]);
-    if (status.ok() && i > 0) status = Finish(set, buckets[i - 1], &buckets[i].request);
+    if (status.ok() && i > 0) status = Finish(set, buckets[i - 1], buckets[i].work.get());
     if (!status.ok()) return status;
   }
   if (!buckets.empty()) status = Finish(set, buckets.back(), nullptr);
@@ -267,20 +262,20 @@ Status OperationRunner::RunAllreduces(ProcessSet& set, std::vector<TensorEntry*>
 namespace {
 
 void CopyWithProgress(const void* in, void* out, int64_t count, DataType dtype, double factor,
-                      MpiCollectives& mpi, MPI_Request* in_flight) {
+                      TransportWork* in_flight) {
   const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
   const int64_t chunk = in_flight ? std::max<int64_t>(1, kCopyChunkBytes / elem) : count;
   for (int64_t done = 0; done < count; done += chunk) {
     const int64_t n = std::min(chunk, count - done);
     CopyScaled(static_cast<const uint8_t*>(in) + done * elem, static_cast<uint8_t*>(out) + done * elem,
                n, dtype, factor);
-    if (in_flight) mpi.Progress(in_flight);
+    if (in_flight) in_flight->Progress();
   }
 }
 
 }  // namespace
 
-Status OperationRunner::Prepare(ProcessSet& set, Bucket& b, MPI_Request* in_flight) {
+Status OperationRunner::Prepare(ProcessSet& set, Bucket& b, TransportWork* in_flight) {
   Phase(b.entries, "QUEUE", false);
   Phase(b.entries, "ALLREDUCE", true);
   if (b.direct) {
@@ -288,7 +283,7 @@ Status OperationRunner::Prepare(ProcessSet& set, Bucket& b, MPI_Request* in_flig
     const Request& q = e.request;
     if (q.prescale != 1.0 || e.input == e.output) {
       CopyScaled(e.input, e.output, b.count, q.dtype, q.prescale);
-      b.send = MPI_IN_PLACE;
+      b.send = Transport::kInPlace;
     } else {
       b.send = e.input;  // zero-copy: MPI reads the caller's input directly
     }
@@ -307,15 +302,15 @@ Status OperationRunner::Prepare(ProcessSet& set, Bucket& b, MPI_Request* in_flig
       b.offsets.push_back(offset);
       if (widen) {
         WidenToFloat(e->input, reinterpret_cast<float*>(b.staged) + offset, n, b.dtype, e->request.prescale);
-        if (in_flight) set.mpi().Progress(in_flight);
+        if (in_flight) in_flight->Progress();
       } else {
         CopyWithProgress(e->input, b.staged + offset * elem, n, b.dtype, e->request.prescale,
-                         set.mpi(), in_flight);
+                         in_flight);
       }
       offset += n;
     }
     Phase(b.entries, "MEMCPY_IN_FUSION_BUFFER", false);
-    b.send = MPI_IN_PLACE;
+    b.send = Transport::kInPlace;
     b.recv = b.staged;
     return Status::OK();
   }
@@ -343,68 +338,50 @@ Status OperationRunner::Prepare(ProcessSet& set, Bucket& b, MPI_Request* in_flig
     }
     b.offsets.push_back(static_cast<int64_t>(offset));
     offset += b.compressor->Compress(src, One(*e, n), b.staged + offset);
-    if (in_flight) set.mpi().Progress(in_flight);
+    if (in_flight) in_flight->Progress();
   }
   Phase(b.entries, "COMPRESS", false);
   return Status::OK();
 }
 
 Status OperationRunner::Start(ProcessSet& set, Bucket& b) {
+  Transport& wire = set.transport();
   Status s;
-  if (b.compressor == nullptr) {
-    const DataType wire_type = Is16BitFloat(b.dtype) ? DataType::kFloat32 : b.dtype;
-    if (set.shm() != nullptr && ShmCollectives::Supports(wire_type, b.op)) {
-      // A direct tensor's Average scale rides along with the sum.
-      const double post = b.direct ? PostFactor(b.entries[0]->request, set.size()) : 1.0;
-      b.scaled = post != 1.0;
-      s = StartShm(set, b, b.send, b.recv, wire_type, b.op, post);
-    } else {
-      s = set.mpi().StartAllreduce(b.send, b.recv, b.count, MpiReductionType(wire_type),
-                                   MpiReduceOp(b.op), &b.request);
-    }
-    stats_->Add(stats_->wire_bytes_none, b.count * static_cast<int64_t>(DataTypeSize(wire_type)));
-  } else if (b.compressor->wire() == Compressor::Wire::kAllreduce) {
-    if (set.shm() != nullptr && b.compressor->WireType() == MPI_UINT16_T &&
-        ShmCollectives::Supports(DataType::kFloat16, ReduceOp::kSum)) {
-      // The halves cross shared memory, summed as the MPI op would sum them.
-      s = StartShm(set, b, MPI_IN_PLACE, b.staged, DataType::kFloat16, ReduceOp::kSum, 1.0);
-    } else {
-      s = set.mpi().StartAllreduce(MPI_IN_PLACE, b.staged, b.count, b.compressor->WireType(),
-                                   b.compressor->WireSumOp(), &b.request);
-    }
+  if (b.compressor != nullptr && b.compressor->wire() == Compressor::Wire::kAllgather) {
+    b.activity = wire.AllgatherActivity();
+    Phase(b.entries, b.activity, true);
+    s = wire.StartAllgather(b.staged, static_cast<int64_t>(b.wire_bytes), b.gathered, &b.work);
+    stats_->Add(stats_->wire_bytes_topk, static_cast<int64_t>(b.wire_bytes));
+  } else if (b.compressor != nullptr) {
+    // The compressor's wire form is summed as its element type.
+    const DataType wire_type = b.compressor->wire_dtype();
+    b.activity = wire.AllreduceActivity(wire_type, ReduceOp::kSum);
+    Phase(b.entries, b.activity, true);
+    s = wire.StartAllreduce(Transport::kInPlace, b.staged, b.count, wire_type, ReduceOp::kSum, 1.0,
+                            &b.work);
     stats_->Add(stats_->wire_bytes_fp16, static_cast<int64_t>(b.wire_bytes));
   } else {
-    s = set.mpi().StartAllgather(b.staged, static_cast<int64_t>(b.wire_bytes), b.gathered, &b.request);
-    stats_->Add(stats_->wire_bytes_topk, static_cast<int64_t>(b.wire_bytes));
+    const DataType wire_type = Is16BitFloat(b.dtype) ? DataType::kFloat32 : b.dtype;
+    // A direct tensor's post-scale (Average) rides along with the reduction.
+    const double post = b.direct ? PostFactor(b.entries[0]->request, set.size()) : 1.0;
+    b.activity = wire.AllreduceActivity(wire_type, b.op);
+    Phase(b.entries, b.activity, true);
+    s = wire.StartAllreduce(b.send, b.recv, b.count, wire_type, b.op, post, &b.work);
+    stats_->Add(stats_->wire_bytes_none, b.count * static_cast<int64_t>(DataTypeSize(wire_type)));
   }
   stats_->Add(stats_->collectives, 1);
   stats_->Add(stats_->bytes_in, BytesIn(b.entries));
-  if (!b.shm) Phase(b.entries, WirePhase(b.compressor), true);
+  if (s.ok() && b.work->done()) Phase(b.entries, b.activity, false);
   return s;
 }
 
-Status OperationRunner::StartShm(ProcessSet& set, Bucket& b, const void* send, void* recv,
-                                 DataType wire_type, ReduceOp op, double scale) {
-  b.shm = true;
-  stats_->Add(stats_->shm_collectives, 1);
-  Phase(b.entries, "SHM_ALLREDUCE", true);
-  Status s = set.shm()->Allreduce(send, recv, b.count, wire_type, op, scale);
-  Phase(b.entries, "SHM_ALLREDUCE", false);
-  return s;
-}
-
-Status OperationRunner::Finish(ProcessSet& set, Bucket& b, MPI_Request* in_flight) {
-  Status s;
-  if (!b.shm) {
-    s = set.mpi().WaitRequest(&b.request, WirePhase(b.compressor));
-    Phase(b.entries, WirePhase(b.compressor), false);
-  }
+Status OperationRunner::Finish(ProcessSet& set, Bucket& b, TransportWork* in_flight) {
+  Status s = b.work->Wait();
+  if (!b.work->done()) Phase(b.entries, b.activity, false);
   if (!s.ok()) return s;
   const int size = set.size();
   if (b.direct) {
-    TensorEntry& e = *b.entries[0];
-    const double post = PostFactor(e.request, size);
-    if (post != 1.0 && !b.scaled) CopyScaled(e.output, e.output, b.count, b.dtype, post);
+    // Scaled by the wire already.
   } else if (b.compressor == nullptr) {
     Phase(b.entries, "MEMCPY_OUT_FUSION_BUFFER", true);
     const bool widen = Is16BitFloat(b.dtype);
@@ -415,9 +392,9 @@ Status OperationRunner::Finish(ProcessSet& set, Bucket& b, MPI_Request* in_fligh
       const double post = PostFactor(e.request, size);
       if (widen) {
         NarrowFromFloat(reinterpret_cast<float*>(b.staged) + b.offsets[i], e.output, n, b.dtype, post);
-        if (in_flight) set.mpi().Progress(in_flight);
+        if (in_flight) in_flight->Progress();
       } else {
-        CopyWithProgress(b.staged + b.offsets[i] * elem, e.output, n, b.dtype, post, set.mpi(), in_flight);
+        CopyWithProgress(b.staged + b.offsets[i] * elem, e.output, n, b.dtype, post, in_flight);
       }
     }
     Phase(b.entries, "MEMCPY_OUT_FUSION_BUFFER", false);
@@ -438,7 +415,7 @@ Status OperationRunner::Finish(ProcessSet& set, Bucket& b, MPI_Request* in_fligh
       }
       const double post = PostFactor(e.request, size);
       if (post != 1.0) CopyScaled(out, out, n, DataType::kFloat32, post);
-      if (in_flight) set.mpi().Progress(in_flight);
+      if (in_flight) in_flight->Progress();
     }
     Phase(b.entries, "DECOMPRESS", false);
   }
@@ -514,7 +491,7 @@ Status OperationRunner::AdasumBucket(ProcessSet& set, const std::vector<TensorEn
     }
   }
   Phase(bucket, "ADASUM_ALLREDUCE", true);
-  Status s = adasum_.Allreduce(set.mpi(), widen ? DataType::kFloat32 : dtype, tensors);
+  Status s = adasum_.Allreduce(set.transport(), widen ? DataType::kFloat32 : dtype, tensors);
   Phase(bucket, "ADASUM_ALLREDUCE", false);
   stats_->Add(stats_->collectives, 1);
   stats_->Add(stats_->bytes_in, BytesIn(bucket));
@@ -539,7 +516,7 @@ Status OperationRunner::Allreduce(ProcessSet& set, TensorEntry& e) {
   const double post = PostFactor(q, set.size());
   if (count == 0) return Status::OK();
   CopyScaled(e.input, e.output, count, q.dtype, q.prescale);
-  Status s = set.mpi().Allreduce(e.output, count, q.dtype, q.reduce_op);
+  Status s = set.transport().Allreduce(e.output, count, q.dtype, q.reduce_op);
   stats_->Add(stats_->collectives, 1);
   stats_->Add(stats_->wire_bytes_none, count * static_cast<int64_t>(DataTypeSize(q.dtype)));
   if (s.ok() && post != 1.0) CopyScaled(e.output, e.output, count, q.dtype, post);
@@ -551,7 +528,7 @@ Status OperationRunner::Broadcast(ProcessSet& set, TensorEntry& e) {
   const int64_t bytes = NumElements(q.shape) * static_cast<int64_t>(DataTypeSize(q.dtype));
   if (set.rank() == q.root_rank) CopyScaled(e.input, e.output, bytes, DataType::kUInt8, 1.0);
   stats_->Add(stats_->collectives, 1);
-  return set.mpi().Broadcast(e.output, bytes, q.root_rank);
+  return set.transport().Broadcast(e.output, bytes, q.root_rank);
 }
 
 Status OperationRunner::Allgather(ProcessSet& set, TensorEntry& e, const Response& response) {
@@ -568,7 +545,7 @@ Status OperationRunner::Allgather(ProcessSet& set, TensorEntry& e, const Respons
   e.work->output_shape = q.shape;
   e.work->output_shape[0] = total_rows;
   stats_->Add(stats_->collectives, 1);
-  return set.mpi().Allgatherv(e.input, bytes_per_rank[set.rank()], e.work->output.data(), bytes_per_rank);
+  return set.transport().Allgatherv(e.input, bytes_per_rank[set.rank()], e.work->output.data(), bytes_per_rank);
 }
 
 Status OperationRunner::Alltoall(ProcessSet& set, TensorEntry& e, const Response& response) {
@@ -591,7 +568,7 @@ Status OperationRunner::Alltoall(ProcessSet& set, TensorEntry& e, const Response
   e.work->output_shape = q.shape;
   e.work->output_shape[0] = recv_rows;
   stats_->Add(stats_->collectives, 1);
-  return set.mpi().Alltoallv(e.input, send_bytes, e.work->output.data(), recv_bytes);
+  return set.transport().Alltoallv(e.input, send_bytes, e.work->output.data(), recv_bytes);
 }
 
 Status OperationRunner::Reducescatter(ProcessSet& set, TensorEntry& e, const Response& response) {
@@ -615,7 +592,7 @@ Status OperationRunner::Reducescatter(ProcessSet& set, TensorEntry& e, const Res
     widened_.resize(static_cast<size_t>(count));
     widened_out_.resize(static_cast<size_t>(my_count));
     WidenToFloat(e.input, widened_.data(), count, q.dtype, q.prescale);
-    Status s = set.mpi().ReduceScatter(widened_.data(), widened_out_.data(), counts,
+    Status s = set.transport().ReduceScatter(widened_.data(), widened_out_.data(), counts,
                                        DataType::kFloat32, q.reduce_op);
     if (s.ok()) NarrowFromFloat(widened_out_.data(), out, my_count, q.dtype, post);
     return s;
@@ -627,7 +604,7 @@ Status OperationRunner::Reducescatter(ProcessSet& set, TensorEntry& e, const Res
     CopyScaled(e.input, scaled.data(), count, q.dtype, q.prescale);
     input = scaled.data();
   }
-  Status s = set.mpi().ReduceScatter(input, out, counts, q.dtype, q.reduce_op);
+  Status s = set.transport().ReduceScatter(input, out, counts, q.dtype, q.reduce_op);
   if (s.ok() && post != 1.0) CopyScaled(out, out, my_count, q.dtype, post);
   return s;
 }
@@ -671,15 +648,15 @@ Status OperationRunner::CompressedReducescatter(ProcessSet& set, TensorEntry& e,
     const size_t unit = wire / static_cast<size_t>(std::max<int64_t>(count, 1));
     uint8_t* mine = buffers_.Get(FusionBuffer::kGather, 0, static_cast<size_t>(my_count) * unit + 64);
     if (!mine) return OutOfMemory("a compression buffer", static_cast<size_t>(my_count) * unit);
-    s = set.mpi().ReduceScatter(staged, mine, counts, c->WireType(), c->WireSumOp());
+    s = set.transport().ReduceScatter(staged, mine, counts, c->wire_dtype(), ReduceOp::kSum);
     if (s.ok()) c->Decompress(mine, {Segment{q.name, 0, my_count}}, out);
   } else {
     stats_->Add(stats_->wire_bytes_topk, static_cast<int64_t>(wire));
     uint8_t* gathered = buffers_.Get(FusionBuffer::kGather, 0, wire * size);
     if (!gathered) return OutOfMemory("a gather buffer", wire * size);
-    MPI_Request req = MPI_REQUEST_NULL;
-    s = set.mpi().StartAllgather(staged, static_cast<int64_t>(wire), gathered, &req);
-    if (s.ok()) s = set.mpi().WaitRequest(&req, "MPI_ALLGATHER");
+    std::unique_ptr<TransportWork> work;
+    s = set.transport().StartAllgather(staged, static_cast<int64_t>(wire), gathered, &work);
+    if (s.ok()) s = work->Wait();
     if (s.ok()) {
       widened_out_.assign(static_cast<size_t>(count), 0.0f);
       for (int r = 0; r < size; ++r) c->DecompressAdd(gathered + static_cast<size_t>(r) * wire, segs, widened_out_.data());

@@ -40,13 +40,10 @@ class OperationRunner {
   struct Bucket;
   Status RunOne(ProcessSet& set, const Response& response, TensorEntry& entry);
   Status RunAllreduces(ProcessSet& set, std::vector<TensorEntry*>& entries);
-  Status Prepare(ProcessSet& set, Bucket& bucket, MPI_Request* in_flight);
+  // `in_flight`: the previous bucket's wire work, nudged between copies.
+  Status Prepare(ProcessSet& set, Bucket& bucket, TransportWork* in_flight);
   Status Start(ProcessSet& set, Bucket& bucket);
-  // A bucket's sum through the set's shared memory: synchronous, the engine
-  // thread reduces it itself.
-  Status StartShm(ProcessSet& set, Bucket& bucket, const void* send, void* recv, DataType wire_type,
-                  ReduceOp op, double scale);
-  Status Finish(ProcessSet& set, Bucket& bucket, MPI_Request* in_flight);
+  Status Finish(ProcessSet& set, Bucket& bucket, TransportWork* in_flight);
   // Adasum allreduces of one dtype: buckets up to the fusion threshold, each
   // one AdasumReducer run (never shared memory: it only sums).
   Status RunAdasum(ProcessSet& set, std::vector<TensorEntry*>& entries);

@@ -8,8 +8,6 @@
 // scratch buffers between calls and is not safe to share across threads.
 #pragma once
 
-#include <mpi.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -47,9 +45,9 @@ class Compressor {
   virtual void Decompress(const uint8_t* in, const std::vector<Segment>& segs, float* out) = 0;
   // out += dense decompression (used for kAllgather: summing every rank's part).
   virtual void DecompressAdd(const uint8_t* in, const std::vector<Segment>& segs, float* out) = 0;
-  // kAllreduce only: the MPI datatype/op that sums wire forms (created lazily, MPI must be initialised).
-  virtual MPI_Datatype WireType() const { return MPI_DATATYPE_NULL; }
-  virtual MPI_Op WireSumOp() const { return MPI_OP_NULL; }
+  // kAllreduce only: the element type of the wire form; the transport sums
+  // wire forms as that type (ReduceOp::kSum).
+  virtual DataType wire_dtype() const { return DataType::kUInt8; }
   // Forget carried state (error-feedback residuals).
   virtual void Reset() {}
 };

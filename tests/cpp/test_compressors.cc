@@ -1,6 +1,7 @@
 // Checks of csrc/compressors: half conversions against an independent
 // reference, vectorised == scalar, the MPI sum op, top-k exactness against a
 // full sort, DecompressAdd, and that error feedback loses nothing.
+// (The element-wise reductions themselves: test_reduce_kernels.cc.)
 // A plain program: prints each failed check, exits non-zero if any failed.
 // Built and run by tests/test_compressors_cpp.py (tests/cpp_build.py).
 #include <mpi.h>
@@ -18,6 +19,7 @@
 #include "compressors/compressor.h"
 #include "compressors/error_feedback.h"
 #include "compressors/fp16.h"
+#include "collectives/mpi_transport.h"
 #include "compressors/topk.h"
 #include "half.h"
 
@@ -257,10 +259,12 @@ void TestIndependentOfMxcsr() {
 
 void TestMpiSumOp() {
   FP16Compressor c;
-  CHECK(c.WireType() == MPI_UINT16_T, "wire type");
-  MPI_Op op = c.WireSumOp();
-  CHECK(op != MPI_OP_NULL, "op created");
-  CHECK(c.WireSumOp() == op, "op created once");
+  CHECK(c.wire_dtype() == DataType::kFloat16, "wire type");
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Op op = MPI_OP_NULL, again = MPI_OP_NULL;
+  CHECK(MpiReduction(c.wire_dtype(), ReduceOp::kSum, &type, &op), "MPI reduction of the wire");
+  CHECK(type == MPI_UINT16_T && op != MPI_OP_NULL, "op created");
+  CHECK(MpiReduction(c.wire_dtype(), ReduceOp::kSum, &type, &again) && again == op, "op created once");
   for (int64_t n : {0, 1, 13, 64, 1000003}) {
     std::vector<float> a = RandomFloats(static_cast<size_t>(n), 300 + n, false);
     std::vector<float> b = RandomFloats(static_cast<size_t>(n), 400 + n, false);
@@ -270,7 +274,7 @@ void TestMpiSumOp() {
     std::vector<uint16_t> want(n);
     for (int64_t i = 0; i < n; ++i) want[i] = FloatToHalf(HalfToFloat(ha[i]) + HalfToFloat(hb[i]));
     std::vector<uint16_t> got(hb);
-    MPI_Reduce_local(ha.data(), got.data(), static_cast<int>(n), c.WireType(), op);
+    MPI_Reduce_local(ha.data(), got.data(), static_cast<int>(n), type, op);
     CHECK(got == want, "MPI_Reduce_local fp16 sum n=%lld", static_cast<long long>(n));
     // Also through a contiguous type of halves (counts elements via its size).
     if (n % 4 == 0 && n > 0) {
@@ -554,13 +558,12 @@ void TestRegistry() {
   fp16.type = CompressionType::kFP16;
   auto f = CreateCompressor(fp16);
   CHECK(f && f->Describe() == "fp16" && f->wire() == Compressor::Wire::kAllreduce, "fp16");
-  CHECK(f && f->WireType() == MPI_UINT16_T && f->WireSumOp() != MPI_OP_NULL, "fp16 wire op");
+  CHECK(f && f->wire_dtype() == DataType::kFloat16, "fp16 wire type");
   CompressionSpec topk;
   topk.type = CompressionType::kTopK;
   topk.topk_ratio = 0.01;
   auto t = CreateCompressor(topk);
   CHECK(t && t->Describe() == "topk(0.01)" && t->wire() == Compressor::Wire::kAllgather, "topk");
-  CHECK(t && t->WireType() == MPI_DATATYPE_NULL && t->WireSumOp() == MPI_OP_NULL, "topk no op");
   topk.error_feedback = true;
   auto te = CreateCompressor(topk);
   CHECK(te && te->Describe() == "topk(0.01)+ef" && te->wire() == Compressor::Wire::kAllgather, "topk+ef");

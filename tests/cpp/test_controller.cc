@@ -22,7 +22,7 @@ namespace hvdlite {
 class ControllerTest {
  public:
   explicit ControllerTest(EngineOptions options = EngineOptions())
-      : controller_(nullptr, nullptr, options, &stats_) {}
+      : controller_(nullptr, options, &stats_) {}
 
   // One round: what each rank sent (index = rank).
   ResponseList Round(const std::vector<std::vector<Request>>& by_rank,
