@@ -197,7 +197,16 @@ int64_t hvd_enqueue(const hvd_tensor_request* r) {
   q.prescale = r->prescale;
   q.postscale = r->postscale;
   q.root_rank = r->root_rank;
-  if (r->splits && r->nsplits > 0) q.splits.assign(r->splits, r->splits + r->nsplits);
+  // The C struct's one array means a different thing per operation.
+  if (r->splits && r->nsplits > 0) {
+    if (q.op == OpType::kAddProcessSet) {
+      q.set_ranks.assign(r->splits, r->splits + r->nsplits);
+    } else if (q.op == OpType::kRemoveProcessSet) {
+      q.target_set = static_cast<int32_t>(r->splits[0]);
+    } else {
+      q.splits.assign(r->splits, r->splits + r->nsplits);
+    }
+  }
   q.compression.type = static_cast<CompressionType>(r->compression);
   q.compression.topk_ratio = r->topk_ratio;
   q.compression.error_feedback = r->error_feedback != 0;

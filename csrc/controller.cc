@@ -76,7 +76,6 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
   mine.requests.swap(retry_);
   for (auto& q : new_requests) {
     if (q.op == OpType::kJoin) {
-      i_joined_ = true;
       mine.requests.push_back(std::move(q));
       continue;
     }
@@ -150,15 +149,13 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
 
   for (const auto& name : slow.invalidated) ForgetCached(name);
   for (auto& response : slow.responses) {
-    const std::string& name = response.names.at(0);
-    auto mine_it = sent_.find(name);
-    if (response.op == OpType::kJoin) i_joined_ = false;
+    auto mine_it = sent_.find(response.name());
+    const OpType op = response.op();
     // Unnamed tensors get a fresh name per call: caching them only evicts others.
     const bool cacheable = response.kind == Response::Kind::kCollective && response.cacheable &&
-                           name.find(".noname.") == std::string::npos &&
-                           response.op != OpType::kJoin && response.op != OpType::kBarrier &&
-                           response.op != OpType::kAddProcessSet &&
-                           response.op != OpType::kRemoveProcessSet && mine_it != sent_.end();
+                           !response.request.auto_named && op != OpType::kJoin &&
+                           op != OpType::kBarrier && op != OpType::kAddProcessSet &&
+                           op != OpType::kRemoveProcessSet && mine_it != sent_.end();
     if (cacheable && cache_.enabled()) {
       std::string evicted;
       const int slot = cache_.Put(response, mine_it->second, tick_, &evicted);
@@ -258,21 +255,16 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& all) {
   const auto now = Clock::now();
   std::vector<std::string> ready;
   std::unordered_set<std::string> invalidated;
-  if (joined_.size() != static_cast<size_t>(size)) joined_.assign(size, false);
   std::string join_name;
   for (int r = 0; r < size; ++r) {
     for (const Request& q : all[r].requests) {
       if (q.op == OpType::kJoin) {
-        if (!joined_[r]) {
-          joined_[r] = true;
-          ++num_joined_;
-          last_joined_ = r;
-        }
+        joins_.Join(r, size);
         join_name = q.name;
         // Cached responses assume every rank submits: drop them all.
         for (int s = 0; s < cache_.num_slots(); ++s) {
           if (!cache_.used(s)) continue;
-          const std::string& name = cache_.response(s).names.at(0);
+          const std::string& name = cache_.response(s).name();
           if (invalidated.insert(name).second) result.invalidated.push_back(name);
         }
         continue;
@@ -298,12 +290,12 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& all) {
       if (++p.count == size) ready.push_back(q.name);
     }
   }
-  if (num_joined_ > 0) {
+  if (joins_.any()) {
     // Tensors waiting only on joined ranks are ready: those ranks send zeros.
     std::unordered_set<std::string> already(ready.begin(), ready.end());
     for (const auto& kv : table_) {
       int have = 0;
-      for (int r = 0; r < size; ++r) have += kv.second.present[r] || joined_[r];
+      for (int r = 0; r < size; ++r) have += kv.second.present[r] || joins_.joined(r);
       if (have == size && !already.count(kv.first)) ready.push_back(kv.first);
     }
   }
@@ -311,15 +303,14 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& all) {
     result.responses.push_back(Decide(table_[name]));
     table_.erase(name);
   }
-  if (num_joined_ == size) {
+  if (joins_.all()) {
     Response join;
-    join.op = OpType::kJoin;
-    join.names.push_back(join_name.empty() ? "join" : join_name);
-    join.sizes.push_back(last_joined_);
+    join.request.op = OpType::kJoin;
+    join.request.name = join_name.empty() ? "join" : join_name;
+    join.last_joined_rank = joins_.last();
     join.cacheable = false;
     result.responses.push_back(std::move(join));
-    joined_.assign(size, false);
-    num_joined_ = 0;
+    joins_.Reset();
   }
   return result;
 }
@@ -337,10 +328,7 @@ Response Controller::Decide(const Pending& pending) const {
   }
   const Request& first = q[0];
   Response response;
-  response.op = first.op;
-  response.dtype = first.dtype;
-  response.names.push_back(first.name);
-  response.tmpl = first;
+  response.request = first;
   response.cacheable = joined.empty();
 
   auto mismatch = [&](const char* field, const std::string& values) {
@@ -406,10 +394,15 @@ Response Controller::Decide(const Pending& pending) const {
                       return std::to_string(x.root_rank);
                     }));
   }
-  if ((op == OpType::kAddProcessSet || op == OpType::kRemoveProcessSet) &&
-      !AllSame(q, [](const Request& x) { return x.splits; })) {
-    return mismatch("process set ranks",
-                    DescribeByRank(q, [](const Request& x) { return ShapeString(x.splits); }));
+  if (op == OpType::kAddProcessSet && !AllSame(q, [](const Request& x) { return x.set_ranks; })) {
+    return mismatch("process set ranks", DescribeByRank(q, [](const Request& x) {
+                      return ShapeString(std::vector<int64_t>(x.set_ranks.begin(), x.set_ranks.end()));
+                    }));
+  }
+  if (op == OpType::kRemoveProcessSet && !AllSame(q, [](const Request& x) { return x.target_set; })) {
+    return mismatch("process set", DescribeByRank(q, [](const Request& x) {
+                      return std::to_string(x.target_set);
+                    }));
   }
 
   const int64_t size = static_cast<int64_t>(pending.by_rank.size());
@@ -431,23 +424,21 @@ Response Controller::Decide(const Pending& pending) const {
     case OpType::kAllgather:
       for (size_t r = 0; r < pending.by_rank.size(); ++r) {
         const auto& x = pending.by_rank[r];
-        response.sizes.push_back(x.shape.empty() ? 1 : x.shape[0]);
+        response.rows_per_rank.push_back(x.shape.empty() ? 1 : x.shape[0]);
       }
       break;
     case OpType::kAlltoall:
       for (const auto& x : q) {
-        response.sizes.insert(response.sizes.end(), x.splits.begin(), x.splits.end());
+        response.splits_matrix.insert(response.splits_matrix.end(), x.splits.begin(), x.splits.end());
       }
       break;
     case OpType::kReducescatter: {
       const int64_t rows = first.shape.empty() ? 1 : first.shape[0];
-      for (int64_t r = 0; r < size; ++r) response.sizes.push_back(rows / size + (r < rows % size));
+      for (int64_t r = 0; r < size; ++r) {
+        response.rows_per_rank.push_back(rows / size + (r < rows % size));
+      }
       break;
     }
-    case OpType::kAddProcessSet:
-    case OpType::kRemoveProcessSet:
-      response.sizes = first.splits;
-      break;
     default:
       break;
   }

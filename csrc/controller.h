@@ -15,6 +15,7 @@
 
 #include "engine_options.h"
 #include "engine_stats.h"
+#include "join_state.h"
 #include "message.h"
 #include "response_cache.h"
 #include "status.h"
@@ -69,13 +70,7 @@ class Controller {
   std::unordered_map<std::string, Pending> table_;  // coordinator state
   Clock::time_point last_stall_check_;
   std::string stall_shutdown_;                      // coordinator: pending stall error
-  // join(): ranks out of data. While any rank has joined, every tensor goes
-  // through the coordinator (the cache is emptied and not refilled), and a
-  // joined rank takes part in each collective with zeros.
-  bool i_joined_ = false;
-  std::vector<bool> joined_;  // coordinator
-  int num_joined_ = 0;
-  int32_t last_joined_ = -1;
+  JoinState joins_;  // coordinator
 };
 
 }  // namespace hvdlite

@@ -319,10 +319,8 @@ bool Engine::RunCycle(ProcessSet& set, bool is_global, bool* idle) {
   }
   if (timeline_.active()) {
     for (const auto& r : responses.responses) {
-      for (const auto& name : r.names) {
-        timeline_.End(name, "NEGOTIATE");
-        timeline_.Begin(name, "QUEUE");  // agreed; waiting for its turn on the wire
-      }
+      timeline_.End(r.name(), "NEGOTIATE");
+      timeline_.Begin(r.name(), "QUEUE");  // agreed; waiting for its turn on the wire
     }
   }
   // Process-set changes run alone, in order; everything else goes to the
@@ -337,7 +335,7 @@ bool Engine::RunCycle(ProcessSet& set, bool is_global, bool* idle) {
   };
   for (auto& response : responses.responses) {
     if (response.kind == Response::Kind::kCollective &&
-        (response.op == OpType::kAddProcessSet || response.op == OpType::kRemoveProcessSet)) {
+        (response.op() == OpType::kAddProcessSet || response.op() == OpType::kRemoveProcessSet)) {
       if (!flush()) return false;
       s = ChangeProcessSets(set, response);
       if (!s.ok()) {
@@ -353,11 +351,11 @@ bool Engine::RunCycle(ProcessSet& set, bool is_global, bool* idle) {
 
 Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {
   TensorEntry entry;
-  if (!global.queue().Take(response.names[0], &entry)) {
+  if (!global.queue().Take(response.name(), &entry)) {
     return Status::Error(ErrorKind::kInternal, "process set request vanished from the queue");
   }
-  if (response.op == OpType::kAddProcessSet) {
-    std::vector<int32_t> ranks(response.sizes.begin(), response.sizes.end());
+  if (response.op() == OpType::kAddProcessSet) {
+    const std::vector<int32_t>& ranks = response.request.set_ranks;
     const bool member = std::find(ranks.begin(), ranks.end(), topology_.rank) != ranks.end();
     MPI_Comm comm = MPI_COMM_NULL;
     // Blocking, but every rank reaches it at the same point of the same round.
@@ -371,7 +369,7 @@ Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {
                                            &abort_));
     entry.work->value = id;
   } else {
-    const int32_t id = static_cast<int32_t>(response.sizes.at(0));
+    const int32_t id = response.request.target_set;
     auto removed = sets_.Remove(id);
     if (removed) {
       Status gone = Status::Error(ErrorKind::kShutdown,
@@ -542,7 +540,10 @@ Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
   // Bad input is reported as such even when the engine has stopped.
   s = stopped_status();
   if (!s.ok()) return s;
-  if (q.name.empty()) q.name = set->NextAutoName(q.op);
+  if (q.name.empty()) {
+    q.name = set->NextAutoName(q.op);
+    q.auto_named = true;
+  }
   q.rank = set->rank();
 
   TensorEntry entry;

@@ -103,23 +103,23 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
   joined_scratch_.clear();
   for (size_t i = 0; i < responses.size(); ++i) {
     const Response& r = responses[i];
-    if (set.queue().Take(r.names.at(0), &taken[i])) continue;
+    if (set.queue().Take(r.name(), &taken[i])) continue;
     if (r.cacheable) {
       return Status::Error(ErrorKind::kInternal,
-                           "negotiated tensor '" + r.names.at(0) + "' is not in this rank's queue");
+                           "negotiated tensor '" + r.name() + "' is not in this rank's queue");
     }
     // This rank has joined: it takes part with zeros and discards the result
     // (or, for an error response, only learns the name).
-    set.SkipAutoName(r.op, r.names.at(0));
+    if (r.request.auto_named) set.SkipAutoName(r.op(), r.name());
     TensorEntry& e = taken[i];
-    e.request = r.tmpl;
+    e.request = r.request;
     e.request.rank = set.rank();
     const size_t bytes = static_cast<size_t>(NumElements(e.request.shape)) * DataTypeSize(e.request.dtype);
     joined_scratch_.emplace_back(bytes + 64, 0);
     e.input = joined_scratch_.back().data();
     joined_scratch_.emplace_back(bytes + 64, 0);
     e.output = joined_scratch_.back().data();
-    e.work = std::make_shared<Work>(r.op, r.names.at(0));
+    e.work = std::make_shared<Work>(r.op(), r.name());
   }
   Status fatal;
   // Allreduces that can share a buffer: same dtype, op and compression.
@@ -132,7 +132,7 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
       e.work->Fail(Status::Error(ErrorKind::kMismatch, r.error));
       continue;
     }
-    if (r.op == OpType::kAllreduce) {
+    if (r.op() == OpType::kAllreduce) {
       const Request& q = e.request;
       const std::string key = std::to_string(static_cast<int>(q.dtype)) + "/" +
                               std::to_string(static_cast<int>(q.reduce_op)) + "/" +
@@ -146,9 +146,9 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
       continue;
     }
     Phase({&e}, "QUEUE", false);
-    Phase({&e}, OpTypeName(r.op), true);
+    Phase({&e}, OpTypeName(r.op()), true);
     Status s = RunOne(set, r, e);
-    Phase({&e}, OpTypeName(r.op), false);
+    Phase({&e}, OpTypeName(r.op()), false);
     stats_->Add(stats_->tensors, 1);
     if (s.ok()) {
       e.work->Finish();
@@ -174,7 +174,7 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
 }
 
 Status OperationRunner::RunOne(ProcessSet& set, const Response& r, TensorEntry& e) {
-  switch (r.op) {
+  switch (r.op()) {
     case OpType::kAllgather: return Allgather(set, e, r);
     case OpType::kBroadcast: return Broadcast(set, e);
     case OpType::kAlltoall: return Alltoall(set, e, r);
@@ -183,7 +183,7 @@ Status OperationRunner::RunOne(ProcessSet& set, const Response& r, TensorEntry& 
                                                                  : CompressedReducescatter(set, e, r);
     case OpType::kBarrier: return set.transport().Barrier();
     case OpType::kJoin:
-      e.work->value = r.sizes.at(0);  // the rank that joined last
+      e.work->value = r.last_joined_rank;
       return Status::OK();
     default: return Status::Error(ErrorKind::kInternal, "unexpected operation in response");
   }
@@ -536,7 +536,7 @@ Status OperationRunner::Allgather(ProcessSet& set, TensorEntry& e, const Respons
   const int64_t row_bytes = RowElements(q.shape) * static_cast<int64_t>(DataTypeSize(q.dtype));
   std::vector<int64_t> bytes_per_rank;
   int64_t total_rows = 0;
-  for (int64_t rows : response.sizes) {
+  for (int64_t rows : response.rows_per_rank) {
     bytes_per_rank.push_back(rows * row_bytes);
     total_rows += rows;
   }
@@ -557,8 +557,8 @@ Status OperationRunner::Alltoall(ProcessSet& set, TensorEntry& e, const Response
   e.work->received_splits.assign(size, 0);
   int64_t recv_rows = 0;
   for (int r = 0; r < size; ++r) {
-    send_bytes[r] = response.sizes[static_cast<size_t>(me) * size + r] * row_bytes;
-    const int64_t rows = response.sizes[static_cast<size_t>(r) * size + me];
+    send_bytes[r] = response.splits_matrix[static_cast<size_t>(me) * size + r] * row_bytes;
+    const int64_t rows = response.splits_matrix[static_cast<size_t>(r) * size + me];
     e.work->received_splits[r] = rows;
     recv_bytes[r] = rows * row_bytes;
     recv_rows += rows;
@@ -576,14 +576,14 @@ Status OperationRunner::Reducescatter(ProcessSet& set, TensorEntry& e, const Res
   const int me = set.rank();
   const int64_t row_elems = RowElements(q.shape);
   std::vector<int64_t> counts;
-  for (int64_t rows : response.sizes) counts.push_back(rows * row_elems);
+  for (int64_t rows : response.rows_per_rank) counts.push_back(rows * row_elems);
   const int64_t my_count = counts[me];
   const size_t elem = DataTypeSize(q.dtype);
   if (!e.work->output.Allocate(static_cast<size_t>(my_count) * elem)) {
     return OutOfMemory("the result of '" + q.name + "'", static_cast<size_t>(my_count) * elem);
   }
   e.work->output_shape = q.shape;
-  e.work->output_shape[0] = response.sizes[me];
+  e.work->output_shape[0] = response.rows_per_rank[me];
   const double post = PostFactor(q, set.size());
   const int64_t count = NumElements(q.shape);
   void* out = e.work->output.data();
@@ -620,7 +620,7 @@ Status OperationRunner::CompressedReducescatter(ProcessSet& set, TensorEntry& e,
   std::vector<int64_t> counts;
   int64_t my_start = 0;
   for (int r = 0; r < size; ++r) {
-    counts.push_back(response.sizes[r] * row_elems);
+    counts.push_back(response.rows_per_rank[r] * row_elems);
     if (r < me) my_start += counts.back();
   }
   const int64_t my_count = counts[me];
@@ -628,7 +628,7 @@ Status OperationRunner::CompressedReducescatter(ProcessSet& set, TensorEntry& e,
     return OutOfMemory("the result of '" + q.name + "'", static_cast<size_t>(my_count) * 4);
   }
   e.work->output_shape = q.shape;
-  e.work->output_shape[0] = response.sizes[me];
+  e.work->output_shape[0] = response.rows_per_rank[me];
   auto* out = static_cast<float*>(e.work->output.data());
   const float* src = static_cast<const float*>(e.input);
   if (q.prescale != 1.0) {
