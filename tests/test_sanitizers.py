@@ -26,7 +26,8 @@ REPORT = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|"
 # What runs under the sanitizers: (script, arguments, ranks).
 ENGINE_RUNS = [
     ("scripts/engine_collectives.py", [], 2),
-    ("scripts/engine_features.py", ["{tmp}", "fusion_matches_unfused,cache,fp16,topk,timeline"], 2),
+    ("scripts/engine_features.py", ["{tmp}", "fusion_matches_unfused,cache,fp16,topk,timeline,horovod_layout"],
+     2),
     ("scripts/reliability_bad_input.py", ["calls,init_twice,fork,settings,large_lazy"], 2),
     ("scripts/reliability_threads.py", [4, 60], 2),
     ("scripts/engine_adasum.py", ["{tmp}", "main"], 2),
