@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "scale.h"
+#include "timeline_names.h"
 
 namespace hvdlite {
 
@@ -41,7 +42,8 @@ CompressionSpec Effective(const Request& q) {
 }
 
 const char* WirePhase(const Compressor* c) {
-  return c && c->wire() == Compressor::Wire::kAllgather ? "MPI_ALLGATHER" : "MPI_ALLREDUCE";
+  return c && c->wire() == Compressor::Wire::kAllgather ? activity::kMpiAllgather
+                                                         : activity::kMpiAllreduce;
 }
 
 std::vector<Segment> One(const TensorEntry& e, int64_t count) {
@@ -82,11 +84,27 @@ void OperationRunner::Phase(const std::vector<TensorEntry*>& entries, const char
   if (timeline_ == nullptr || !timeline_->active()) return;
   for (auto* e : entries) {
     if (begin) {
-      timeline_->Begin(e->request.name, phase, args);
+      timeline_->Begin(TimelineRow(e->request), phase, args);
     } else {
-      timeline_->End(e->request.name, phase, args);
+      timeline_->End(TimelineRow(e->request), phase, args);
     }
   }
+}
+
+void OperationRunner::Agreed(const TensorEntry& e, const Response& r, bool negotiated) {
+  if (timeline_ == nullptr || !timeline_->active()) return;
+  const std::string row = TimelineRow(e.request);
+  if (negotiated) timeline_->End(row, NegotiatePhase(e.request));
+  timeline_->Begin(row, r.kind == Response::Kind::kError ? kErrorPhase : OperationPhase(e.request));
+  timeline_->Begin(row, activity::kQueue);
+}
+
+Status OperationRunner::Timed(TensorEntry& e, const char* activity,
+                              const std::function<Status()>& run) {
+  Phase({&e}, activity, true);
+  Status s = run();
+  Phase({&e}, activity, false);
+  return s;
 }
 
 Compressor* OperationRunner::CompressorFor(const CompressionSpec& spec) {
@@ -108,7 +126,10 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
   joined_scratch_.clear();
   for (size_t i = 0; i < responses.size(); ++i) {
     const Response& r = responses[i];
-    if (set.queue().Take(r.names.at(0), &taken[i])) continue;
+    if (set.queue().Take(r.names.at(0), &taken[i])) {
+      Agreed(taken[i], r, true);
+      continue;
+    }
     if (r.cacheable) {
       return Status::Error(ErrorKind::kInternal,
                            "negotiated tensor '" + r.names.at(0) + "' is not in this rank's queue");
@@ -125,6 +146,7 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
     joined_scratch_.emplace_back(bytes + 64, 0);
     e.output = joined_scratch_.back().data();
     e.work = std::make_shared<Work>(r.op, r.names.at(0));
+    Agreed(e, r, false);
   }
   Status fatal;
   // Allreduces that can share a buffer: same dtype, op and compression.
@@ -133,7 +155,8 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
     TensorEntry& e = taken[i];
     const Response& r = responses[i];
     if (r.kind == Response::Kind::kError) {
-      Phase({&e}, "QUEUE", false);
+      Phase({&e}, activity::kQueue, false);
+      Phase({&e}, kErrorPhase, false);
       e.work->Fail(Status::Error(ErrorKind::kMismatch, r.error));
       continue;
     }
@@ -150,10 +173,9 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
       g->second.push_back(&e);
       continue;
     }
-    Phase({&e}, "QUEUE", false);
-    Phase({&e}, OpTypeName(r.op), true);
+    Phase({&e}, activity::kQueue, false);
     Status s = RunOne(set, r, e);
-    Phase({&e}, OpTypeName(r.op), false);
+    Phase({&e}, OperationPhase(e.request), false);
     stats_->Add(stats_->tensors, 1);
     if (s.ok()) {
       e.work->Finish();
@@ -225,10 +247,9 @@ Status OperationRunner::RunAllreduces(ProcessSet& set, std::vector<TensorEntry*>
     if (compressor) bytes = std::max<int64_t>(bytes, compressor->CompressedBytes(One(*e, count)));
     if (!compressor && !widen && bytes >= direct) {
       if (count > INT_MAX) {  // beyond one MPI call: the chunked path
-        Phase({e}, "QUEUE", false);
-        Phase({e}, "ALLREDUCE", true);
+        Phase({e}, activity::kQueue, false);
         Status s = Allreduce(set, *e);
-        Phase({e}, "ALLREDUCE", false);
+        Phase({e}, OperationPhase(e->request), false);
         stats_->Add(stats_->tensors, 1);
         if (!s.ok()) {
           e->work->Fail(s);
@@ -281,8 +302,7 @@ void CopyWithProgress(const void* in, void* out, int64_t count, DataType dtype, 
 }  // namespace
 
 Status OperationRunner::Prepare(ProcessSet& set, Bucket& b, MPI_Request* in_flight) {
-  Phase(b.entries, "QUEUE", false);
-  Phase(b.entries, "ALLREDUCE", true);
+  Phase(b.entries, activity::kQueue, false);
   if (b.direct) {
     TensorEntry& e = *b.entries[0];
     const Request& q = e.request;
@@ -300,7 +320,7 @@ Status OperationRunner::Prepare(ProcessSet& set, Bucket& b, MPI_Request* in_flig
     const int64_t elem = widen ? 4 : static_cast<int64_t>(DataTypeSize(b.dtype));
     b.staged = buffers_.Get(FusionBuffer::kSend, b.slot, static_cast<size_t>(b.count * elem));
     if (!b.staged) return OutOfMemory("a fusion buffer", static_cast<size_t>(b.count * elem));
-    Phase(b.entries, "MEMCPY_IN_FUSION_BUFFER", true);
+    Phase(b.entries, activity::kMemcpyInFusionBuffer, true);
     int64_t offset = 0;
     for (TensorEntry* e : b.entries) {
       const int64_t n = NumElements(e->request.shape);
@@ -314,7 +334,7 @@ Status OperationRunner::Prepare(ProcessSet& set, Bucket& b, MPI_Request* in_flig
       }
       offset += n;
     }
-    Phase(b.entries, "MEMCPY_IN_FUSION_BUFFER", false);
+    Phase(b.entries, activity::kMemcpyInFusionBuffer, false);
     b.send = MPI_IN_PLACE;
     b.recv = b.staged;
     return Status::OK();
@@ -331,7 +351,7 @@ Status OperationRunner::Prepare(ProcessSet& set, Bucket& b, MPI_Request* in_flig
     b.gathered = buffers_.Get(FusionBuffer::kGather, b.slot, wire * set.size());
     if (!b.gathered) return OutOfMemory("a gather buffer", wire * set.size());
   }
-  Phase(b.entries, "COMPRESS", true);
+  Phase(b.entries, activity::kCompress, true);
   size_t offset = 0;
   for (TensorEntry* e : b.entries) {
     const int64_t n = NumElements(e->request.shape);
@@ -345,7 +365,7 @@ Status OperationRunner::Prepare(ProcessSet& set, Bucket& b, MPI_Request* in_flig
     offset += b.compressor->Compress(src, One(*e, n), b.staged + offset);
     if (in_flight) set.mpi().Progress(in_flight);
   }
-  Phase(b.entries, "COMPRESS", false);
+  Phase(b.entries, activity::kCompress, false);
   return Status::OK();
 }
 
@@ -387,9 +407,9 @@ Status OperationRunner::StartShm(ProcessSet& set, Bucket& b, const void* send, v
                                  DataType wire_type, ReduceOp op, double scale) {
   b.shm = true;
   stats_->Add(stats_->shm_collectives, 1);
-  Phase(b.entries, "SHM_ALLREDUCE", true);
+  Phase(b.entries, activity::kShmAllreduce, true);
   Status s = set.shm()->Allreduce(send, recv, b.count, wire_type, op, scale);
-  Phase(b.entries, "SHM_ALLREDUCE", false);
+  Phase(b.entries, activity::kShmAllreduce, false);
   return s;
 }
 
@@ -406,7 +426,7 @@ Status OperationRunner::Finish(ProcessSet& set, Bucket& b, MPI_Request* in_fligh
     const double post = PostFactor(e.request, size);
     if (post != 1.0 && !b.scaled) CopyScaled(e.output, e.output, b.count, b.dtype, post);
   } else if (b.compressor == nullptr) {
-    Phase(b.entries, "MEMCPY_OUT_FUSION_BUFFER", true);
+    Phase(b.entries, activity::kMemcpyOutFusionBuffer, true);
     const bool widen = Is16BitFloat(b.dtype);
     const int64_t elem = widen ? 4 : static_cast<int64_t>(DataTypeSize(b.dtype));
     for (size_t i = 0; i < b.entries.size(); ++i) {
@@ -420,9 +440,9 @@ Status OperationRunner::Finish(ProcessSet& set, Bucket& b, MPI_Request* in_fligh
         CopyWithProgress(b.staged + b.offsets[i] * elem, e.output, n, b.dtype, post, set.mpi(), in_flight);
       }
     }
-    Phase(b.entries, "MEMCPY_OUT_FUSION_BUFFER", false);
+    Phase(b.entries, activity::kMemcpyOutFusionBuffer, false);
   } else {
-    Phase(b.entries, "DECOMPRESS", true);
+    Phase(b.entries, activity::kDecompress, true);
     for (size_t i = 0; i < b.entries.size(); ++i) {
       TensorEntry& e = *b.entries[i];
       const int64_t n = NumElements(e.request.shape);
@@ -440,7 +460,7 @@ Status OperationRunner::Finish(ProcessSet& set, Bucket& b, MPI_Request* in_fligh
       if (post != 1.0) CopyScaled(out, out, n, DataType::kFloat32, post);
       if (in_flight) set.mpi().Progress(in_flight);
     }
-    Phase(b.entries, "DECOMPRESS", false);
+    Phase(b.entries, activity::kDecompress, false);
   }
   Complete(b.entries, b.compressor ? static_cast<int64_t>(b.wire_bytes) : b.count * 4);
   return Status::OK();
@@ -455,7 +475,7 @@ void OperationRunner::Complete(const std::vector<TensorEntry*>& entries, int64_t
   }
   for (auto* e : entries) {
     if (timeline_ && timeline_->active()) {
-      timeline_->End(e->request.name, "ALLREDUCE",
+      timeline_->End(TimelineRow(e->request), OperationPhase(e->request),
                      "\"dtype\":\"" + std::string(DataTypeName(e->request.dtype)) + "\",\"shape\":\"" +
                          ShapeString(e->request.shape) + "\",\"fused\":" + std::to_string(n) +
                          ",\"wire_bytes\":" + std::to_string(wire_bytes));
@@ -487,8 +507,7 @@ Status OperationRunner::RunAdasum(ProcessSet& set, std::vector<TensorEntry*>& en
 Status OperationRunner::AdasumBucket(ProcessSet& set, const std::vector<TensorEntry*>& bucket) {
   const DataType dtype = bucket[0]->request.dtype;
   const bool widen = Is16BitFloat(dtype);
-  Phase(bucket, "QUEUE", false);
-  Phase(bucket, "ALLREDUCE", true);
+  Phase(bucket, activity::kQueue, false);
   // float32 and float64 are reduced in the caller's output; 16-bit floats in
   // a float32 copy, rounded back once at the end.
   float* widened = nullptr;
@@ -513,9 +532,9 @@ Status OperationRunner::AdasumBucket(ProcessSet& set, const std::vector<TensorEn
       tensors.push_back({e->output, n});
     }
   }
-  Phase(bucket, "ADASUM_ALLREDUCE", true);
+  Phase(bucket, activity::kMpiAdasumAllreduce, true);
   Status s = adasum_.Allreduce(set.mpi(), widen ? DataType::kFloat32 : dtype, tensors);
-  Phase(bucket, "ADASUM_ALLREDUCE", false);
+  Phase(bucket, activity::kMpiAdasumAllreduce, false);
   stats_->Add(stats_->collectives, 1);
   stats_->Add(stats_->bytes_in, BytesIn(bucket));
   stats_->Add(stats_->wire_bytes_none, adasum_.wire_bytes());
@@ -539,7 +558,8 @@ Status OperationRunner::Allreduce(ProcessSet& set, TensorEntry& e) {
   const double post = PostFactor(q, set.size());
   if (count == 0) return Status::OK();
   CopyScaled(e.input, e.output, count, q.dtype, q.prescale);
-  Status s = set.mpi().Allreduce(e.output, count, q.dtype, q.reduce_op);
+  Status s = Timed(e, activity::kMpiAllreduce,
+                   [&] { return set.mpi().Allreduce(e.output, count, q.dtype, q.reduce_op); });
   stats_->Add(stats_->collectives, 1);
   stats_->Add(stats_->wire_bytes_none, count * static_cast<int64_t>(DataTypeSize(q.dtype)));
   if (s.ok() && post != 1.0) CopyScaled(e.output, e.output, count, q.dtype, post);
@@ -551,7 +571,7 @@ Status OperationRunner::Broadcast(ProcessSet& set, TensorEntry& e) {
   const int64_t bytes = NumElements(q.shape) * static_cast<int64_t>(DataTypeSize(q.dtype));
   if (set.rank() == q.root_rank) CopyScaled(e.input, e.output, bytes, DataType::kUInt8, 1.0);
   stats_->Add(stats_->collectives, 1);
-  return set.mpi().Broadcast(e.output, bytes, q.root_rank);
+  return Timed(e, activity::kMpiBcast, [&] { return set.mpi().Broadcast(e.output, bytes, q.root_rank); });
 }
 
 Status OperationRunner::Allgather(ProcessSet& set, TensorEntry& e, const Response& response) {
@@ -568,7 +588,9 @@ Status OperationRunner::Allgather(ProcessSet& set, TensorEntry& e, const Respons
   e.work->output_shape = q.shape;
   e.work->output_shape[0] = total_rows;
   stats_->Add(stats_->collectives, 1);
-  return set.mpi().Allgatherv(e.input, bytes_per_rank[set.rank()], e.work->output.data(), bytes_per_rank);
+  return Timed(e, activity::kMpiAllgather, [&] {
+    return set.mpi().Allgatherv(e.input, bytes_per_rank[set.rank()], e.work->output.data(), bytes_per_rank);
+  });
 }
 
 Status OperationRunner::Alltoall(ProcessSet& set, TensorEntry& e, const Response& response) {
@@ -591,7 +613,8 @@ Status OperationRunner::Alltoall(ProcessSet& set, TensorEntry& e, const Response
   e.work->output_shape = q.shape;
   e.work->output_shape[0] = recv_rows;
   stats_->Add(stats_->collectives, 1);
-  return set.mpi().Alltoallv(e.input, send_bytes, e.work->output.data(), recv_bytes);
+  return Timed(e, activity::kMpiAlltoall,
+               [&] { return set.mpi().Alltoallv(e.input, send_bytes, e.work->output.data(), recv_bytes); });
 }
 
 Status OperationRunner::Reducescatter(ProcessSet& set, TensorEntry& e, const Response& response) {
@@ -615,8 +638,10 @@ Status OperationRunner::Reducescatter(ProcessSet& set, TensorEntry& e, const Res
     widened_.resize(static_cast<size_t>(count));
     widened_out_.resize(static_cast<size_t>(my_count));
     WidenToFloat(e.input, widened_.data(), count, q.dtype, q.prescale);
-    Status s = set.mpi().ReduceScatter(widened_.data(), widened_out_.data(), counts,
-                                       DataType::kFloat32, q.reduce_op);
+    Status s = Timed(e, activity::kMpiReducescatter, [&] {
+      return set.mpi().ReduceScatter(widened_.data(), widened_out_.data(), counts, DataType::kFloat32,
+                                     q.reduce_op);
+    });
     if (s.ok()) NarrowFromFloat(widened_out_.data(), out, my_count, q.dtype, post);
     return s;
   }
@@ -627,7 +652,8 @@ Status OperationRunner::Reducescatter(ProcessSet& set, TensorEntry& e, const Res
     CopyScaled(e.input, scaled.data(), count, q.dtype, q.prescale);
     input = scaled.data();
   }
-  Status s = set.mpi().ReduceScatter(input, out, counts, q.dtype, q.reduce_op);
+  Status s = Timed(e, activity::kMpiReducescatter,
+                   [&] { return set.mpi().ReduceScatter(input, out, counts, q.dtype, q.reduce_op); });
   if (s.ok() && post != 1.0) CopyScaled(out, out, my_count, q.dtype, post);
   return s;
 }
@@ -671,15 +697,18 @@ Status OperationRunner::CompressedReducescatter(ProcessSet& set, TensorEntry& e,
     const size_t unit = wire / static_cast<size_t>(std::max<int64_t>(count, 1));
     uint8_t* mine = buffers_.Get(FusionBuffer::kGather, 0, static_cast<size_t>(my_count) * unit + 64);
     if (!mine) return OutOfMemory("a compression buffer", static_cast<size_t>(my_count) * unit);
-    s = set.mpi().ReduceScatter(staged, mine, counts, c->WireType(), c->WireSumOp());
+    s = Timed(e, activity::kMpiReducescatter,
+              [&] { return set.mpi().ReduceScatter(staged, mine, counts, c->WireType(), c->WireSumOp()); });
     if (s.ok()) c->Decompress(mine, {Segment{q.name, 0, my_count}}, out);
   } else {
     stats_->Add(stats_->wire_bytes_topk, static_cast<int64_t>(wire));
     uint8_t* gathered = buffers_.Get(FusionBuffer::kGather, 0, wire * size);
     if (!gathered) return OutOfMemory("a gather buffer", wire * size);
-    MPI_Request req = MPI_REQUEST_NULL;
-    s = set.mpi().StartAllgather(staged, static_cast<int64_t>(wire), gathered, &req);
-    if (s.ok()) s = set.mpi().WaitRequest(&req, "MPI_ALLGATHER");
+    s = Timed(e, activity::kMpiAllgather, [&] {
+      MPI_Request req = MPI_REQUEST_NULL;
+      Status started = set.mpi().StartAllgather(staged, static_cast<int64_t>(wire), gathered, &req);
+      return started.ok() ? set.mpi().WaitRequest(&req, activity::kMpiAllgather) : started;
+    });
     if (s.ok()) {
       widened_out_.assign(static_cast<size_t>(count), 0.0f);
       for (int r = 0; r < size; ++r) c->DecompressAdd(gathered + static_cast<size_t>(r) * wire, segs, widened_out_.data());
