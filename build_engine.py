@@ -109,6 +109,7 @@ ENGINE_SOURCES = [
     "scale.cc",
     "tensor_queue.cc",
     "timeline.cc",
+    "timeline_names.cc",
     "work.cc",
     "collectives/adasum.cc",
     "collectives/mpi_transport.cc",

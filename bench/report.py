@@ -661,19 +661,25 @@ def network_section(data, img):
     return "\n".join(out)
 
 
-PHASES = [("NEGOTIATE", "negotiate"), ("QUEUE", "queue"), ("MEMCPY_IN_FUSION_BUFFER", "copy in"),
+PHASES = [("NEGOTIATE_ALLREDUCE", "negotiate"), ("QUEUE", "queue"), ("MEMCPY_IN_FUSION_BUFFER", "copy in"),
           ("COMPRESS", "compress"), ("MPI_ALLREDUCE", "MPI allreduce"), ("MPI_ALLGATHER", "MPI allgather"),
           ("DECOMPRESS", "decompress"), ("MEMCPY_OUT_FUSION_BUFFER", "copy out")]
+# Results recorded before the timeline took Horovod's phase names.
+PHASES_RENAMED = {"NEGOTIATE": "NEGOTIATE_ALLREDUCE"}
+
+
+def phases_per_call(r):
+    return {PHASES_RENAMED.get(k, k): v for k, v in r["phases_ms_per_call"].items()}
 
 
 def breakdown_table(parts):
     """parts: [(label, breakdown dict)] -> a table of phase wall time per call."""
     used = [(k, h) for k, h in PHASES
-            if any(k in r["phases_ms_per_call"] for _, bd in parts for r in bd.values())]
+            if any(k in phases_per_call(r) for _, bd in parts for r in bd.values())]
     rows = []
     for label, bd in parts:
         for comp, r in bd.items():
-            ph = r["phases_ms_per_call"]
+            ph = phases_per_call(r)
             rows.append([label + " " + comp, ms(r["call_ms"])] + [ms(ph[k]) if k in ph else "" for k, _ in used])
     return table(["where, compression", "call ms"] + [h for _, h in used], rows)
 
@@ -737,7 +743,7 @@ def network_analysis(data, n):
         out.append("")
         t = bd_net.get("topk")
         if t:
-            ph = t["phases_ms_per_call"]
+            ph = phases_per_call(t)
             out.append("Over the link, top-k's call took %s ms in this recording: compression (error feedback + "
                        "selection) %s ms, the allgather %s ms, decompression %s ms.\n"
                        % (ms(t["call_ms"]), ms(ph.get("COMPRESS")), ms(ph.get("MPI_ALLGATHER")),

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "collectives/adasum.h"
+#include "timeline_names.h"
 
 namespace hvdlite {
 
@@ -294,7 +295,7 @@ bool Engine::RunCycle(ProcessSet& set, bool is_global, bool* idle) {
     if (timeline_.active() && mark_cycles_) timeline_.MarkCycle();
   }
   if (timeline_.active()) {
-    for (const auto& q : requests) timeline_.Begin(q.name, "NEGOTIATE");
+    for (const auto& q : requests) timeline_.Begin(TimelineRow(q), NegotiatePhase(q));
   }
   ResponseList responses;
   Status s = set.controller().Negotiate(std::move(requests), shutdown, reason, &responses);
@@ -316,12 +317,6 @@ bool Engine::RunCycle(ProcessSet& set, bool is_global, bool* idle) {
     }
     Stop(Status::Error(ErrorKind::kShutdown, "hvdlite has shut down: " + text));
     return false;
-  }
-  if (timeline_.active()) {
-    for (const auto& r : responses.responses) {
-      timeline_.End(r.name(), "NEGOTIATE");
-      timeline_.Begin(r.name(), "QUEUE");  // agreed; waiting for its turn on the wire
-    }
   }
   // Process-set changes run alone, in order; everything else goes to the
   // runner, which fuses what it can.
@@ -354,6 +349,9 @@ Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {
   if (!global.queue().Take(response.name(), &entry)) {
     return Status::Error(ErrorKind::kInternal, "process set request vanished from the queue");
   }
+  const std::string row = TimelineRow(entry.request);
+  timeline_.End(row, NegotiatePhase(entry.request));
+  timeline_.Begin(row, OperationPhase(entry.request));
   if (response.op() == OpType::kAddProcessSet) {
     const std::vector<int32_t>& ranks = response.request.set_ranks;
     const bool member = std::find(ranks.begin(), ranks.end(), topology_.rank) != ranks.end();
@@ -361,6 +359,7 @@ Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {
     // Blocking, but every rank reaches it at the same point of the same round.
     if (MPI_Comm_split(comm_, member ? 0 : MPI_UNDEFINED, topology_.rank, &comm) != MPI_SUCCESS) {
       Status s = Status::Error(ErrorKind::kMpi, "MPI_Comm_split for a new process set failed");
+      timeline_.End(row, OperationPhase(entry.request));
       entry.work->Fail(s);
       return s;
     }
@@ -377,6 +376,7 @@ Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {
       for (auto& pending : removed->queue().Close(gone)) pending.work->Fail(gone);
     }
   }
+  timeline_.End(row, OperationPhase(entry.request));
   entry.work->Finish();
   return Status::OK();
 }

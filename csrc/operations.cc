@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "scale.h"
+#include "timeline_names.h"
 
 namespace hvdlite {
 
@@ -77,11 +78,27 @@ void OperationRunner::Phase(const std::vector<TensorEntry*>& entries, const char
   if (timeline_ == nullptr || !timeline_->active()) return;
   for (auto* e : entries) {
     if (begin) {
-      timeline_->Begin(e->request.name, phase, args);
+      timeline_->Begin(TimelineRow(e->request), phase, args);
     } else {
-      timeline_->End(e->request.name, phase, args);
+      timeline_->End(TimelineRow(e->request), phase, args);
     }
   }
+}
+
+void OperationRunner::Agreed(const TensorEntry& e, const Response& r, bool negotiated) {
+  if (timeline_ == nullptr || !timeline_->active()) return;
+  const std::string row = TimelineRow(e.request);
+  if (negotiated) timeline_->End(row, NegotiatePhase(e.request));
+  timeline_->Begin(row, r.kind == Response::Kind::kError ? kErrorPhase : OperationPhase(e.request));
+  timeline_->Begin(row, activity::kQueue);
+}
+
+Status OperationRunner::Timed(TensorEntry& e, const char* activity,
+                              const std::function<Status()>& run) {
+  Phase({&e}, activity, true);
+  Status s = run();
+  Phase({&e}, activity, false);
+  return s;
 }
 
 Compressor* OperationRunner::CompressorFor(const CompressionSpec& spec) {
@@ -103,7 +120,10 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
   joined_scratch_.clear();
   for (size_t i = 0; i < responses.size(); ++i) {
     const Response& r = responses[i];
-    if (set.queue().Take(r.name(), &taken[i])) continue;
+    if (set.queue().Take(r.name(), &taken[i])) {
+      Agreed(taken[i], r, true);
+      continue;
+    }
     if (r.cacheable) {
       return Status::Error(ErrorKind::kInternal,
                            "negotiated tensor '" + r.name() + "' is not in this rank's queue");
@@ -120,6 +140,7 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
     joined_scratch_.emplace_back(bytes + 64, 0);
     e.output = joined_scratch_.back().data();
     e.work = std::make_shared<Work>(r.op(), r.name());
+    Agreed(e, r, false);
   }
   Status fatal;
   // Allreduces that can share a buffer: same dtype, op and compression.
@@ -128,7 +149,8 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
     TensorEntry& e = taken[i];
     const Response& r = responses[i];
     if (r.kind == Response::Kind::kError) {
-      Phase({&e}, "QUEUE", false);
+      Phase({&e}, activity::kQueue, false);
+      Phase({&e}, kErrorPhase, false);
       e.work->Fail(Status::Error(ErrorKind::kMismatch, r.error));
       continue;
     }
@@ -145,10 +167,9 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
       g->second.push_back(&e);
       continue;
     }
-    Phase({&e}, "QUEUE", false);
-    Phase({&e}, OpTypeName(r.op()), true);
+    Phase({&e}, activity::kQueue, false);
     Status s = RunOne(set, r, e);
-    Phase({&e}, OpTypeName(r.op()), false);
+    Phase({&e}, OperationPhase(e.request), false);
     stats_->Add(stats_->tensors, 1);
     if (s.ok()) {
       e.work->Finish();
@@ -220,10 +241,9 @@ Status OperationRunner::RunAllreduces(ProcessSet& set, std::vector<TensorEntry*>
     if (compressor) bytes = std::max<int64_t>(bytes, compressor->CompressedBytes(One(*e, count)));
     if (!compressor && !widen && bytes >= direct) {
       if (count > INT_MAX) {  // beyond one MPI call: the chunked path
-        Phase({e}, "QUEUE", false);
-        Phase({e}, "ALLREDUCE", true);
+        Phase({e}, activity::kQueue, false);
         Status s = Allreduce(set, *e);
-        Phase({e}, "ALLREDUCE", false);
+        Phase({e}, OperationPhase(e->request), false);
         stats_->Add(stats_->tensors, 1);
         if (!s.ok()) {
           e->work->Fail(s);
@@ -276,8 +296,7 @@ void CopyWithProgress(const void* in, void* out, int64_t count, DataType dtype, 
 }  // namespace
 
 Status OperationRunner::Prepare(ProcessSet& set, Bucket& b, TransportWork* in_flight) {
-  Phase(b.entries, "QUEUE", false);
-  Phase(b.entries, "ALLREDUCE", true);
+  Phase(b.entries, activity::kQueue, false);
   if (b.direct) {
     TensorEntry& e = *b.entries[0];
     const Request& q = e.request;
@@ -295,7 +314,7 @@ Status OperationRunner::Prepare(ProcessSet& set, Bucket& b, TransportWork* in_fl
     const int64_t elem = widen ? 4 : static_cast<int64_t>(DataTypeSize(b.dtype));
     b.staged = buffers_.Get(FusionBuffer::kSend, b.slot, static_cast<size_t>(b.count * elem));
     if (!b.staged) return OutOfMemory("a fusion buffer", static_cast<size_t>(b.count * elem));
-    Phase(b.entries, "MEMCPY_IN_FUSION_BUFFER", true);
+    Phase(b.entries, activity::kMemcpyInFusionBuffer, true);
     int64_t offset = 0;
     for (TensorEntry* e : b.entries) {
       const int64_t n = NumElements(e->request.shape);
@@ -309,7 +328,7 @@ Status OperationRunner::Prepare(ProcessSet& set, Bucket& b, TransportWork* in_fl
       }
       offset += n;
     }
-    Phase(b.entries, "MEMCPY_IN_FUSION_BUFFER", false);
+    Phase(b.entries, activity::kMemcpyInFusionBuffer, false);
     b.send = Transport::kInPlace;
     b.recv = b.staged;
     return Status::OK();
@@ -326,7 +345,7 @@ Status OperationRunner::Prepare(ProcessSet& set, Bucket& b, TransportWork* in_fl
     b.gathered = buffers_.Get(FusionBuffer::kGather, b.slot, wire * set.size());
     if (!b.gathered) return OutOfMemory("a gather buffer", wire * set.size());
   }
-  Phase(b.entries, "COMPRESS", true);
+  Phase(b.entries, activity::kCompress, true);
   size_t offset = 0;
   for (TensorEntry* e : b.entries) {
     const int64_t n = NumElements(e->request.shape);
@@ -340,7 +359,7 @@ Status OperationRunner::Prepare(ProcessSet& set, Bucket& b, TransportWork* in_fl
     offset += b.compressor->Compress(src, One(*e, n), b.staged + offset);
     if (in_flight) in_flight->Progress();
   }
-  Phase(b.entries, "COMPRESS", false);
+  Phase(b.entries, activity::kCompress, false);
   return Status::OK();
 }
 
@@ -348,14 +367,14 @@ Status OperationRunner::Start(ProcessSet& set, Bucket& b) {
   Transport& wire = set.transport();
   Status s;
   if (b.compressor != nullptr && b.compressor->wire() == Compressor::Wire::kAllgather) {
-    b.activity = wire.AllgatherActivity();
+    b.activity = wire.Activity(OpType::kAllgather);
     Phase(b.entries, b.activity, true);
     s = wire.StartAllgather(b.staged, static_cast<int64_t>(b.wire_bytes), b.gathered, &b.work);
     stats_->Add(stats_->wire_bytes_topk, static_cast<int64_t>(b.wire_bytes));
   } else if (b.compressor != nullptr) {
     // The compressor's wire form is summed as its element type.
     const DataType wire_type = b.compressor->wire_dtype();
-    b.activity = wire.AllreduceActivity(wire_type, ReduceOp::kSum);
+    b.activity = wire.Activity(OpType::kAllreduce, wire_type, ReduceOp::kSum);
     Phase(b.entries, b.activity, true);
     s = wire.StartAllreduce(Transport::kInPlace, b.staged, b.count, wire_type, ReduceOp::kSum, 1.0,
                             &b.work);
@@ -364,7 +383,7 @@ Status OperationRunner::Start(ProcessSet& set, Bucket& b) {
     const DataType wire_type = Is16BitFloat(b.dtype) ? DataType::kFloat32 : b.dtype;
     // A direct tensor's post-scale (Average) rides along with the reduction.
     const double post = b.direct ? PostFactor(b.entries[0]->request, set.size()) : 1.0;
-    b.activity = wire.AllreduceActivity(wire_type, b.op);
+    b.activity = wire.Activity(OpType::kAllreduce, wire_type, b.op);
     Phase(b.entries, b.activity, true);
     s = wire.StartAllreduce(b.send, b.recv, b.count, wire_type, b.op, post, &b.work);
     stats_->Add(stats_->wire_bytes_none, b.count * static_cast<int64_t>(DataTypeSize(wire_type)));
@@ -383,7 +402,7 @@ Status OperationRunner::Finish(ProcessSet& set, Bucket& b, TransportWork* in_fli
   if (b.direct) {
     // Scaled by the wire already.
   } else if (b.compressor == nullptr) {
-    Phase(b.entries, "MEMCPY_OUT_FUSION_BUFFER", true);
+    Phase(b.entries, activity::kMemcpyOutFusionBuffer, true);
     const bool widen = Is16BitFloat(b.dtype);
     const int64_t elem = widen ? 4 : static_cast<int64_t>(DataTypeSize(b.dtype));
     for (size_t i = 0; i < b.entries.size(); ++i) {
@@ -397,9 +416,9 @@ Status OperationRunner::Finish(ProcessSet& set, Bucket& b, TransportWork* in_fli
         CopyWithProgress(b.staged + b.offsets[i] * elem, e.output, n, b.dtype, post, in_flight);
       }
     }
-    Phase(b.entries, "MEMCPY_OUT_FUSION_BUFFER", false);
+    Phase(b.entries, activity::kMemcpyOutFusionBuffer, false);
   } else {
-    Phase(b.entries, "DECOMPRESS", true);
+    Phase(b.entries, activity::kDecompress, true);
     for (size_t i = 0; i < b.entries.size(); ++i) {
       TensorEntry& e = *b.entries[i];
       const int64_t n = NumElements(e.request.shape);
@@ -417,7 +436,7 @@ Status OperationRunner::Finish(ProcessSet& set, Bucket& b, TransportWork* in_fli
       if (post != 1.0) CopyScaled(out, out, n, DataType::kFloat32, post);
       if (in_flight) in_flight->Progress();
     }
-    Phase(b.entries, "DECOMPRESS", false);
+    Phase(b.entries, activity::kDecompress, false);
   }
   Complete(b.entries, b.compressor ? static_cast<int64_t>(b.wire_bytes) : b.count * 4);
   return Status::OK();
@@ -432,7 +451,7 @@ void OperationRunner::Complete(const std::vector<TensorEntry*>& entries, int64_t
   }
   for (auto* e : entries) {
     if (timeline_ && timeline_->active()) {
-      timeline_->End(e->request.name, "ALLREDUCE",
+      timeline_->End(TimelineRow(e->request), OperationPhase(e->request),
                      "\"dtype\":\"" + std::string(DataTypeName(e->request.dtype)) + "\",\"shape\":\"" +
                          ShapeString(e->request.shape) + "\",\"fused\":" + std::to_string(n) +
                          ",\"wire_bytes\":" + std::to_string(wire_bytes));
@@ -464,8 +483,7 @@ Status OperationRunner::RunAdasum(ProcessSet& set, std::vector<TensorEntry*>& en
 Status OperationRunner::AdasumBucket(ProcessSet& set, const std::vector<TensorEntry*>& bucket) {
   const DataType dtype = bucket[0]->request.dtype;
   const bool widen = Is16BitFloat(dtype);
-  Phase(bucket, "QUEUE", false);
-  Phase(bucket, "ALLREDUCE", true);
+  Phase(bucket, activity::kQueue, false);
   // float32 and float64 are reduced in the caller's output; 16-bit floats in
   // a float32 copy, rounded back once at the end.
   float* widened = nullptr;
@@ -490,9 +508,10 @@ Status OperationRunner::AdasumBucket(ProcessSet& set, const std::vector<TensorEn
       tensors.push_back({e->output, n});
     }
   }
-  Phase(bucket, "ADASUM_ALLREDUCE", true);
+  const char* wire_activity = set.transport().Activity(OpType::kAllreduce, dtype, ReduceOp::kAdasum);
+  Phase(bucket, wire_activity, true);
   Status s = adasum_.Allreduce(set.transport(), widen ? DataType::kFloat32 : dtype, tensors);
-  Phase(bucket, "ADASUM_ALLREDUCE", false);
+  Phase(bucket, wire_activity, false);
   stats_->Add(stats_->collectives, 1);
   stats_->Add(stats_->bytes_in, BytesIn(bucket));
   stats_->Add(stats_->wire_bytes_none, adasum_.wire_bytes());
@@ -516,7 +535,8 @@ Status OperationRunner::Allreduce(ProcessSet& set, TensorEntry& e) {
   const double post = PostFactor(q, set.size());
   if (count == 0) return Status::OK();
   CopyScaled(e.input, e.output, count, q.dtype, q.prescale);
-  Status s = set.transport().Allreduce(e.output, count, q.dtype, q.reduce_op);
+  Status s = Timed(e, set.transport().Activity(OpType::kAllreduce, q.dtype, q.reduce_op),
+                   [&] { return set.transport().Allreduce(e.output, count, q.dtype, q.reduce_op); });
   stats_->Add(stats_->collectives, 1);
   stats_->Add(stats_->wire_bytes_none, count * static_cast<int64_t>(DataTypeSize(q.dtype)));
   if (s.ok() && post != 1.0) CopyScaled(e.output, e.output, count, q.dtype, post);
@@ -528,7 +548,8 @@ Status OperationRunner::Broadcast(ProcessSet& set, TensorEntry& e) {
   const int64_t bytes = NumElements(q.shape) * static_cast<int64_t>(DataTypeSize(q.dtype));
   if (set.rank() == q.root_rank) CopyScaled(e.input, e.output, bytes, DataType::kUInt8, 1.0);
   stats_->Add(stats_->collectives, 1);
-  return set.transport().Broadcast(e.output, bytes, q.root_rank);
+  return Timed(e, set.transport().Activity(OpType::kBroadcast),
+               [&] { return set.transport().Broadcast(e.output, bytes, q.root_rank); });
 }
 
 Status OperationRunner::Allgather(ProcessSet& set, TensorEntry& e, const Response& response) {
@@ -545,7 +566,10 @@ Status OperationRunner::Allgather(ProcessSet& set, TensorEntry& e, const Respons
   e.work->output_shape = q.shape;
   e.work->output_shape[0] = total_rows;
   stats_->Add(stats_->collectives, 1);
-  return set.transport().Allgatherv(e.input, bytes_per_rank[set.rank()], e.work->output.data(), bytes_per_rank);
+  return Timed(e, set.transport().Activity(OpType::kAllgather), [&] {
+    return set.transport().Allgatherv(e.input, bytes_per_rank[set.rank()], e.work->output.data(),
+                                      bytes_per_rank);
+  });
 }
 
 Status OperationRunner::Alltoall(ProcessSet& set, TensorEntry& e, const Response& response) {
@@ -568,7 +592,9 @@ Status OperationRunner::Alltoall(ProcessSet& set, TensorEntry& e, const Response
   e.work->output_shape = q.shape;
   e.work->output_shape[0] = recv_rows;
   stats_->Add(stats_->collectives, 1);
-  return set.transport().Alltoallv(e.input, send_bytes, e.work->output.data(), recv_bytes);
+  return Timed(e, set.transport().Activity(OpType::kAlltoall), [&] {
+    return set.transport().Alltoallv(e.input, send_bytes, e.work->output.data(), recv_bytes);
+  });
 }
 
 Status OperationRunner::Reducescatter(ProcessSet& set, TensorEntry& e, const Response& response) {
@@ -592,8 +618,10 @@ Status OperationRunner::Reducescatter(ProcessSet& set, TensorEntry& e, const Res
     widened_.resize(static_cast<size_t>(count));
     widened_out_.resize(static_cast<size_t>(my_count));
     WidenToFloat(e.input, widened_.data(), count, q.dtype, q.prescale);
-    Status s = set.transport().ReduceScatter(widened_.data(), widened_out_.data(), counts,
-                                       DataType::kFloat32, q.reduce_op);
+    Status s = Timed(e, set.transport().Activity(OpType::kReducescatter), [&] {
+      return set.transport().ReduceScatter(widened_.data(), widened_out_.data(), counts,
+                                           DataType::kFloat32, q.reduce_op);
+    });
     if (s.ok()) NarrowFromFloat(widened_out_.data(), out, my_count, q.dtype, post);
     return s;
   }
@@ -604,7 +632,8 @@ Status OperationRunner::Reducescatter(ProcessSet& set, TensorEntry& e, const Res
     CopyScaled(e.input, scaled.data(), count, q.dtype, q.prescale);
     input = scaled.data();
   }
-  Status s = set.transport().ReduceScatter(input, out, counts, q.dtype, q.reduce_op);
+  Status s = Timed(e, set.transport().Activity(OpType::kReducescatter),
+                   [&] { return set.transport().ReduceScatter(input, out, counts, q.dtype, q.reduce_op); });
   if (s.ok() && post != 1.0) CopyScaled(out, out, my_count, q.dtype, post);
   return s;
 }
@@ -648,15 +677,19 @@ Status OperationRunner::CompressedReducescatter(ProcessSet& set, TensorEntry& e,
     const size_t unit = wire / static_cast<size_t>(std::max<int64_t>(count, 1));
     uint8_t* mine = buffers_.Get(FusionBuffer::kGather, 0, static_cast<size_t>(my_count) * unit + 64);
     if (!mine) return OutOfMemory("a compression buffer", static_cast<size_t>(my_count) * unit);
-    s = set.transport().ReduceScatter(staged, mine, counts, c->wire_dtype(), ReduceOp::kSum);
+    s = Timed(e, set.transport().Activity(OpType::kReducescatter), [&] {
+      return set.transport().ReduceScatter(staged, mine, counts, c->wire_dtype(), ReduceOp::kSum);
+    });
     if (s.ok()) c->Decompress(mine, {Segment{q.name, 0, my_count}}, out);
   } else {
     stats_->Add(stats_->wire_bytes_topk, static_cast<int64_t>(wire));
     uint8_t* gathered = buffers_.Get(FusionBuffer::kGather, 0, wire * size);
     if (!gathered) return OutOfMemory("a gather buffer", wire * size);
-    std::unique_ptr<TransportWork> work;
-    s = set.transport().StartAllgather(staged, static_cast<int64_t>(wire), gathered, &work);
-    if (s.ok()) s = work->Wait();
+    s = Timed(e, set.transport().Activity(OpType::kAllgather), [&] {
+      std::unique_ptr<TransportWork> work;
+      Status started = set.transport().StartAllgather(staged, static_cast<int64_t>(wire), gathered, &work);
+      return started.ok() ? work->Wait() : started;
+    });
     if (s.ok()) {
       widened_out_.assign(static_cast<size_t>(count), 0.0f);
       for (int r = 0; r < size; ++r) c->DecompressAdd(gathered + static_cast<size_t>(r) * wire, segs, widened_out_.data());

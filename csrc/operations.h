@@ -8,6 +8,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -60,8 +61,15 @@ class OperationRunner {
   Status CompressedReducescatter(ProcessSet& set, TensorEntry& entry, const Response& response);
 
   Compressor* CompressorFor(const CompressionSpec& spec);
+  // Timeline events on the rows of `entries` (names: timeline_names.h).
   void Phase(const std::vector<TensorEntry*>& entries, const char* phase, bool begin,
              const std::string& args = "");
+  // Negotiation is over: the row leaves NEGOTIATE_<OP> (unless this rank has
+  // joined and never submitted the tensor) and enters the operation's span,
+  // waiting in QUEUE for its turn.
+  void Agreed(const TensorEntry& entry, const Response& response, bool negotiated);
+  // `run` as one activity on the entry's row.
+  Status Timed(TensorEntry& entry, const char* activity, const std::function<Status()>& run);
 
   EngineOptions options_;
   EngineStats* stats_;

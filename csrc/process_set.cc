@@ -30,15 +30,20 @@ std::string ProcessSet::NextAutoName(OpType op) {
   return std::string(OpTypeName(op)) + ".noname." + std::to_string(n);
 }
 
-void ProcessSet::SkipAutoName(OpType op, const std::string& name) {
+int64_t AutoNameCounter(OpType op, const std::string& name) {
   const std::string prefix = std::string(OpTypeName(op)) + ".noname.";
-  if (name.compare(0, prefix.size(), prefix) != 0) return;
+  if (name.compare(0, prefix.size(), prefix) != 0) return -1;
   const std::string digits = name.substr(prefix.size());
   if (digits.empty() || digits.size() > 18 ||
       digits.find_first_not_of("0123456789") != std::string::npos) {
-    return;
+    return -1;
   }
-  const int64_t n = std::stoll(digits);
+  return std::stoll(digits);
+}
+
+void ProcessSet::SkipAutoName(OpType op, const std::string& name) {
+  const int64_t n = AutoNameCounter(op, name);
+  if (n < 0) return;
   std::lock_guard<std::mutex> lock(names_mutex_);
   int64_t& counter = auto_name_counters_[static_cast<size_t>(op)];
   counter = std::max(counter, n + 1);

@@ -17,6 +17,10 @@
 
 namespace hvdlite {
 
+// The counter in a name ProcessSet::NextAutoName made ("allreduce.noname.3":
+// 3); -1 for any other name.
+int64_t AutoNameCounter(OpType op, const std::string& name);
+
 class ProcessSet {
  public:
   // `comm` is MPI_COMM_NULL on ranks that are not members; it is owned here.

@@ -127,18 +127,17 @@ int WriteAll(int fd, const char* data, size_t n) {
 
 std::string OsError(int err) { return std::error_code(err, std::generic_category()).message(); }
 
+// `args_json`: the body of the args object, as for Timeline::Begin.
 void AppendMetadata(std::string* out, const char* what, int64_t pid, int64_t tid,
-                    const char* key, const std::string& quoted_or_number) {
+                    const std::string& args_json) {
   out->append("{\"name\":\"");
   out->append(what);
   out->append("\",\"ph\":\"M\",\"pid\":");
   AppendInt(out, pid);
   out->append(",\"tid\":");
   AppendInt(out, tid);
-  out->append(",\"args\":{\"");
-  out->append(key);
-  out->append("\":");
-  out->append(quoted_or_number);
+  out->append(",\"args\":{");
+  out->append(args_json);
   out->append("}}");
 }
 
@@ -174,11 +173,20 @@ Status Timeline::Start(const std::string& pattern, int rank) {
     return Status::InvalidArgument("timeline: cannot create '" + path + "': " + OsError(errno));
   }
 
+  // Event times are microseconds since this moment, which the process
+  // metadata records as wall-clock time (the key Horovod's timeline uses), so
+  // readers can place the file in time and line up the ranks' files.
+  const auto mono0 = std::chrono::steady_clock::now();
+  const int64_t start_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                               std::chrono::system_clock::now().time_since_epoch()).count();
+
   // Written synchronously so the file is a valid trace from the first moment.
   std::string header = "[\n";
-  AppendMetadata(&header, "process_name", rank, 0, "name", JsonQuote("rank " + std::to_string(rank)));
+  AppendMetadata(&header, "process_name", rank, 0,
+                 "\"name\":" + JsonQuote("rank " + std::to_string(rank)) +
+                     ",\"start_time_since_epoch_in_micros\":" + std::to_string(start_us));
   header.append(",\n");
-  AppendMetadata(&header, "process_sort_index", rank, 0, "sort_index", std::to_string(rank));
+  AppendMetadata(&header, "process_sort_index", rank, 0, "\"sort_index\":" + std::to_string(rank));
   if (int err = WriteAll(fd, header.data(), header.size())) {
     ::close(fd);
     return Status::InvalidArgument("timeline: cannot write '" + path + "': " + OsError(err));
@@ -201,9 +209,7 @@ Status Timeline::Start(const std::string& pattern, int rank) {
     notice_row_ = Row();
     notice_row_.tid = kNoticeTid;
     next_tid_ = kFirstTensorTid;
-    wall0_us_ = std::chrono::duration_cast<std::chrono::microseconds>(
-                    std::chrono::system_clock::now().time_since_epoch()).count();
-    mono0_ = std::chrono::steady_clock::now();
+    mono0_ = mono0;
     dropped_reported_ = 0;
     file_limit_noticed_ = false;
     stats_ = TimelineStats();
@@ -260,19 +266,19 @@ TimelineStats Timeline::stats() const {
   return stats_;
 }
 
-void Timeline::Begin(const std::string& tensor, const char* phase, const std::string& args_json) {
+void Timeline::Begin(const std::string& row, const char* phase, const std::string& args_json) {
   if (!active()) return;
-  Record(&tensor, -1, 'B', phase, args_json);
+  Record(&row, -1, 'B', phase, args_json);
 }
 
-void Timeline::End(const std::string& tensor, const char* phase, const std::string& args_json) {
+void Timeline::End(const std::string& row, const char* phase, const std::string& args_json) {
   if (!active()) return;
-  Record(&tensor, -1, 'E', phase, args_json);
+  Record(&row, -1, 'E', phase, args_json);
 }
 
-void Timeline::Instant(const std::string& tensor, const char* name, const std::string& args_json) {
+void Timeline::Instant(const std::string& row, const char* name, const std::string& args_json) {
   if (!active()) return;
-  Record(&tensor, -1, 'i', name, args_json);
+  Record(&row, -1, 'i', name, args_json);
 }
 
 void Timeline::MarkCycle() {
@@ -347,10 +353,10 @@ Timeline::Row* Timeline::RowLocked(const std::string* tensor, int64_t fixed_tid)
 
 void Timeline::NameRowLocked(Row* row, const std::string& label, int64_t sort_index) {
   pending_.append(",\n");
-  AppendMetadata(&pending_, "thread_name", rank_, row->tid, "name", JsonQuote(label));
+  AppendMetadata(&pending_, "thread_name", rank_, row->tid, "\"name\":" + JsonQuote(label));
   pending_.append(",\n");
-  AppendMetadata(&pending_, "thread_sort_index", rank_, row->tid, "sort_index",
-                 std::to_string(sort_index));
+  AppendMetadata(&pending_, "thread_sort_index", rank_, row->tid,
+                 "\"sort_index\":" + std::to_string(sort_index));
   row->named = true;
 }
 
@@ -362,11 +368,9 @@ bool Timeline::OverLimitLocked() const {
 }
 
 int64_t Timeline::NowMicrosLocked() const {
-  // Anchored to system_clock once per Start, so ranks on one host share a
-  // clock, then advanced by steady_clock so an NTP step mid-run cannot put
-  // an End before its Begin.
-  return wall0_us_ + std::chrono::duration_cast<std::chrono::microseconds>(
-                         std::chrono::steady_clock::now() - mono0_).count();
+  // steady_clock, so an NTP step mid-run cannot put an End before its Begin.
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now() - mono0_).count();
 }
 
 void Timeline::AppendEventLocked(const std::string& body, int64_t tid) {

@@ -1,8 +1,11 @@
 // Per-rank Chrome trace (JSON array format) of what the engine does to each
 // tensor. Callers never wait for the disk: events are appended to a memory
-// buffer under a short mutex and a writer thread flushes it several times a
+// buffer under a short mutex and a writer thread flushes it twenty times a
 // second, so a SIGKILLed run still leaves a file that chrome://tracing and
 // Perfetto open (the array format allows the closing `]` to be missing).
+// The process (pid = rank) carries the wall-clock start time in its metadata
+// (start_time_since_epoch_in_micros); event times are microseconds since it.
+// Row and phase names are the callers' (timeline_names.h).
 #pragma once
 
 #include <atomic>
@@ -26,8 +29,9 @@ struct TimelineOptions {
   size_t max_pending_bytes = size_t{64} << 20;
   // Stop recording new events once the file reaches this size; 0 = no limit.
   uint64_t max_file_bytes = 0;
-  // Upper bound on what a SIGKILL loses.
-  std::chrono::milliseconds flush_interval{250};
+  // Upper bound on what a SIGKILL loses, and on how long an event takes to
+  // reach the file (tools may read it while the run goes on).
+  std::chrono::milliseconds flush_interval{50};
 };
 
 struct TimelineStats {
@@ -58,13 +62,13 @@ class Timeline {
   void Stop();
   bool active() const { return active_.load(std::memory_order_acquire); }
 
-  // Events on the row of `tensor` (one row per tensor name). `args_json` is
+  // Events on the row labelled `row` (one per label, e.g. a tensor's). `args_json` is
   // either empty or a JSON object body without braces, copied verbatim, e.g.
   // "\"dtype\":\"float32\",\"shape\":[2,3]". All calls are thread-safe and
   // are no-ops while not active. An End() closes the row's latest Begin().
-  void Begin(const std::string& tensor, const char* phase, const std::string& args_json = "");
-  void End(const std::string& tensor, const char* phase, const std::string& args_json = "");
-  void Instant(const std::string& tensor, const char* name, const std::string& args_json = "");
+  void Begin(const std::string& row, const char* phase, const std::string& args_json = "");
+  void End(const std::string& row, const char* phase, const std::string& args_json = "");
+  void Instant(const std::string& row, const char* name, const std::string& args_json = "");
   void MarkCycle();  // an instant "CYCLE_START" on a dedicated row
 
   TimelineStats stats() const;
@@ -107,8 +111,7 @@ class Timeline {
   std::unordered_map<std::string, Row> rows_;
   Row cycle_row_, notice_row_;
   int64_t next_tid_ = 0;
-  int64_t wall0_us_ = 0;  // system_clock at Start ...
-  std::chrono::steady_clock::time_point mono0_;  // ... advanced by steady_clock
+  std::chrono::steady_clock::time_point mono0_;  // Start: event times count from here
   uint64_t dropped_reported_ = 0;
   bool file_limit_noticed_ = false;
   TimelineStats stats_;

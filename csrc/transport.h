@@ -52,10 +52,11 @@ class Transport {
 
   // Whether StartAllreduce / Allreduce / ReduceScatter take this pair.
   virtual bool Supports(DataType dtype, ReduceOp op) const = 0;
-  // The timeline's name for an allreduce of this pair on this wire, e.g.
-  // "MPI_ALLREDUCE", "SHM_ALLREDUCE".
-  virtual const char* AllreduceActivity(DataType dtype, ReduceOp op) const = 0;
-  virtual const char* AllgatherActivity() const = 0;
+  // The timeline's name for running `op` (with this element type and
+  // reduction, where it reduces) on this wire: "MPI_ALLREDUCE",
+  // "SHM_ALLREDUCE", "MPI_BCAST", ... (timeline_names.h).
+  virtual const char* Activity(OpType op, DataType dtype = DataType::kUInt8,
+                               ReduceOp reduce = ReduceOp::kSum) const = 0;
 
   // Reduces `count` elements of every rank's `send` into `recv` and
   // multiplies the result by `scale`. `count` must fit one call (INT_MAX).

@@ -2,7 +2,10 @@
 
 Each rank writes its own file (``HVDLITE_TIMELINE=/tmp/tl-%r.json``) in the
 JSON array format: ``[`` and then one event per line, the closing ``]`` only
-after a clean stop. ``merge`` joins the per-rank files into one trace with a
+after a clean stop. Rows and phases are named as in Horovod's timeline (a row
+``allreduce.<tensor>``, phases ``NEGOTIATE_ALLREDUCE``, ``ALLREDUCE``, ...),
+and event times count from the ``start_time_since_epoch_in_micros`` in the
+process metadata. ``merge`` joins the per-rank files into one trace with a
 process per rank on a common clock; ``stragglers`` says which rank keeps the
 others waiting in negotiation.
 
@@ -22,10 +25,16 @@ import os
 import re
 import sys
 
-__all__ = ["load", "merge", "summarize", "stragglers"]
+__all__ = ["load", "start_time_us", "merge", "summarize", "stragglers"]
 
-# Phase names that mean "this rank is ready and waits for the others".
-NEGOTIATE_PREFIX = "NEGOTIATE"
+# Phases that mean "this rank is ready and waits for the others":
+# NEGOTIATE_ALLREDUCE, NEGOTIATE_ALLGATHER, ... (plain NEGOTIATE in files
+# written before the timeline took Horovod's names).
+NEGOTIATE_PREFIX = "NEGOTIATE_"
+_NEGOTIATE_BEFORE = "NEGOTIATE"
+# Process metadata: the wall-clock time (microseconds since the UNIX epoch)
+# the file's event times count from.
+START_TIME_KEY = "start_time_since_epoch_in_micros"
 LAG_COUNTER = "negotiate lateness (ms)"
 _META_PROCESS = ("process_name", "process_sort_index", "process_labels")
 
@@ -69,6 +78,36 @@ def load(path):
     """The list of trace events in ``path``; tolerates a missing final ``]``
     and a trailing partial event (a rank killed while writing)."""
     return _load(path)[0]
+
+
+def start_time_us(events):
+    """When the timeline of ``events`` started, in microseconds since the UNIX
+    epoch: an event's ``ts`` counts from it. 0 for files without the key
+    (written before it existed: their ``ts`` are epoch microseconds already)."""
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            start = (e.get("args") or {}).get(START_TIME_KEY)
+            if isinstance(start, (int, float)):
+                return start
+    return 0
+
+
+def _on_epoch_clock(events):
+    """``events`` with ``ts`` in microseconds since the epoch, so files of
+    different ranks (each counting from its own start) line up."""
+    start = start_time_us(events)
+    if not start:
+        return events
+    out = []
+    for e in events:
+        if isinstance(e.get("ts"), (int, float)):
+            e = dict(e, ts=e["ts"] + start)
+        out.append(e)
+    return out
+
+
+def _is_negotiate(name):
+    return name.startswith(NEGOTIATE_PREFIX) or name == _NEGOTIATE_BEFORE
 
 
 def _file_rank(events, default):
@@ -124,7 +163,8 @@ class _Rank:
 def _per_rank(paths):
     """[_Rank], one per process found; a merged file contributes one per pid
     in it. Two files claiming the same rank (say two runs' rank-0 files) are
-    both kept under distinct pids and labelled with their file names."""
+    both kept under distinct pids and labelled with their file names. Event
+    times are put on the epoch clock."""
     out, used = [], set()
     for i, path in enumerate(paths):
         events, truncated = _load(path)
@@ -137,9 +177,10 @@ def _per_rank(paths):
                 label = next((str((e.get("args") or {}).get("name")) for e in groups[pid]
                               if e.get("ph") == "M" and e.get("name") == "process_name"),
                              f"rank {pid}")
-                out.append(_Rank(pid, label, groups[pid], truncated, path))
+                out.append(_Rank(pid, label, _on_epoch_clock(groups[pid]), truncated, path))
                 used.add(pid)
             continue
+        events = _on_epoch_clock(events)
         rank = _file_rank(events, i)
         label = f"rank {rank}"
         if rank in used:
@@ -160,19 +201,19 @@ def _rows(events):
 
 
 def _negotiate_begins(ranked):
-    """{tensor: [(ts, rank)]} for the Begin of each NEGOTIATE* phase."""
+    """{tensor: [(ts, rank)]} for the Begin of each NEGOTIATE_<OP> phase."""
     begins = {}
     for r in ranked:
         names = _rows(r.events)
         for e in r.events:
-            if e.get("ph") == "B" and str(e.get("name", "")).startswith(NEGOTIATE_PREFIX):
+            if e.get("ph") == "B" and _is_negotiate(str(e.get("name", ""))):
                 tensor = names.get(e.get("tid"), str(e.get("tid")))
                 begins.setdefault(tensor, []).append((e["ts"], r.pid))
     return begins
 
 
 def _rounds(begins, nranks):
-    """Splits one tensor's NEGOTIATE begins (all ranks) into rounds: a rank
+    """Splits one tensor's negotiation begins (all ranks) into rounds: a rank
     cannot negotiate a tensor again before every rank negotiated it once
     (the collective needs them all), so a rank seen twice opens a new round.
     Yields complete rounds as {rank: ts}."""
@@ -191,10 +232,12 @@ def merge(paths, out_path, lag_counters=True):
     """Joins per-rank timeline files into one Chrome trace written to
     ``out_path`` and returns its ``otherData``. Every input becomes a process
     (pid = rank, named "rank N", sorted by rank); rows per tensor are kept;
-    timestamps (system-clock microseconds) are shifted so the earliest event
-    is at 0. Rows a kill left open are closed at the file's last event. With
-    ``lag_counters``, a counter track per rank shows how late it entered each
-    NEGOTIATE compared with the first rank: a straggler's graph stands out."""
+    all ranks are put on one clock that starts at the earliest event (its
+    wall-clock time is every process's ``start_time_since_epoch_in_micros``
+    and ``otherData.epoch_offset_us``). Rows a kill left open are closed at
+    the file's last event. With ``lag_counters``, a counter track per rank
+    shows how late it entered each negotiation compared with the first rank:
+    a straggler's graph stands out."""
     ranked = _per_rank(paths)
     all_ts = [e["ts"] for r in ranked for e in r.events
               if e.get("ph") != "M" and isinstance(e.get("ts"), (int, float))]
@@ -203,7 +246,7 @@ def merge(paths, out_path, lag_counters=True):
     for r in ranked:
         rank, events, truncated, path = r.pid, r.events, r.truncated, r.path
         out_events.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
-                           "args": {"name": r.label}})
+                           "args": {"name": r.label, START_TIME_KEY: t0}})
         out_events.append({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0,
                            "args": {"sort_index": rank if isinstance(rank, int) else 1 << 30}})
         depth, last_ts, count = {}, None, 0
@@ -250,8 +293,9 @@ def merge(paths, out_path, lag_counters=True):
 
     other = {
         "tool": "hvdlite.timeline merge",
-        "clock": "system_clock microseconds since the UNIX epoch, anchored when each rank started "
-                 "its timeline; ranks on one host share it, across hosts it is as good as NTP",
+        "clock": "microseconds since epoch_offset_us (system_clock microseconds since the UNIX "
+                 "epoch); each rank's file counts from its own start, read from the system clock: "
+                 "ranks on one host share it, across hosts it is as good as NTP",
         "epoch_offset_us": t0,
         "ranks": nranks,
         "negotiation_rounds": rounds_total,
@@ -362,7 +406,7 @@ def _print_stragglers(paths, top):
         print("need at least two ranks (a merged file or several per-rank files)")
         return
     if not s["tensors"]:
-        print(f"no complete {NEGOTIATE_PREFIX}* rounds found")
+        print(f"no complete {NEGOTIATE_PREFIX}<OP> rounds found")
         return
     total = sum(r["last"] for r in s["ranks"].values())
     print("rank   last to negotiate     mean lag ms")

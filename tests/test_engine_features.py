@@ -12,7 +12,8 @@ from mpi_harness import mpiexec, rank_env, run_ranks
 
 def test_features_two_ranks(tmp_path):
     proc = run_ranks("scripts/engine_features.py", 2,
-                     args=[tmp_path, "fusion_matches_unfused,cache,fp16,topk,timeline,stall,priority"])
+                     args=[tmp_path, "fusion_matches_unfused,cache,fp16,topk,timeline,horovod_layout,stall,"
+                                     "priority"])
     assert "stall inspector" in proc.stderr and "stalled.tensor" in proc.stderr
     assert "not by ranks [1]" in proc.stderr
 
@@ -26,7 +27,7 @@ def test_features_over_mpi(tmp_path):
     """The same checks with shared memory turned off: MPI carries fused and
     compressed buckets (one host uses shared memory otherwise)."""
     run_ranks("scripts/engine_features.py", 2,
-              args=[tmp_path, "fusion_matches_unfused,cache,fp16,topk,timeline"],
+              args=[tmp_path, "fusion_matches_unfused,cache,fp16,topk,timeline,horovod_layout"],
               env={"HVDLITE_SHM_ALLREDUCE": "0"})
 
 

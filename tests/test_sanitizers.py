@@ -28,7 +28,8 @@ REPORT = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|"
 PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
 ENGINE_RUNS = [
     (PYTEST + ["{tests}/scripts/engine_collectives.py"], 2),
-    (["{tests}/scripts/engine_features.py", "{tmp}", "fusion_matches_unfused,cache,fp16,topk,timeline"], 2),
+    (["{tests}/scripts/engine_features.py", "{tmp}",
+      "fusion_matches_unfused,cache,fp16,topk,timeline,horovod_layout"], 2),
     (PYTEST + ["{tests}/scripts/reliability_bad_input.py"], 2),
     (["{tests}/scripts/reliability_threads.py", 4, 60], 2),
     (["{tests}/scripts/engine_adasum.py", "{tmp}", "main"], 2),

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -81,9 +82,13 @@ def test_writer_cpp(writer_binary, tmp_path):
     assert truncated
     ts = [e["ts"] for e in events if e["ph"] != "M"]
     assert max(ts) - min(ts) > 1_000_000
-    assert all(d <= 1 for d in _balanced_rows(events).values())
+    assert all(d <= 2 for d in _balanced_rows(events).values())
     meta = {e["name"]: e["args"] for e in events if e["ph"] == "M" and e["tid"] == 0}
-    assert meta["process_name"] == {"name": "rank 1"}
+    # As in Horovod's files: times count from the wall-clock start in the metadata.
+    start = tl.start_time_us(events)
+    assert abs(start - time.time() * 1e6) < 3600e6
+    assert 0 <= min(ts) and max(ts) < 600e6
+    assert meta["process_name"] == {"name": "rank 1", tl.START_TIME_KEY: start}
     assert meta["process_sort_index"] == {"sort_index": 1}
 
     # A cleanly stopped file is plain JSON with balanced rows and named rows.
@@ -104,42 +109,57 @@ def test_writer_cpp(writer_binary, tmp_path):
 
 # ------------------------------------------------------------ synthetic files
 
-T0 = 1_700_000_000_000_000  # microseconds since the epoch, like the writer's
-TENSORS = ["grad/conv1", "grad/fc \"out\""]
+T0 = 1_700_000_000_000_000  # microseconds since the epoch: the earliest event
+TENSORS = ["allreduce.grad/conv1", "allreduce.grad/fc \"out\""]
 STRAGGLER, LAG_US, STEPS = 1, 5000, 6
 
 
-def _rank_events(rank, steps=STEPS):
-    """A per-rank file's events: rank STRAGGLER enters NEGOTIATE LAG_US late
-    every step; the others wait for it inside NEGOTIATE."""
-    ev = [{"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
-           "args": {"name": f"rank {rank}"}},
+def _start_us(rank):
+    # Each rank started its timeline at its own moment, before its first event.
+    return T0 - 1000 * (rank + 1)
+
+
+def _rank_events(rank, steps=STEPS, before_horovod_names=False):
+    """A per-rank file's events: rank STRAGGLER enters negotiation LAG_US
+    late every step; the others wait for it inside NEGOTIATE_ALLREDUCE.
+    ``before_horovod_names``: the format of files written before the timeline
+    took Horovod's names (plain NEGOTIATE, epoch times, no start time)."""
+    start = 0 if before_horovod_names else _start_us(rank)
+    process = {"name": f"rank {rank}"}
+    if not before_horovod_names:
+        process[tl.START_TIME_KEY] = start
+    negotiate = "NEGOTIATE" if before_horovod_names else "NEGOTIATE_ALLREDUCE"
+    ev = [{"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": process},
           {"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0,
            "args": {"sort_index": rank}}]
     for i, name in enumerate(TENSORS):
         ev.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": 3 + i,
                    "args": {"name": name}})
     for step in range(steps):
-        base = T0 + step * 100_000 + rank * 10  # ranks' clocks a little apart
+        base = T0 + step * 100_000 + rank * 10 - start  # ranks' clocks a little apart
         for i, _ in enumerate(TENSORS):
             tid = 3 + i
             enter = base + i * 1000 + (LAG_US if rank == STRAGGLER else 0)
             agreed = base + i * 1000 + LAG_US + 200
-            ev += [{"name": "NEGOTIATE", "ph": "B", "ts": enter, "pid": rank, "tid": tid},
-                   {"name": "NEGOTIATE", "ph": "E", "ts": agreed, "pid": rank, "tid": tid},
+            ev += [{"name": negotiate, "ph": "B", "ts": enter, "pid": rank, "tid": tid},
+                   {"name": negotiate, "ph": "E", "ts": agreed, "pid": rank, "tid": tid},
+                   {"name": "ALLREDUCE", "ph": "B", "ts": agreed, "pid": rank, "tid": tid},
                    {"name": "MPI_ALLREDUCE", "ph": "B", "ts": agreed + 10, "pid": rank,
                     "tid": tid},
                    {"name": "MPI_ALLREDUCE", "ph": "E", "ts": agreed + 510, "pid": rank,
-                    "tid": tid, "args": {"dtype": "float32", "shape": [2, 3]}}]
+                    "tid": tid},
+                   {"name": "ALLREDUCE", "ph": "E", "ts": agreed + 520, "pid": rank, "tid": tid,
+                    "args": {"dtype": "float32", "shape": "[2, 3]"}}]
     return ev
 
 
 def _write_rank(path, events, cut=False):
-    """Writes the writer's format; `cut` imitates a SIGKILL: an open B, no
-    closing bracket and half an event at the end."""
+    """Writes the writer's format; `cut` imitates a SIGKILL of rank 2: an open
+    B, no closing bracket and half an event at the end."""
     body = "[\n" + ",\n".join(json.dumps(e) for e in events)
     if cut:
-        body += ',\n{"name":"MPI_ALLREDUCE","ph":"B","ts":%d,"pid":2,"tid":3}' % (T0 + 900_000)
+        body += (',\n{"name":"MPI_ALLREDUCE","ph":"B","ts":%d,"pid":2,"tid":3}'
+                 % (T0 + 900_000 - _start_us(2)))
         body += ',\n{"name":"MEMCPY_OUT_FUS'
     else:
         body += "\n]\n"
@@ -184,9 +204,10 @@ def _check_merged(path, nranks=3):
     data = json.load(open(path, encoding="utf-8"))
     assert data["displayTimeUnit"] == "ms"
     events = data["traceEvents"]
-    procs = {e["pid"]: e["args"]["name"] for e in events
+    procs = {e["pid"]: e["args"] for e in events
              if e["ph"] == "M" and e["name"] == "process_name"}
-    assert procs == {r: f"rank {r}" for r in range(nranks)}
+    # One clock for all: each process starts at the earliest event.
+    assert procs == {r: {"name": f"rank {r}", tl.START_TIME_KEY: T0} for r in range(nranks)}
     sort = {e["pid"]: e["args"]["sort_index"] for e in events
             if e["ph"] == "M" and e["name"] == "process_sort_index"}
     assert sort == {r: r for r in range(nranks)}
@@ -195,8 +216,8 @@ def _check_merged(path, nranks=3):
     # Common clock: shifted by the same amount everywhere.
     offset = data["otherData"]["epoch_offset_us"]
     assert offset == T0
-    negotiate = {(e["pid"], e["ts"]) for e in events if e.get("name") == "NEGOTIATE"
-                 and e["ph"] == "B"}
+    negotiate = {(e["pid"], e["ts"]) for e in events
+                 if e.get("name") in ("NEGOTIATE_ALLREDUCE", "NEGOTIATE") and e["ph"] == "B"}
     assert (STRAGGLER, LAG_US + STRAGGLER * 10) in negotiate
     # Rows per tensor kept, per rank; every row balanced, the cut one too.
     rows = {(e["pid"], e["args"]["name"]) for e in events
@@ -272,7 +293,7 @@ def test_stragglers(rank_files, tmp_path):
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert lines[1].split()[0] == str(STRAGGLER) and "100.0%" in lines[1]
-    assert any(line.startswith("grad/conv1") for line in lines)
+    assert any(line.startswith("allreduce.grad/conv1") for line in lines)
 
 
 def test_summarize(rank_files, tmp_path):
@@ -280,7 +301,8 @@ def test_summarize(rank_files, tmp_path):
     phases = s[0]["phases"]
     assert phases["MPI_ALLREDUCE"] == {"total_us": 500 * STEPS * len(TENSORS),
                                        "count": STEPS * len(TENSORS)}
-    assert s[0]["tensors"]["grad/conv1"]["NEGOTIATE"] == (LAG_US + 200) * STEPS
+    assert s[0]["tensors"]["allreduce.grad/conv1"]["NEGOTIATE_ALLREDUCE"] == (LAG_US + 200) * STEPS
+    assert phases["ALLREDUCE"]["count"] == STEPS * len(TENSORS)
     res = _cli("summarize", str(tmp_path / "tl-%r.json"), "--ranks", "3")
     assert res.returncode == 0, res.stderr
     assert "rank 2 (file cut: killed?)" in res.stdout and "MPI_ALLREDUCE" in res.stdout
@@ -295,3 +317,18 @@ def test_duplicate_ranks_kept_apart(tmp_path):
     names = sorted(e["args"]["name"] for e in json.load(open(out))["traceEvents"]
                    if e["ph"] == "M" and e["name"] == "process_name")
     assert names == ["rank 0", "rank 0 (run2.json)"]
+
+
+def test_files_from_before_horovod_names(tmp_path):
+    """Files with plain NEGOTIATE phases and epoch times (no start time in the
+    metadata) still merge onto the same clock and show the straggler."""
+    paths = []
+    for rank in range(3):
+        paths.append(str(tmp_path / f"old-{rank}.json"))
+        _write_rank(paths[-1], _rank_events(rank, before_horovod_names=True))
+    merged = str(tmp_path / "merged.json")
+    other = tl.merge(paths, merged)
+    assert other["epoch_offset_us"] == T0 and other["negotiation_rounds"] == STEPS * len(TENSORS)
+    s = tl.stragglers(paths)
+    assert s["ranks"][STRAGGLER]["last"] == STEPS * len(TENSORS)
+    assert s["tensors"]["allreduce.grad/conv1"]["mean_lag_ms"] == pytest.approx((LAG_US + 10) / 1000)

@@ -7,6 +7,7 @@
 
 #include "../reduce_kernels.h"
 #include "../scale.h"
+#include "../timeline_names.h"
 #include "waiter.h"
 
 namespace hvdlite {
@@ -163,6 +164,18 @@ bool MpiReduction(DataType dtype, ReduceOp op, MPI_Datatype* type, MPI_Op* mpi_o
 }
 
 bool MpiTransport::Supports(DataType dtype, ReduceOp op) const { return ElementwiseReducible(dtype, op); }
+
+const char* MpiTransport::Activity(OpType op, DataType, ReduceOp reduce) const {
+  switch (op) {
+    case OpType::kAllreduce:
+      return reduce == ReduceOp::kAdasum ? activity::kMpiAdasumAllreduce : activity::kMpiAllreduce;
+    case OpType::kAllgather: return activity::kMpiAllgather;
+    case OpType::kBroadcast: return activity::kMpiBcast;
+    case OpType::kAlltoall: return activity::kMpiAlltoall;
+    case OpType::kReducescatter: return activity::kMpiReducescatter;
+    default: return "MPI";
+  }
+}
 
 namespace {
 
@@ -360,7 +373,7 @@ Status MpiTransport::StartAllreduce(const void* send, void* recv, int64_t count,
   MPI_Datatype type;
   MPI_Op mpi_op;
   if (!MpiReduction(dtype, op, &type, &mpi_op)) return NoReduction(dtype, op);
-  auto w = std::make_unique<MpiWork>(this, "MPI_ALLREDUCE", recv, count, dtype, scale);
+  auto w = std::make_unique<MpiWork>(this, activity::kMpiAllreduce, recv, count, dtype, scale);
   Status s = Check(MPI_Iallreduce(MpiSend(send), recv, static_cast<int>(count), type, mpi_op, comm_,
                                   w->request()),
                    "MPI_Iallreduce");
@@ -371,7 +384,7 @@ Status MpiTransport::StartAllreduce(const void* send, void* recv, int64_t count,
 Status MpiTransport::StartAllgather(const void* send, int64_t bytes, void* recv,
                                     std::unique_ptr<TransportWork>* work) {
   if (bytes > INT_MAX) return TooLarge("allgather of a compressed bucket");
-  auto w = std::make_unique<MpiWork>(this, "MPI_ALLGATHER", recv, 0, DataType::kUInt8, 1.0);
+  auto w = std::make_unique<MpiWork>(this, activity::kMpiAllgather, recv, 0, DataType::kUInt8, 1.0);
   Status s = Check(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv,
                                   static_cast<int>(bytes), MPI_BYTE, comm_, w->request()),
                    "MPI_Iallgather");

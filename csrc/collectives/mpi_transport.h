@@ -25,8 +25,7 @@ class MpiTransport : public Transport {
   MPI_Comm comm() const { return comm_; }
 
   bool Supports(DataType dtype, ReduceOp op) const override;
-  const char* AllreduceActivity(DataType, ReduceOp) const override { return "MPI_ALLREDUCE"; }
-  const char* AllgatherActivity() const override { return "MPI_ALLGATHER"; }
+  const char* Activity(OpType op, DataType dtype, ReduceOp reduce) const override;
   Status StartAllreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
                         double scale, std::unique_ptr<TransportWork>* work) override;
   Status StartAllgather(const void* send, int64_t bytes, void* recv,

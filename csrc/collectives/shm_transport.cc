@@ -2,6 +2,8 @@
 
 #include <climits>
 
+#include "../timeline_names.h"
+
 namespace hvdlite {
 
 namespace {
@@ -26,6 +28,11 @@ std::unique_ptr<Transport> ShmTransport::Create(std::unique_ptr<MpiTransport> mp
   auto shm = ShmCollectives::Create(mpi->comm(), want, options, abort);
   if (!shm) return mpi;
   return std::unique_ptr<Transport>(new ShmTransport(std::move(mpi), std::move(shm), stats));
+}
+
+const char* ShmTransport::Activity(OpType op, DataType dtype, ReduceOp reduce) const {
+  if (op == OpType::kAllreduce && ShmCollectives::Supports(dtype, reduce)) return activity::kShmAllreduce;
+  return mpi_->Activity(op, dtype, reduce);
 }
 
 Status ShmTransport::StartAllreduce(const void* send, void* recv, int64_t count, DataType dtype,

@@ -24,10 +24,7 @@ class ShmTransport : public Transport {
   int rank() const override { return mpi_->rank(); }
   int size() const override { return mpi_->size(); }
   bool Supports(DataType dtype, ReduceOp op) const override { return mpi_->Supports(dtype, op); }
-  const char* AllreduceActivity(DataType dtype, ReduceOp op) const override {
-    return ShmCollectives::Supports(dtype, op) ? "SHM_ALLREDUCE" : mpi_->AllreduceActivity(dtype, op);
-  }
-  const char* AllgatherActivity() const override { return mpi_->AllgatherActivity(); }
+  const char* Activity(OpType op, DataType dtype, ReduceOp reduce) const override;
   Status StartAllreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
                         double scale, std::unique_ptr<TransportWork>* work) override;
   Status StartAllgather(const void* send, int64_t bytes, void* recv,

@@ -43,7 +43,7 @@ std::string ReadFile(const std::string& path) {
 // Loads the file as JSON (appending `]` when `killed`: the array format's
 // optional bracket) and checks B/E nesting per row; prints a summary line.
 const char kChecker[] = R"PY(
-import json, sys
+import json, sys, time
 path, mode = sys.argv[1], sys.argv[2]
 text = open(path, encoding="utf-8").read()
 if mode == "killed":
@@ -52,6 +52,10 @@ if mode == "killed":
     text += "]"
 events = json.loads(text)
 assert isinstance(events, list) and events, "not a non-empty array"
+# Event times count from the wall-clock start in the process metadata.
+start = [e["args"]["start_time_since_epoch_in_micros"] for e in events
+         if e["ph"] == "M" and e["name"] == "process_name"]
+assert len(start) == 1 and abs(start[0] - time.time() * 1e6) < 3600e6, start
 depth, names, ts = {}, {}, []
 for e in events:
     key = (e["pid"], e["tid"])
@@ -73,6 +77,7 @@ if mode == "killed":
 else:
     assert not open_rows, "unbalanced rows: %r" % open_rows
 assert ts == sorted(ts), "timestamps go backwards in file order"
+assert not ts or (ts[0] >= 0 and ts[-1] < 600e6), "times are not counted from the start"
 print("events=%d rows=%d span_us=%d" % (len(ts), len(names), max(ts) - min(ts) if ts else 0))
 )PY";
 
@@ -115,8 +120,8 @@ void TestSigkill() {
       tl.MarkCycle();
       for (int t = 0; t < 4; ++t) {
         const std::string name = "grad/layer" + std::to_string(t);
-        tl.Begin(name, "NEGOTIATE");
-        tl.End(name, "NEGOTIATE");
+        tl.Begin(name, "NEGOTIATE_ALLREDUCE");
+        tl.End(name, "NEGOTIATE_ALLREDUCE");
         tl.Begin(name, "MPI_ALLREDUCE", "\"step\":" + std::to_string(i));
         tl.Begin(name, "MEMCPY_IN_FUSION_BUFFER");
         tl.End(name, "MEMCPY_IN_FUSION_BUFFER");
@@ -158,8 +163,8 @@ void TestThreadsAndEscaping() {
   }
   for (auto& t : threads) t.join();
   const std::string weird = std::string("q\"uote\\back\nnl\ttab\x01 \xc3\xbc ok \xff\xfe bad");
-  tl.Begin(weird, "NEGOTIATE");
-  tl.End(weird, "NEGOTIATE");
+  tl.Begin(weird, "NEGOTIATE_ALLREDUCE");
+  tl.End(weird, "NEGOTIATE_ALLREDUCE");
   tl.Instant(weird, "READY", "\"rank\":3");
   tl.Begin("left open", "MPI_ALLGATHER");  // Stop must close it
   tl.End("never begun", "QUEUE");          // dropped, counted
@@ -174,7 +179,8 @@ void TestThreadsAndEscaping() {
   CHECK(!PyCheck(path, "complete").empty());
   const std::string text = ReadFile(path);
   CHECK(Contains(text, "\"q\\\"uote\\\\back\\nnl\\ttab\\u0001 \xc3\xbc ok \\ufffd\\ufffd bad\""));
-  CHECK(Contains(text, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":3,\"tid\":0,\"args\":{\"name\":\"rank 3\"}}"));
+  CHECK(Contains(text, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":3,\"tid\":0,\"args\":{\"name\":\"rank 3\","
+                       "\"start_time_since_epoch_in_micros\":"));
   CHECK(Contains(text, "\"unfinished\":true"));
   CHECK(!Contains(text, "after stop"));
   CHECK(text.size() == st.bytes_written);
@@ -209,6 +215,25 @@ void TestRestartAndFailure() {
   CHECK(!PyCheck(g_dir + "/restart-b-7.json", "complete").empty());
   CHECK(Contains(ReadFile(a), "HELLO"));
   CHECK(!Contains(ReadFile(a), "QUEUE"));
+}
+
+// Tools may read the file while the run goes on (Horovod's writer puts each
+// event out at once): an event reaches the file within a few flush intervals.
+void TestLiveReading() {
+  std::printf("events reach the file while recording\n");
+  Timeline tl;
+  const std::string path = g_dir + "/live.json";
+  CHECK(tl.Start(path, 0).ok());
+  const auto begun = std::chrono::steady_clock::now();
+  tl.Begin("allreduce.live", "NEGOTIATE_ALLREDUCE");
+  auto waited = std::chrono::milliseconds(0);
+  while (!Contains(ReadFile(path), "NEGOTIATE_ALLREDUCE") && waited < std::chrono::seconds(2)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - begun);
+  }
+  std::printf("  visible after %lld ms\n", static_cast<long long>(waited.count()));
+  CHECK(waited < std::chrono::milliseconds(200));
+  tl.Stop();
 }
 
 // A writer that cannot keep up (here: one that waits 10 s between flushes
@@ -293,6 +318,7 @@ int main(int argc, char** argv) {
   TestSigkill();  // first: fork while this process has no other threads
   TestThreadsAndEscaping();
   TestRestartAndFailure();
+  TestLiveReading();
   TestDrops();
   TestFileLimit();
   Benchmark();

@@ -297,8 +297,12 @@ def test_timeline(r, n):
     hvd.stop_timeline()
     events = timeline.load(path.replace("%r", str(r)))
     names = {e.get("name") for e in events}
-    assert {"ADASUM_ALLREDUCE", "ALLREDUCE", "QUEUE"} <= names, sorted(x for x in names if x)
-    assert not names & {"SHM_ALLREDUCE", "MPI_ALLREDUCE"}, sorted(x for x in names if x)
+    # Horovod's names: an Adasum allreduce negotiates and runs as ADASUM.
+    assert {"NEGOTIATE_ADASUM", "ADASUM", "QUEUE", "MPI_ADASUM_ALLREDUCE"} <= names, \
+        sorted(x for x in names if x)
+    assert not names & {"SHM_ALLREDUCE", "MPI_ALLREDUCE", "ALLREDUCE"}, sorted(x for x in names if x)
+    rows = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert rows == {"allreduce.tl.adasum.0", "allreduce.tl.adasum.1"}, rows
 
 
 def main():

@@ -260,12 +260,14 @@ def test_timeline(r, n):
     # One host: sums (fp32 and fp16's halves) go through shared memory unless
     # it is turned off; top-k's allgather always through MPI.
     wire = "SHM_ALLREDUCE" if hvd.engine_stats()["shm_collectives"] else "MPI_ALLREDUCE"
-    for phase in ["NEGOTIATE", "QUEUE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", wire,
-                  "MEMCPY_OUT_FUSION_BUFFER", "COMPRESS", "DECOMPRESS", "MPI_ALLGATHER", "allgather"]:
+    for phase in ["NEGOTIATE_ALLREDUCE", "NEGOTIATE_ALLGATHER", "QUEUE", "ALLREDUCE",
+                  "MEMCPY_IN_FUSION_BUFFER", wire, "MEMCPY_OUT_FUSION_BUFFER", "COMPRESS", "DECOMPRESS",
+                  "MPI_ALLGATHER", "ALLGATHER"]:
         assert phase in names, f"timeline lacks {phase}: {sorted(n for n in names if n)}"
     assert all(v == 0 for v in check_balanced(events).values()), "unbalanced B/E after a clean stop"
     rows = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
-    assert {"tl.group.0", "tl.fp16", "tl.topk", "tl.gather"} <= rows, rows
+    assert {"allreduce.tl.group.0", "allreduce.tl.fp16", "allreduce.tl.topk",
+            "allgather.tl.gather"} <= rows, rows
     # start_timeline at run time, then stop.
     path = os.path.join(TMP, "runtime-%r.json")
     hvd.start_timeline(path)
@@ -287,6 +289,84 @@ def test_timeline(r, n):
         raise AssertionError("unwritable timeline path accepted")
     except hvd.InvalidArgumentError as e:
         assert "no-such-dir" in str(e)
+
+
+def row_spans(events):
+    """{row label: [(depth, phase)]} in the order the phases began."""
+    labels = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    depth, spans = {}, {}
+    for e in events:
+        if e.get("ph") == "B":
+            d = depth.get(e["tid"], 0)
+            spans.setdefault(labels[e["tid"]], []).append((d, e["name"]))
+            depth[e["tid"]] = d + 1
+        elif e.get("ph") == "E":
+            depth[e["tid"]] -= 1
+    return spans
+
+
+def test_horovod_layout(r, n):
+    """The timeline reads like Horovod's: a row per tensor labelled
+    "<op>.<name>", NEGOTIATE_<OP> then the operation's span with its
+    activities nested, times counted from start_time_since_epoch_in_micros."""
+    pattern = os.path.join(TMP, "horovod-layout-%r.json")
+    path = pattern.replace("%r", str(r))
+    started_us = time.time() * 1e6
+    reinit(HOROVOD_TIMELINE=pattern, HOROVOD_TIMELINE_MARK_CYCLES=1)
+    x = np.arange(2 * n, dtype=np.float32).reshape(n, 2)
+    assert np.array_equal(hvd.allreduce(x, op=hvd.Sum, name="hl.sum"), x * n)
+    # Tools may read the file while the run goes on.
+    deadline = time.time() + 2
+    while "allreduce.hl.sum" not in open(path).read():
+        assert time.time() < deadline, "the row did not reach the file within 2 s"
+        time.sleep(0.01)
+    hvd.allreduce(x, op=hvd.Sum)  # unnamed: the engine's own name
+    assert hvd.allgather(x, name="hl.gather").shape == (n * n, 2)
+    assert np.array_equal(hvd.broadcast(x + r, 0, name="hl.bcast"), x)
+    received, _ = hvd.alltoall(x + r, name="hl.a2a")  # row r of every rank
+    assert np.array_equal(received[:, 0], np.arange(n) + 2 * r), received
+    assert np.array_equal(hvd.reducescatter(x, op=hvd.Sum, name="hl.rs"), x[r:r + 1] * n)
+    mine = "allreduce" if r == 0 else "allgather"
+    try:
+        getattr(hvd, mine)(x, name="hl.mismatch")
+        raise AssertionError("ranks disagreeing on the op were not refused")
+    except hvd.TensorMismatchError:
+        pass
+    pset = hvd.add_process_set([0])
+    hvd.remove_process_set(pset)
+    hvd.barrier()
+    hvd.stop_timeline()
+    stopped_us = time.time() * 1e6
+
+    events = timeline.load(path)
+    start = timeline.start_time_us(events)
+    assert started_us - 1e6 <= start <= stopped_us, (started_us, start)
+    ts = [e["ts"] for e in events if "ts" in e]
+    assert min(ts) >= 0 and start + max(ts) <= stopped_us + 1e6, (min(ts), max(ts))
+    assert "CYCLE_START" in {e.get("name") for e in events}
+    spans = row_spans(events)
+    wire = "SHM_ALLREDUCE" if hvd.engine_stats()["shm_collectives"] else "MPI_ALLREDUCE"
+    expect = {"allreduce.hl.sum": ("ALLREDUCE", {"QUEUE", "MEMCPY_IN_FUSION_BUFFER", wire,
+                                                 "MEMCPY_OUT_FUSION_BUFFER"}),
+              "allgather.hl.gather": ("ALLGATHER", {"QUEUE", "MPI_ALLGATHER"}),
+              "broadcast.hl.bcast": ("BROADCAST", {"QUEUE", "MPI_BCAST"}),
+              "alltoall.hl.a2a": ("ALLTOALL", {"QUEUE", "MPI_ALLTOALL"}),
+              "reducescatter.hl.rs": ("REDUCESCATTER", {"QUEUE", "MPI_REDUCESCATTER"})}
+    for row, (op, activities) in expect.items():
+        got = spans.get(row)
+        assert got and got[:2] == [(0, "NEGOTIATE_" + op), (0, op)], (row, got)
+        assert {name for d, name in got[2:]} == activities and all(d == 1 for d, _ in got[2:]), \
+            (row, got)
+    assert spans[f"{mine}.hl.mismatch"][:2] == [(0, f"NEGOTIATE_{mine.upper()}"), (0, "ERROR")]
+    unnamed = [row for row in spans if row.startswith("allreduce.noname.")]
+    assert len(unnamed) == 1 and spans[unnamed[0]][1] == (0, "ALLREDUCE"), sorted(spans)
+    assert not [row for row in spans if row.startswith("allreduce.allreduce.")], sorted(spans)
+    for op in ("ADD_PROCESS_SET", "REMOVE_PROCESS_SET", "BARRIER"):
+        rows = [v for k, v in spans.items() if k.startswith(op.lower() + ".noname.")]
+        assert len(rows) == 1 and rows[0][:2] == [(0, "NEGOTIATE_" + op), (0, op)], (op, sorted(spans))
+    assert all(v == 0 for v in check_balanced(events).values()), "unbalanced B/E after a clean stop"
+    ends = [e for e in events if e.get("ph") == "E" and e.get("name") == "ALLREDUCE"]
+    assert ends and all({"dtype", "shape"} <= set(e.get("args", {})) for e in ends), ends
 
 
 def test_stall(r, n):

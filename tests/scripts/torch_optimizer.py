@@ -585,11 +585,13 @@ def test_overlap(rank, size):
     # of the late layers' gradients ended before backward did.
     hvd.stop_timeline()
     events = hvdlite.timeline.load(os.path.join(timeline_dir, f"tl-{rank}.json"))
+    # Event times count from the timeline's start (epoch microseconds).
+    timeline_start_us = hvdlite.timeline.start_time_us(events)
     rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     mpi_end = {}
     for e in events:
         if e.get("name") in ("MPI_ALLREDUCE", "SHM_ALLREDUCE") and e.get("ph") == "E":
-            mpi_end[rows.get(e["tid"], "")] = e["ts"]
+            mpi_end[rows.get(e["tid"], "")] = timeline_start_us + e["ts"]
     late_names = {names[p] for p in late_params}
     found = {n: t for row, t in mpi_end.items() for n in late_names if row.endswith(n)}
     check("timeline has the late layers' MPI_/SHM_ALLREDUCE", set(found) == late_names, str(sorted(mpi_end)))
