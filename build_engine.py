@@ -95,13 +95,18 @@ def sanitizer_flags():
 
 # Listed, not globbed, so a half-written file in csrc/ never breaks an install.
 ENGINE_SOURCES = [
+    "adasum_operation.cc",
+    "allreduce_pipeline.cc",
+    "bucket_planner.cc",
     "c_api.cc",
+    "collective_ops.cc",
     "common.cc",
     "controller.cc",
     "engine.cc",
     "engine_options.cc",
     "fusion_buffer.cc",
     "message.cc",
+    "operation_context.cc",
     "operations.cc",
     "process_set.cc",
     "reduce_kernels.cc",

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,19 @@ class Compressor {
 // ErrorFeedback when spec.error_feedback. An invalid spec (unknown type, top-k
 // ratio outside (0, 1]) also yields nullptr: callers validate before this.
 std::unique_ptr<Compressor> CreateCompressor(const CompressionSpec& spec);
+
+// One compressor per spec, kept across rounds: error feedback carries state
+// from one step to the next.
+class CompressorCache {
+ public:
+  // nullptr for CompressionType::kNone.
+  Compressor* For(const CompressionSpec& spec);
+  // Forget every compressor's carried state (hvdlite.reset_compression_state()).
+  void Reset();
+
+ private:
+  std::map<std::string, std::unique_ptr<Compressor>> by_spec_;
+};
 
 // Sum of the segments' counts (the element count of a wire form for dense compressors).
 int64_t TotalCount(const std::vector<Segment>& segs);

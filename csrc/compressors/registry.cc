@@ -31,4 +31,18 @@ std::unique_ptr<Compressor> CreateCompressor(const CompressionSpec& spec) {
   return nullptr;  // a value outside the enum
 }
 
+Compressor* CompressorCache::For(const CompressionSpec& spec) {
+  if (spec.type == CompressionType::kNone) return nullptr;
+  const std::string key = spec.ToString();
+  auto it = by_spec_.find(key);
+  if (it == by_spec_.end()) it = by_spec_.emplace(key, CreateCompressor(spec)).first;
+  return it->second.get();
+}
+
+void CompressorCache::Reset() {
+  for (auto& kv : by_spec_) {
+    if (kv.second) kv.second->Reset();
+  }
+}
+
 }  // namespace hvdlite
