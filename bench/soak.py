@@ -197,6 +197,7 @@ def main():
             rss_warm = max(rss_warm or 0, rss_kb())
         if step + 1 == args.warmup:
             heap_warm, fds_warm, t_warm = heap_kb(), open_fds(), time.time()
+            buffers_warm = hvd.engine_stats()["buffer_bytes"] // 1024
         if (step + 1) % args.report_every == 0:
             samples.append((step + 1, rss_kb(), heap_kb(), open_fds()))
             if r == 0:
@@ -208,7 +209,11 @@ def main():
     figures = {
         "rank": r, "size": n, "steps": args.steps, "warmup": args.warmup, "checked": checked,
         "errors": errors, "rss_warm_kb": rss_warm, "rss_end_kb": rss_end,
-        "heap_warm_kb": heap_warm, "heap_end_kb": heap_end, "fds_warm": fds_warm,
+        "heap_warm_kb": heap_warm, "heap_end_kb": heap_end,
+        # The engine's staging buffers grow to the largest bucket seen, which
+        # depends on timing (how many tensors are ready in one round).
+        "buffers_warm_kb": buffers_warm, "buffers_end_kb": stats["buffer_bytes"] // 1024,
+        "fds_warm": fds_warm,
         "fds_end": fds_end, "seconds": t_end - t0,
         "ms_per_step_after_warmup": 1000 * (t_end - t_warm) / max(1, args.steps - args.warmup),
         "samples": samples, "stats": stats,
@@ -225,7 +230,8 @@ def main():
             growth = 100.0 * (f["rss_end_kb"] - f["rss_warm_kb"]) / f["rss_warm_kb"]
             print(f"  rank {f['rank']}: results checked {f['checked']} steps, wrong {f['errors']}; "
                   f"RSS after warm-up {f['rss_warm_kb']} kB, at end {f['rss_end_kb']} kB ({growth:+.2f} %); "
-                  f"malloc'd {f['heap_warm_kb']} -> {f['heap_end_kb']} kB; "
+                  f"malloc'd {f['heap_warm_kb']} -> {f['heap_end_kb']} kB (engine buffers "
+                  f"{f['buffers_warm_kb']} -> {f['buffers_end_kb']} kB); "
                   f"open fds {f['fds_warm']} -> {f['fds_end']}")
         print(f"  engine: {stats['tensors']} tensors, {stats['collectives']} MPI collectives, "
               f"{stats['tensors_fused']} fused, cache hits {stats['cache_hits']} / misses "

@@ -22,6 +22,9 @@ struct EngineStats {
   std::atomic<int64_t> wire_bytes_fp16{0};
   std::atomic<int64_t> wire_bytes_topk{0};
   std::atomic<int64_t> stall_warnings{0};
+  // Staging memory the engine keeps between rounds (fusion and compression
+  // buffers, grown to the largest bucket seen): a high-water mark, not a leak.
+  std::atomic<int64_t> buffer_bytes{0};
 
   void Add(std::atomic<int64_t>& counter, int64_t n) { counter.fetch_add(n, std::memory_order_relaxed); }
 };
@@ -30,6 +33,6 @@ struct EngineStats {
 #define HVDLITE_STATS_FIELDS(X)                                                             \
   X(cycles) X(negotiations) X(cache_hits) X(cache_misses) X(tensors) X(tensors_fused)      \
   X(collectives) X(shm_collectives) X(fused_buffers) X(bytes_in) X(wire_bytes_none) X(wire_bytes_fp16)       \
-  X(wire_bytes_topk) X(stall_warnings)
+  X(wire_bytes_topk) X(stall_warnings) X(buffer_bytes)
 
 }  // namespace hvdlite

@@ -23,4 +23,12 @@ uint8_t* FusionBuffer::Get(Kind kind, int slot, size_t bytes) {
   return data;
 }
 
+int64_t FusionBuffer::held_bytes() const {
+  int64_t total = 0;
+  for (const auto& kind : capacity_) {
+    for (size_t c : kind) total += static_cast<int64_t>(c);
+  }
+  return total;
+}
+
 }  // namespace hvdlite

@@ -21,6 +21,8 @@ class FusionBuffer {
   // A buffer of at least `bytes`, kept and reused across calls; nullptr when
   // memory cannot be had.
   uint8_t* Get(Kind kind, int slot, size_t bytes);
+  // Bytes held by all buffers.
+  int64_t held_bytes() const;
 
  private:
   uint8_t* data_[2][kSlots] = {};

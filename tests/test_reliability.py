@@ -313,9 +313,13 @@ def test_soak_short(tmp_path):
     for r in (0, 1):
         s = json.loads((tmp_path / f"soak.json.{r}").read_text())
         growth = (s["rss_end_kb"] - s["rss_warm_kb"]) / s["rss_warm_kb"]
-        assert growth < 0.05, s
+        assert growth < 0.05, f"rank {r}: RSS {s['rss_warm_kb']} -> {s['rss_end_kb']} kB"
         if s["heap_warm_kb"] > 0:  # what malloc handed out: a leak shows here first
-            assert s["heap_end_kb"] - s["heap_warm_kb"] < 0.01 * s["heap_warm_kb"] + 64, s
+            # less the engine's staging buffers, a high-water mark that timing moves
+            grown = (s["heap_end_kb"] - s["heap_warm_kb"]) - (s["buffers_end_kb"] - s["buffers_warm_kb"])
+            assert grown < 0.01 * s["heap_warm_kb"] + 64, (
+                f"rank {r}: heap {s['heap_warm_kb']} -> {s['heap_end_kb']} kB, engine buffers "
+                f"{s['buffers_warm_kb']} -> {s['buffers_end_kb']} kB")
         assert s["fds_end"] == s["fds_warm"], s
         assert s["errors"] == 0 and s["checked"] == s["steps"], s
         print(f"\nrank {r}: RSS {s['rss_warm_kb']} -> {s['rss_end_kb']} kB ({100 * growth:+.2f} %), "

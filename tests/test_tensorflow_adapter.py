@@ -85,6 +85,22 @@ def test_tf_keras_keras2():
     run_ranks("scripts/tf_keras2_graph.py", 2, env={"TF_USE_LEGACY_KERAS": "1"}, timeout=300)
 
 
+def test_tf1_optimizer():
+    """hvd.DistributedOptimizer(tf.compat.v1.train.*Optimizer) on 2 ranks with different data:
+    weights equal on every rank and to NumPy averaged-gradient SGD/Momentum/Adam (eagerly and in
+    tf.compat.v1 sessions; Sum, predivide, fp16), backward_passes_per_step (global_step counts
+    every step), sparse gradients with and without sparse_as_dense, local variables, op=Adasum
+    (delta optimizer), delegation, argument errors."""
+    run_ranks("scripts/tf_v1_optimizer.py", 2, args=["main"], timeout=600)
+
+
+def test_tf1_optimizer_eager_off_process_set():
+    """Eager execution disabled, 3 ranks: MonitoredTrainingSession with
+    BroadcastGlobalVariablesHook, StopAtStepHook and backward_passes_per_step equals NumPy;
+    a process set of ranks 0 and 2 averages over itself while rank 1 keeps its own gradients."""
+    run_ranks("scripts/tf_v1_optimizer.py", 3, args=["eager_off"], timeout=600)
+
+
 def test_elastic_state():
     """TensorFlowState (eager and TF1 graph), KerasState with its callbacks, ObjectState, run()."""
     run_ranks("scripts/tf_elastic.py", 2, timeout=600)

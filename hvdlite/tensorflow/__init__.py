@@ -10,6 +10,9 @@
     tape = hvd.DistributedGradientTape(tape)
     grads = tape.gradient(loss, model.trainable_variables)
 
+TF1-style code wraps a tf.compat.v1.train optimizer the same way:
+``train_op = hvd.DistributedOptimizer(opt).minimize(loss)``.
+
 Collectives take tf.Tensor / tf.Variable and work eagerly, inside
 tf.function and in tf.compat.v1 graphs (not inside XLA: jit_compile=True
 raises a clear error). They are ops of a TensorFlow op library built for the
@@ -32,11 +35,13 @@ from ..process_sets import (ProcessSet, add_process_set, global_process_set,
                             remove_process_set)
 from .. import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, gpu_available,
                 mpi_built, mpi_enabled, nccl_built, rocm_built)
-from . import elastic, util
+from . import compat_v1_optimizer, elastic, util
 from .functions import (BroadcastGlobalVariablesHook, allgather_object,
                         broadcast_global_variables, broadcast_object, broadcast_object_fn,
                         broadcast_variables)
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
+from .optimizer_options import DistributedOptions as _DistributedOptions
+from .optimizer_options import check_groups as _check_groups
 from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall,
                       barrier, broadcast, broadcast_, grouped_allgather, grouped_allreduce,
                       grouped_reducescatter, join, local_rank_op, local_size_op,
@@ -113,14 +118,41 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def DistributedOptimizer(optimizer, *args, **kwargs):
-    """Wraps a Keras optimizer, Keras 3 or tf_keras (see
-    :func:`hvdlite.tensorflow.keras.DistributedOptimizer`).
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
+                         device_sparse="", compression=Compression.none, sparse_as_dense=False,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True):
+    """Makes an optimizer average its gradients across ranks.
 
-    TF1-style ``tf.compat.v1.train.Optimizer`` objects are not supported; use a
-    Keras optimizer, or DistributedGradientTape in a custom loop."""
-    from .keras import DistributedOptimizer as keras_optimizer
-    return keras_optimizer(optimizer, *args, **kwargs)
+    - A TF1-style ``tf.compat.v1.train.Optimizer`` (GradientDescentOptimizer,
+      AdamOptimizer, ...) gives a new tf.compat.v1 optimizer whose
+      ``compute_gradients`` (what ``minimize`` calls) returns reduced
+      gradients; see hvdlite.tensorflow.compat_v1_optimizer. ``name``
+      defaults to "Distributed" + the class name; ``use_locking`` is the
+      TF1 optimizers'. ``op=Adasum`` combines each rank's updates instead.
+    - A Keras optimizer (Keras 3 or tf_keras) is changed in place, see
+      :func:`hvdlite.tensorflow.keras.DistributedOptimizer` (``use_locking``
+      does not apply there).
+
+    The other arguments are the same for both kinds: ``compression``,
+    ``sparse_as_dense``, ``op`` (Average or Sum; Adasum),
+    ``gradient_predivide_factor``, ``backward_passes_per_step`` with
+    ``average_aggregated_gradients``, ``process_set``,
+    ``scale_local_gradients`` (for ``opt.register_local_var``).
+    ``device_dense``, ``device_sparse``, ``num_groups`` and ``groups`` are
+    validated and otherwise unused: the engine fuses tensors itself."""
+    _check_groups(num_groups, groups, "DistributedOptimizer")
+    options = _DistributedOptions(op=op, compression=compression,
+                                  gradient_predivide_factor=gradient_predivide_factor,
+                                  sparse_as_dense=sparse_as_dense, process_set=process_set,
+                                  backward_passes_per_step=backward_passes_per_step,
+                                  average_aggregated_gradients=average_aggregated_gradients,
+                                  scale_local_gradients=scale_local_gradients)
+    if compat_v1_optimizer.is_v1_optimizer(optimizer):
+        return compat_v1_optimizer.make_distributed(optimizer, options, name, use_locking)
+    from .keras.optimizer import distribute
+    return distribute(optimizer, options)
 
 
 __all__ = [
@@ -132,9 +164,9 @@ __all__ = [
     "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression", "Compressor",
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "broadcast_",
     "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
-    "broadcast_variables", "broadcast_global_variables", "BroadcastGlobalVariablesHook",
-    "broadcast_object",
-    "broadcast_object_fn", "allgather_object", "SyncBatchNormalization",
+    "broadcast_variables", "broadcast_global_variables", "broadcast_object",
+    "broadcast_object_fn", "allgather_object", "BroadcastGlobalVariablesHook",
+    "SyncBatchNormalization",
     "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
     "elastic",
     "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",

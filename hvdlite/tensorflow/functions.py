@@ -1,5 +1,6 @@
 """Variables and Python objects across ranks: broadcast_variables,
-broadcast_global_variables, broadcast_object(_fn), allgather_object, and the
+broadcast_global_variables (and BroadcastGlobalVariablesHook, its form for
+MonitoredTrainingSession), broadcast_object(_fn), allgather_object, and the
 cross-rank consistency check the gradient reducers run once per gradient
 signature."""
 import hashlib
@@ -197,12 +198,11 @@ def broadcast_global_variables(root_rank):
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
-
 class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
-    """For tf.compat.v1 sessions (MonitoredTrainingSession): when the session
-    is created, every global variable takes ``root_rank``'s value, so all
-    ranks start from the same initial or restored weights. ``device`` is
-    accepted for Horovod's signature; the broadcast runs on the host."""
+    """For tf.compat.v1.train.MonitoredTrainingSession: once the session has
+    initialized (or restored) the variables, every global variable takes
+    ``root_rank``'s value, so all ranks start from the same model.
+    ``device`` is accepted for Horovod compatibility."""
 
     def __init__(self, root_rank, device=""):
         super().__init__()
@@ -211,12 +211,13 @@ class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
         self.bcast_op = None
 
     def begin(self):
-        # A hook may be reused for a new graph (e.g. a second training run).
+        # Built while the session's graph is still open; again for a new graph.
         if self.bcast_op is None or self.bcast_op.graph is not tf.compat.v1.get_default_graph():
             self.bcast_op = broadcast_global_variables(self.root_rank)
 
     def after_create_session(self, session, coord):
         session.run(self.bcast_op)
+
 
 def _dtype_name(v):
     d = v.dtype

@@ -32,7 +32,7 @@ import tensorflow as tf
 from keras.optimizers import LossScaleOptimizer
 
 from ... import exceptions
-from .aggregation import LocalVariableReducer
+from ..aggregation import LocalVariableReducer
 
 _local = threading.local()
 _warned = set()

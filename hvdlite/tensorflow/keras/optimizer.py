@@ -9,52 +9,15 @@ comes from (hvdlite.tensorflow.keras.flavor).
   tf_keras_optimizer, the reduction runs where gradients are computed, as
   in Horovod.
 """
-import warnings
-
-from ... import exceptions, request
+from ... import exceptions
 from ...compression import Compression
 from ...ops import Average
 from ...process_sets import global_process_set
-from ..reduction import ReduceSettings
+from ..optimizer_options import DistributedOptions, check_groups
 from . import flavor
 from . import tf_keras_optimizer
 
 _WHAT = "DistributedOptimizer"
-
-
-class DistributedOptions:
-    """The validated arguments of one DistributedOptimizer call."""
-
-    def __init__(self, op=Average, compression=Compression.none, gradient_predivide_factor=1.0,
-                 sparse_as_dense=False, process_set=global_process_set,
-                 backward_passes_per_step=1, average_aggregated_gradients=False,
-                 scale_local_gradients=True, what=_WHAT):
-        self.backward_passes_per_step = request.backward_passes(backward_passes_per_step, what)
-        self.average_aggregated_gradients = bool(average_aggregated_gradients)
-        self.scale_local_gradients = bool(scale_local_gradients)
-        self._reduce_args = dict(op=op, compression=compression,
-                                 gradient_predivide_factor=gradient_predivide_factor,
-                                 sparse_as_dense=sparse_as_dense, process_set=process_set,
-                                 what=what)
-        self.settings = self.reduce_settings()  # validates once, now
-
-    def reduce_settings(self, postscale=1.0):
-        return ReduceSettings(postscale=postscale, **self._reduce_args)
-
-
-def _check_groups(num_groups, groups):
-    """Horovod's rules for ``num_groups`` (deprecated) and ``groups``; the
-    engine fuses tensors itself, so a valid value changes nothing."""
-    if num_groups:
-        warnings.warn("DistributedOptimizer: num_groups is deprecated (as in Horovod); use groups=",
-                      DeprecationWarning, stacklevel=3)
-        if groups is None:
-            groups = num_groups
-    if groups is not None and not isinstance(groups, list) and (
-            isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0):
-        raise exceptions.InvalidArgumentError(
-            f"{_WHAT}: groups must be a positive int or a list of lists of variables, "
-            f"not {groups!r}")
 
 
 def _check_optimizer(optimizer, what):
@@ -63,9 +26,8 @@ def _check_optimizer(optimizer, what):
     mod = type(optimizer).__module__
     hint = ""
     if mod.startswith("tensorflow"):
-        hint = (" TF1 optimizers (tf.compat.v1.train.*) are not supported; use a Keras optimizer "
-                "(keras.optimizers.* or tf_keras.optimizers.*), or DistributedGradientTape in a "
-                "custom loop.")
+        hint = (" TF1 optimizers (tf.compat.v1.train.*) are wrapped by "
+                "hvdlite.tensorflow.DistributedOptimizer.")
     raise exceptions.InvalidArgumentError(
         f"hvdlite.tensorflow.keras.{what} takes a Keras optimizer (keras.optimizers.*, "
         f"tf_keras.optimizers.* or tf_keras.optimizers.legacy.*), not "
@@ -123,16 +85,24 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
       fuses tensors itself).
     """
     _check_optimizer(optimizer, _WHAT)
-    if is_distributed(optimizer):
-        raise exceptions.InvalidArgumentError(
-            f"{_WHAT}: this optimizer is already distributed; wrap it only once")
-    _check_groups(num_groups, groups)
+    check_groups(num_groups, groups, _WHAT)
     options = DistributedOptions(op=op, compression=compression,
                                  gradient_predivide_factor=gradient_predivide_factor,
                                  sparse_as_dense=sparse_as_dense, process_set=process_set,
                                  backward_passes_per_step=backward_passes_per_step,
                                  average_aggregated_gradients=average_aggregated_gradients,
                                  scale_local_gradients=scale_local_gradients)
+    return distribute(optimizer, options)
+
+
+def distribute(optimizer, options):
+    """DistributedOptimizer of a Keras optimizer with validated options
+    (hvdlite.tensorflow.DistributedOptimizer validates Horovod's
+    horovod.tensorflow arguments itself)."""
+    _check_optimizer(optimizer, _WHAT)
+    if is_distributed(optimizer):
+        raise exceptions.InvalidArgumentError(
+            f"{_WHAT}: this optimizer is already distributed; wrap it only once")
     return _distribute(optimizer, options)
 
 

@@ -17,7 +17,20 @@ another distributed optimizer with the same settings.
 """
 import tensorflow as tf
 
-from .aggregation import LocalGradientAggregation, LocalVariableReducer
+from ..aggregation import LocalGradientAggregation, LocalVariableReducer
+from . import flavor
+
+
+def _keras_state_variable(initial_value, name):
+    """A non-trainable variable made outside any function being traced
+    (``initial_value`` is a function, run there too). In a TF1 graph it is
+    initialized at once in Keras' session (Keras initializes only the
+    variables it made itself)."""
+    with tf.init_scope():
+        variable = tf.Variable(initial_value(), trainable=False, name=name)
+        if not tf.executing_eagerly():
+            flavor.graph_session().run(variable.initializer)
+    return variable
 
 
 class _DistributedTfKerasOptimizer:
@@ -39,7 +52,7 @@ class _DistributedTfKerasOptimizer:
         if options.backward_passes_per_step > 1:
             self._agg_helper = LocalGradientAggregation(
                 options.backward_passes_per_step, self._hvdlite_reducer,
-                options.average_aggregated_gradients)
+                options.average_aggregated_gradients, new_variable=_keras_state_variable)
 
     def register_local_var(self, var):
         """Gradients of ``var`` are not reduced: each rank applies its own
@@ -82,7 +95,8 @@ class _DistributedTfKerasOptimizer:
             return base.apply_gradients(grads_and_vars, *args, **kwargs)
         grads_and_vars = list(grads_and_vars)  # a zip would be consumed by the first look
         return self._agg_helper.apply_gradients(
-            lambda: base.apply_gradients(grads_and_vars, *args, **kwargs), self,
+            lambda: base.apply_gradients(grads_and_vars, *args, **kwargs),
+            lambda: [self.iterations.assign_add(1, read_value=False)],
             [g for g, _ in grads_and_vars])
 
 

@@ -1,4 +1,5 @@
-"""What Horovod's Keras DistributedOptimizer does around the reduction:
+"""What Horovod's DistributedOptimizers (Keras and tf.compat.v1) do around
+the reduction:
 
 - local variables (``register_local_var``, ``PartialDistributedOptimizer``):
   their gradients are not reduced; with ``scale_local_gradients`` they are
@@ -16,9 +17,8 @@ ones exist (TF1 graphs).
 """
 import tensorflow as tf
 
-from ... import exceptions, request
-from ..reduction import reduce_gradients
-from . import flavor
+from .. import exceptions, request
+from .reduction import reduce_gradients
 
 
 def _ref(variable):
@@ -26,16 +26,18 @@ def _ref(variable):
     return variable.ref() if hasattr(variable, "ref") else id(variable)
 
 
-def _state_variable(initial_value, name):
-    """A non-trainable variable made outside any function being traced
-    (``initial_value`` is a function, run there too). In a TF1 graph it is
-    initialized at once in Keras' session (Keras initializes only the
-    variables it made itself)."""
+def local_state_variable(initial_value, name):
+    """A non-trainable variable holding this rank's bookkeeping, made outside
+    any function being traced (``initial_value`` is a function, run there
+    too). In a tf.compat.v1 graph it goes to the LOCAL_VARIABLES collection
+    only, as Horovod's: ``tf.compat.v1.local_variables_initializer()`` (which
+    MonitoredTrainingSession runs) initializes it, and checkpoints leave it out."""
     with tf.init_scope():
-        variable = tf.Variable(initial_value(), trainable=False, name=name)
-        if not tf.executing_eagerly():
-            flavor.graph_session().run(variable.initializer)
-    return variable
+        if tf.executing_eagerly():
+            return tf.Variable(initial_value(), trainable=False, name=name)
+        return tf.compat.v1.Variable(initial_value(), trainable=False, name=name,
+                                     use_resource=True,
+                                     collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
 
 
 def _after(ops, make):
@@ -89,14 +91,25 @@ class LocalGradientAggregation:
 
     ``counter`` counts the calls since the last reduction; ``apply_gradients``
     applies when it is back at 0 (the reduction just happened) and otherwise
-    only advances the optimizer's ``iterations``."""
+    runs only the bookkeeping its caller gives (advancing a step count).
+    ``new_variable(initial_value, name)`` makes the counter and the sums,
+    when first needed (so in the graph the gradients are built in)."""
 
-    def __init__(self, backward_passes_per_step, reducer, average_aggregated_gradients=False):
+    def __init__(self, backward_passes_per_step, reducer, average_aggregated_gradients=False,
+                 new_variable=local_state_variable):
         self.backward_passes_per_step = backward_passes_per_step
         self.reducer = reducer
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
-        self.counter = _state_variable(lambda: tf.constant(0, tf.int32), "aggregation_counter")
+        self._new_variable = new_variable
+        self._counter = None
         self._sums = {}
+
+    @property
+    def counter(self):
+        if self._counter is None:
+            self._counter = self._new_variable(lambda: tf.constant(0, tf.int32),
+                                               "aggregation_counter")
+        return self._counter
 
     def register_local_var(self, variable):
         self.reducer.register_local_var(variable)
@@ -117,7 +130,7 @@ class LocalGradientAggregation:
         if acc is None:
             shape = grad.shape if grad.shape.is_fully_defined() else variable.shape
             dtype = grad.dtype
-            acc = _state_variable(lambda: tf.zeros(shape, dtype), "aggregated_gradient")
+            acc = self._new_variable(lambda: tf.zeros(shape, dtype), "aggregated_gradient")
             self._sums[key] = acc
         return acc
 
@@ -159,19 +172,19 @@ class LocalGradientAggregation:
             out[i] = g
         return out
 
-    def apply_gradients(self, apply, optimizer, grads):
+    def apply_gradients(self, apply, skip, grads):
         """Runs ``apply()`` on the steps whose gradients were reduced (counter
-        back at 0); on the others only advances ``optimizer.iterations``.
+        back at 0); on the others ``skip()``, which returns the ops to run
+        instead (e.g. advancing the optimizer's ``iterations``).
         ``grads`` (from compute_gradients) are waited for first."""
         def run_apply():
             result = apply()
             ops = [r for r in tf.nest.flatten(result) if isinstance(r, (tf.Tensor, tf.Operation))]
             return _after(ops, lambda: tf.constant(True))
 
-        def count_only():
-            return _after([optimizer.iterations.assign_add(1, read_value=False)],
-                          lambda: tf.constant(False))
+        def skip_step():
+            return _after(skip(), lambda: tf.constant(False))
 
         ready = [g for g in grads if isinstance(g, tf.Tensor)]
         pred = _after(ready, lambda: tf.equal(self.counter.read_value(), 0))
-        return tf.cond(pred, run_apply, count_only)
+        return tf.cond(pred, run_apply, skip_step)
