@@ -92,7 +92,7 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
       if (e.work) e.work->Fail(fatal);  // no-op for those already completed
     }
   }
-  stats_->buffer_bytes.store(buffers_.held_bytes(), std::memory_order_relaxed);
+  ctx_.stats->buffer_bytes.store(ctx_.buffers.held_bytes(), std::memory_order_relaxed);
   return fatal;
 }
 
