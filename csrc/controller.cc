@@ -6,6 +6,8 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "op_rules.h"
+
 namespace hvdlite {
 
 namespace {
@@ -350,13 +352,11 @@ Response Controller::Decide(const Pending& pending) const {
                     }));
   }
   const OpType op = first.op;
-  const bool whole_shape = op == OpType::kAllreduce || op == OpType::kBroadcast ||
-                           op == OpType::kReducescatter;
-  const bool trailing_shape = op == OpType::kAllgather || op == OpType::kAlltoall;
-  if (whole_shape && !AllSame(q, [](const Request& x) { return x.shape; })) {
+  const OpRules& rules = RulesFor(op);
+  if (rules.whole_shape && !AllSame(q, [](const Request& x) { return x.shape; })) {
     return mismatch("shape", DescribeByRank(q, [](const Request& x) { return ShapeString(x.shape); }));
   }
-  if (trailing_shape) {
+  if (rules.trailing_shape) {
     if (!AllSame(q, [](const Request& x) { return x.shape.size(); })) {
       return mismatch("number of dimensions", DescribeByRank(q, [](const Request& x) {
                         return std::to_string(x.shape.size());
@@ -369,7 +369,7 @@ Response Controller::Decide(const Pending& pending) const {
                       }));
     }
   }
-  if (op == OpType::kAllreduce || op == OpType::kReducescatter) {
+  if (rules.reduces) {
     if (!AllSame(q, [](const Request& x) { return x.reduce_op; })) {
       return mismatch("reduce op", DescribeByRank(q, [](const Request& x) {
                         return std::string(ReduceOpName(x.reduce_op));
@@ -389,7 +389,7 @@ Response Controller::Decide(const Pending& pending) const {
                       }));
     }
   }
-  if (op == OpType::kBroadcast && !AllSame(q, [](const Request& x) { return x.root_rank; })) {
+  if (rules.has_root && !AllSame(q, [](const Request& x) { return x.root_rank; })) {
     return mismatch("root rank", DescribeByRank(q, [](const Request& x) {
                       return std::to_string(x.root_rank);
                     }));

@@ -8,6 +8,7 @@ from cpp_build import build_and_run
 
 
 @pytest.mark.parametrize("program", ["test_response_cache", "test_message", "test_controller",
-                                     "test_reduce_kernels", "test_bucket_planner"])
+                                     "test_reduce_kernels", "test_bucket_planner",
+                                     "test_request_validation"])
 def test_engine_unit(program, tmp_path):
     print(build_and_run(program, tmp_path))
