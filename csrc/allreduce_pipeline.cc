@@ -35,6 +35,7 @@ struct AllreducePipeline::Bucket {
   DataType dtype = DataType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   Compressor* compressor = nullptr;
+  CompressionType compression = CompressionType::kNone;
   bool direct = false;  // one tensor straight from its own buffers
   int slot = 0;
   int64_t count = 0;      // elements
@@ -89,6 +90,7 @@ Status AllreducePipeline::Run(ProcessSet& set, const std::vector<TensorEntry*>& 
     b.dtype = first.dtype;
     b.op = first.reduce_op;
     b.compressor = compressor;
+    b.compression = EffectiveCompression(first).type;
     b.direct = plan.kind == BucketPlan::Kind::kDirect;
     b.count = plan.count;
     b.slot = static_cast<int>(buckets.size() - 1) % FusionBuffer::kSlots;
@@ -179,7 +181,7 @@ Status AllreducePipeline::Start(ProcessSet& set, Bucket& b) {
     b.activity = wire.Activity(OpType::kAllgather);
     ctx_->Phase(b.entries, b.activity, true);
     s = wire.StartAllgather(b.staged, static_cast<int64_t>(b.wire_bytes), b.gathered, &b.work);
-    stats->Add(stats->wire_bytes_topk, static_cast<int64_t>(b.wire_bytes));
+    stats->Add(stats->*WireBytesStat(b.compression), static_cast<int64_t>(b.wire_bytes));
   } else if (b.compressor != nullptr) {
     // The compressor's wire form is summed as its element type.
     const DataType wire_type = b.compressor->wire_dtype();
@@ -187,7 +189,7 @@ Status AllreducePipeline::Start(ProcessSet& set, Bucket& b) {
     ctx_->Phase(b.entries, b.activity, true);
     s = wire.StartAllreduce(Transport::kInPlace, b.staged, b.count, wire_type, ReduceOp::kSum, 1.0,
                             &b.work);
-    stats->Add(stats->wire_bytes_fp16, static_cast<int64_t>(b.wire_bytes));
+    stats->Add(stats->*WireBytesStat(b.compression), static_cast<int64_t>(b.wire_bytes));
   } else {
     const DataType wire_type = Is16BitFloat(b.dtype) ? DataType::kFloat32 : b.dtype;
     // A direct tensor's post-scale (Average) rides along with the reduction.

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "compressors/compressor.h"
 #include "engine.h"
 
 using hvdlite::CompressionType;
@@ -184,7 +185,7 @@ int64_t hvd_enqueue(const hvd_tensor_request* r) {
   if (r->ndim < 0 || (r->ndim > 0 && r->shape == nullptr)) {
     return SetError(ErrorKind::kInvalidArgument, "invalid shape");
   }
-  if (r->compression < 0 || r->compression > static_cast<int>(CompressionType::kTopK)) {
+  if (!hvdlite::IsValidCompression(r->compression)) {
     return SetError(ErrorKind::kInvalidArgument, "unknown compression code");
   }
   hvdlite::EnqueueArgs args;

@@ -74,7 +74,7 @@ bool IsFloatingPoint(DataType dtype);
 bool IsValidReduceOp(int32_t value);
 const char* ReduceOpName(ReduceOp op);
 const char* OpTypeName(OpType op);
-const char* CompressionName(CompressionType type);
+const char* CompressionName(CompressionType type);  // compressors/registry.cc
 
 std::string ShapeString(const std::vector<int64_t>& shape);
 int64_t NumElements(const std::vector<int64_t>& shape);

@@ -71,10 +71,21 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
                              const std::string& shutdown_reason, ResponseList* out) {
   *out = ResponseList();
   ++tick_;
-  const auto now = Clock::now();
-  RequestList mine;
+  RequestList mine = Sort(std::move(new_requests), Clock::now());
   mine.shutdown = shutdown;
   mine.shutdown_reason = shutdown_reason;
+  if (transport_->rank() == kCoordinator && stall_shutdown_.empty()) stall_shutdown_ = InspectStalls();
+  bool quiet = false;
+  Status s = AgreeOnCached(mine, out, &quiet);
+  if (!s.ok() || quiet) return s;
+  ResponseList slow;
+  s = AskCoordinator(mine, &slow);
+  if (s.ok()) Learn(std::move(slow), out);
+  return s;
+}
+
+RequestList Controller::Sort(std::vector<Request> new_requests, Clock::time_point now) {
+  RequestList mine;
   mine.requests.swap(retry_);
   for (auto& q : new_requests) {
     if (q.op == OpType::kJoin) {
@@ -109,19 +120,19 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
       }
     }
   }
-  if (transport_->rank() == kCoordinator && stall_shutdown_.empty()) stall_shutdown_ = InspectStalls();
+  return mine;
+}
 
-  const bool quiet = mine.requests.empty() && !mine.shutdown && stall_shutdown_.empty();
+Status Controller::AgreeOnCached(const RequestList& mine, ResponseList* out, bool* quiet) {
+  const bool my_quiet = mine.requests.empty() && !mine.shutdown && stall_shutdown_.empty();
   const int slots = cache_.num_slots();
   std::vector<uint64_t> bits(1 + (slots + 63) / 64, 0);
-  const bool idle = quiet && cached_waiting_.empty() && sent_.empty() && retry_.empty();
-  bits[0] = (quiet ? kQuietBit : 0) | (idle ? kIdleBit : 0);
+  const bool idle = my_quiet && cached_waiting_.empty() && sent_.empty() && retry_.empty();
+  bits[0] = (my_quiet ? kQuietBit : 0) | (idle ? kIdleBit : 0);
   for (const auto& kv : cached_waiting_) bits[1 + kv.first / 64] |= uint64_t{1} << (kv.first % 64);
-  const int words = static_cast<int>(bits.size());
-  Status s = transport_->BitwiseAnd(bits.data(), words);
+  Status s = transport_->BitwiseAnd(bits.data(), static_cast<int>(bits.size()));
   if (!s.ok()) return s;
   stats_->Add(stats_->cycles, 1);
-
   // Slots ready on every rank run first, in slot order: the same on all ranks.
   for (int slot = 0; slot < slots; ++slot) {
     if (!(bits[1 + slot / 64] & (uint64_t{1} << (slot % 64)))) continue;
@@ -131,11 +142,14 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
     stats_->Add(stats_->cache_hits, 1);
   }
   out->idle = (bits[0] & kIdleBit) != 0;
-  if (bits[0] & kQuietBit) return Status::OK();
+  *quiet = (bits[0] & kQuietBit) != 0;
+  return Status::OK();
+}
 
+Status Controller::AskCoordinator(const RequestList& mine, ResponseList* slow) {
   for (const auto& q : mine.requests) sent_[q.name] = q;
   std::vector<std::vector<uint8_t>> gathered;
-  s = transport_->GatherBytes(Serialize(mine), kCoordinator, &gathered);
+  Status s = transport_->GatherBytes(Serialize(mine), kCoordinator, &gathered);
   if (!s.ok()) return s;
   std::vector<uint8_t> reply;
   if (transport_->rank() == kCoordinator) {
@@ -146,9 +160,12 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
   }
   s = transport_->BroadcastBytes(&reply, kCoordinator);
   if (!s.ok()) return s;
-  ResponseList slow = DeserializeResponseList(reply.data(), reply.size());
+  *slow = DeserializeResponseList(reply.data(), reply.size());
   stats_->Add(stats_->negotiations, 1);
+  return Status::OK();
+}
 
+void Controller::Learn(ResponseList slow, ResponseList* out) {
   for (const auto& name : slow.invalidated) ForgetCached(name);
   for (auto& response : slow.responses) {
     auto mine_it = sent_.find(response.name());
@@ -177,7 +194,6 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
   out->shutdown_ranks = std::move(slow.shutdown_ranks);
   out->shutdown_reasons = std::move(slow.shutdown_reasons);
   out->stall_error = std::move(slow.stall_error);
-  return Status::OK();
 }
 
 void Controller::ForgetCached(const std::string& name) {
@@ -317,6 +333,85 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& all) {
   return result;
 }
 
+namespace {
+
+std::string Mismatched(const std::string& name, const char* field, const std::string& values) {
+  return std::string("Mismatched ") + field + " for tensor '" + name + "': " + values +
+         ". Every rank must submit the same name with the same " + field + ".";
+}
+
+// The first field (in the order users fix them) whose value differs between
+// the ranks' requests for one name, as the error they see; "" when they agree.
+std::string FindMismatch(const std::vector<Request>& q) {
+  if (!AllSame(q, [](const Request& x) { return x.op; })) {
+    return Mismatched(q[0].name, "operation", DescribeByRank(q, [](const Request& x) {
+                      return std::string(OpTypeName(x.op));
+                    }));
+  }
+  if (!AllSame(q, [](const Request& x) { return x.dtype; })) {
+    return Mismatched(q[0].name, "dtype", DescribeByRank(q, [](const Request& x) {
+                      return std::string(DataTypeName(x.dtype));
+                    }));
+  }
+  const OpType op = q[0].op;
+  const OpRules& rules = RulesFor(op);
+  if (rules.whole_shape && !AllSame(q, [](const Request& x) { return x.shape; })) {
+    return Mismatched(q[0].name, "shape", DescribeByRank(q, [](const Request& x) { return ShapeString(x.shape); }));
+  }
+  if (rules.trailing_shape) {
+    if (!AllSame(q, [](const Request& x) { return x.shape.size(); })) {
+      return Mismatched(q[0].name, "number of dimensions", DescribeByRank(q, [](const Request& x) {
+                        return std::to_string(x.shape.size());
+                      }));
+    }
+    if (!AllSame(q, TrailingDims)) {
+      return Mismatched(q[0].name, "trailing dimensions (all but the first must agree)",
+                      DescribeByRank(q, [](const Request& x) {
+                        return ShapeString(TrailingDims(x));
+                      }));
+    }
+  }
+  if (rules.reduces) {
+    if (!AllSame(q, [](const Request& x) { return x.reduce_op; })) {
+      return Mismatched(q[0].name, "reduce op", DescribeByRank(q, [](const Request& x) {
+                        return std::string(ReduceOpName(x.reduce_op));
+                      }));
+    }
+    if (!AllSame(q, [](const Request& x) { return x.prescale; })) {
+      return Mismatched(q[0].name, "prescale_factor",
+                      DescribeByRank(q, [](const Request& x) { return Num(x.prescale); }));
+    }
+    if (!AllSame(q, [](const Request& x) { return x.postscale; })) {
+      return Mismatched(q[0].name, "postscale_factor",
+                      DescribeByRank(q, [](const Request& x) { return Num(x.postscale); }));
+    }
+    if (!AllSame(q, [](const Request& x) { return x.compression; })) {
+      return Mismatched(q[0].name, "compression", DescribeByRank(q, [](const Request& x) {
+                        return x.compression.ToString();
+                      }));
+    }
+  }
+  if (rules.has_root && !AllSame(q, [](const Request& x) { return x.root_rank; })) {
+    return Mismatched(q[0].name, "root rank", DescribeByRank(q, [](const Request& x) {
+                      return std::to_string(x.root_rank);
+                    }));
+  }
+  if (op == OpType::kAddProcessSet && !AllSame(q, [](const Request& x) { return x.set_ranks; })) {
+    return Mismatched(q[0].name, "process set ranks", DescribeByRank(q, [](const Request& x) {
+                      return ShapeString(std::vector<int64_t>(x.set_ranks.begin(), x.set_ranks.end()));
+                    }));
+  }
+  if (op == OpType::kRemoveProcessSet && !AllSame(q, [](const Request& x) { return x.target_set; })) {
+    return Mismatched(q[0].name, "process set", DescribeByRank(q, [](const Request& x) {
+                      return std::to_string(x.target_set);
+                    }));
+  }
+
+  return "";
+}
+
+}  // namespace
+
 Response Controller::Decide(const Pending& pending) const {
   // Only ranks that submitted take part in the checks; joined ranks follow.
   std::vector<Request> q;
@@ -332,94 +427,22 @@ Response Controller::Decide(const Pending& pending) const {
   Response response;
   response.request = first;
   response.cacheable = joined.empty();
-
-  auto mismatch = [&](const char* field, const std::string& values) {
-    response.kind = Response::Kind::kError;
-    response.error = std::string("Mismatched ") + field + " for tensor '" + first.name +
-                     "': " + values +
-                     ". Every rank must submit the same name with the same " + field + ".";
-    return response;
-  };
-
-  if (!AllSame(q, [](const Request& x) { return x.op; })) {
-    return mismatch("operation", DescribeByRank(q, [](const Request& x) {
-                      return std::string(OpTypeName(x.op));
-                    }));
-  }
-  if (!AllSame(q, [](const Request& x) { return x.dtype; })) {
-    return mismatch("dtype", DescribeByRank(q, [](const Request& x) {
-                      return std::string(DataTypeName(x.dtype));
-                    }));
-  }
+  std::string error = FindMismatch(q);
   const OpType op = first.op;
-  const OpRules& rules = RulesFor(op);
-  if (rules.whole_shape && !AllSame(q, [](const Request& x) { return x.shape; })) {
-    return mismatch("shape", DescribeByRank(q, [](const Request& x) { return ShapeString(x.shape); }));
+  // Horovod's rule: once a rank has joined, only allreduce goes on (the
+  // joined ranks contribute zeros); collectives whose result depends on the
+  // joined ranks' data or layout fail on every rank that issued them.
+  if (error.empty() && !joined.empty() && op != OpType::kAllreduce && op != OpType::kBarrier) {
+    error = std::string(OpTypeName(op)) + " of '" + first.name +
+            "' is not supported (only allreduce is; as in Horovod) while ranks [" + joined +
+            "] have joined; issue it before join()";
   }
-  if (rules.trailing_shape) {
-    if (!AllSame(q, [](const Request& x) { return x.shape.size(); })) {
-      return mismatch("number of dimensions", DescribeByRank(q, [](const Request& x) {
-                        return std::to_string(x.shape.size());
-                      }));
-    }
-    if (!AllSame(q, TrailingDims)) {
-      return mismatch("trailing dimensions (all but the first must agree)",
-                      DescribeByRank(q, [](const Request& x) {
-                        return ShapeString(TrailingDims(x));
-                      }));
-    }
+  if (!error.empty()) {
+    response.kind = Response::Kind::kError;
+    response.error = std::move(error);
+    return response;
   }
-  if (rules.reduces) {
-    if (!AllSame(q, [](const Request& x) { return x.reduce_op; })) {
-      return mismatch("reduce op", DescribeByRank(q, [](const Request& x) {
-                        return std::string(ReduceOpName(x.reduce_op));
-                      }));
-    }
-    if (!AllSame(q, [](const Request& x) { return x.prescale; })) {
-      return mismatch("prescale_factor",
-                      DescribeByRank(q, [](const Request& x) { return Num(x.prescale); }));
-    }
-    if (!AllSame(q, [](const Request& x) { return x.postscale; })) {
-      return mismatch("postscale_factor",
-                      DescribeByRank(q, [](const Request& x) { return Num(x.postscale); }));
-    }
-    if (!AllSame(q, [](const Request& x) { return x.compression; })) {
-      return mismatch("compression", DescribeByRank(q, [](const Request& x) {
-                        return x.compression.ToString();
-                      }));
-    }
-  }
-  if (rules.has_root && !AllSame(q, [](const Request& x) { return x.root_rank; })) {
-    return mismatch("root rank", DescribeByRank(q, [](const Request& x) {
-                      return std::to_string(x.root_rank);
-                    }));
-  }
-  if (op == OpType::kAddProcessSet && !AllSame(q, [](const Request& x) { return x.set_ranks; })) {
-    return mismatch("process set ranks", DescribeByRank(q, [](const Request& x) {
-                      return ShapeString(std::vector<int64_t>(x.set_ranks.begin(), x.set_ranks.end()));
-                    }));
-  }
-  if (op == OpType::kRemoveProcessSet && !AllSame(q, [](const Request& x) { return x.target_set; })) {
-    return mismatch("process set", DescribeByRank(q, [](const Request& x) {
-                      return std::to_string(x.target_set);
-                    }));
-  }
-
   const int64_t size = static_cast<int64_t>(pending.by_rank.size());
-  if (!joined.empty()) {
-    auto refuse = [&](const std::string& why) {
-      response.kind = Response::Kind::kError;
-      response.error = std::string(OpTypeName(op)) + " of '" + first.name + "' " + why +
-                       " while ranks [" + joined + "] have joined; issue it before join()";
-      return response;
-    };
-    // Horovod's rule: once a rank has joined, only allreduce goes on (the
-    // joined ranks contribute zeros); collectives whose result depends on
-    // the joined ranks' data or layout fail on every rank that issued them.
-    if (op != OpType::kAllreduce && op != OpType::kBarrier) {
-      return refuse("is not supported (only allreduce is; as in Horovod)");
-    }
-  }
   switch (op) {
     case OpType::kAllgather:
       for (size_t r = 0; r < pending.by_rank.size(); ++r) {

@@ -52,6 +52,17 @@ class Controller {
     Clock::time_point since;
   };
 
+  // The steps of one round. Sort: new requests whose metadata the cache
+  // holds wait for their slot's bit; the rest (and cached ones waiting too
+  // long) go to the coordinator.
+  RequestList Sort(std::vector<Request> new_requests, Clock::time_point now);
+  // The bitwise AND: cached slots ready on every rank become responses;
+  // `quiet`: no rank has anything for the coordinator this round.
+  Status AgreeOnCached(const RequestList& mine, ResponseList* out, bool* quiet);
+  // Gather every rank's requests on the coordinator, broadcast its decision.
+  Status AskCoordinator(const RequestList& mine, ResponseList* slow);
+  // Apply the coordinator's decision: invalidations, cache entries, responses.
+  void Learn(ResponseList slow, ResponseList* out);
   ResponseList Coordinate(const std::vector<RequestList>& all);
   Response Decide(const Pending& pending) const;
   // Coordinator: warns about tensors missing on some ranks; returns a

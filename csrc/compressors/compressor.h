@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../engine_stats.h"
 #include "../message.h"
 
 namespace hvdlite {
@@ -57,6 +58,11 @@ class Compressor {
 // ErrorFeedback when spec.error_feedback. An invalid spec (unknown type, top-k
 // ratio outside (0, 1]) also yields nullptr: callers validate before this.
 std::unique_ptr<Compressor> CreateCompressor(const CompressionSpec& spec);
+
+// Whether `value` is a CompressionType the engine has a compressor for.
+bool IsValidCompression(int32_t value);
+// The EngineStats counter of the bytes a compression type puts on the wire.
+std::atomic<int64_t> EngineStats::*WireBytesStat(CompressionType type);
 
 // One compressor per spec, kept across rounds: error feedback carries state
 // from one step to the next.

@@ -1,5 +1,6 @@
-// Maps a CompressionSpec to a compressor; the one place that knows every
-// concrete compressor, so the engine only sees the interface.
+// The one place that knows every concrete compressor (its name, its wire
+// counter, how to build it from a CompressionSpec), so the engine only sees
+// the interface.
 #include "compressor.h"
 #include "error_feedback.h"
 #include "fp16.h"
@@ -13,22 +14,62 @@ int64_t TotalCount(const std::vector<Segment>& segs) {
   return total;
 }
 
-std::unique_ptr<Compressor> CreateCompressor(const CompressionSpec& spec) {
-  switch (spec.type) {
-    case CompressionType::kNone:
-      return nullptr;
-    case CompressionType::kFP16:
-      return std::make_unique<FP16Compressor>();
-    case CompressionType::kTopK: {
-      // Validated earlier with a proper error; here only refuse to build nonsense.
-      if (!(spec.topk_ratio > 0.0 && spec.topk_ratio <= 1.0)) return nullptr;
-      std::unique_ptr<Compressor> topk = std::make_unique<TopKCompressor>(
-          spec.topk_ratio, TopKCompressor::kDefaultSampleSize, TopKCompressor::kEngineSendWholeBelow);
-      if (spec.error_feedback) return std::make_unique<ErrorFeedback>(std::move(topk));
-      return topk;
-    }
+namespace {
+
+std::unique_ptr<Compressor> MakeFp16(const CompressionSpec&) { return std::make_unique<FP16Compressor>(); }
+
+std::unique_ptr<Compressor> MakeTopK(const CompressionSpec& spec) {
+  // Validated earlier with a proper error; here only refuse to build nonsense.
+  if (!(spec.topk_ratio > 0.0 && spec.topk_ratio <= 1.0)) return nullptr;
+  std::unique_ptr<Compressor> topk = std::make_unique<TopKCompressor>(
+      spec.topk_ratio, TopKCompressor::kDefaultSampleSize, TopKCompressor::kEngineSendWholeBelow);
+  if (spec.error_feedback) return std::make_unique<ErrorFeedback>(std::move(topk));
+  return topk;
+}
+
+// Every compressor the engine knows, one row each. Adding one is a row here,
+// its value in CompressionType (common.h, the C API's code) and its object in
+// hvdlite/compression.py; its specific argument checks go in
+// request_validation.cc.
+struct CompressorKind {
+  CompressionType type;
+  const char* name;
+  std::atomic<int64_t> EngineStats::*wire_bytes;  // the counter of what it puts on the wire
+  std::unique_ptr<Compressor> (*create)(const CompressionSpec& spec);
+};
+
+const CompressorKind kKinds[] = {
+    {CompressionType::kNone, "none", &EngineStats::wire_bytes_none, nullptr},
+    {CompressionType::kFP16, "fp16", &EngineStats::wire_bytes_fp16, MakeFp16},
+    {CompressionType::kTopK, "topk", &EngineStats::wire_bytes_topk, MakeTopK},
+};
+
+const CompressorKind* Find(CompressionType type) {
+  for (const auto& kind : kKinds) {
+    if (kind.type == type) return &kind;
   }
-  return nullptr;  // a value outside the enum
+  return nullptr;
+}
+
+}  // namespace
+
+bool IsValidCompression(int32_t value) {
+  return Find(static_cast<CompressionType>(value)) != nullptr;
+}
+
+const char* CompressionName(CompressionType type) {
+  const CompressorKind* kind = Find(type);
+  return kind ? kind->name : "unknown";
+}
+
+std::atomic<int64_t> EngineStats::*WireBytesStat(CompressionType type) {
+  const CompressorKind* kind = Find(type);
+  return kind ? kind->wire_bytes : &EngineStats::wire_bytes_none;
+}
+
+std::unique_ptr<Compressor> CreateCompressor(const CompressionSpec& spec) {
+  const CompressorKind* kind = Find(spec.type);
+  return kind && kind->create ? kind->create(spec) : nullptr;
 }
 
 Compressor* CompressorCache::For(const CompressionSpec& spec) {
