@@ -254,6 +254,12 @@ void Timeline::StopLocked() {
   }
   wake_.notify_one();
   writer_.join();
+  // A stopped timeline holds no memory: the event buffer's capacity is what a
+  // burst (or a descheduled writer) left, and the row table grows with every
+  // tensor name seen while recording.
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string().swap(pending_);
+  std::unordered_map<std::string, Row>().swap(rows_);
 }
 
 std::string Timeline::path() const {
