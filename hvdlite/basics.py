@@ -259,6 +259,16 @@ def _shutdown_at_exit():
             if not _reported:
                 _report_failing(_exit_code or 1, "lost contact with a peer rank (hvdlite timeout)")
             time.sleep(5)
+        else:
+            # MPI_Abort also ends the launcher's processes that forward this
+            # rank's output; what it printed last (the error the user needs)
+            # is lost if they have not read it yet, which a loaded host makes likely.
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError, AttributeError):
+                    pass
+            time.sleep(1.0)
         _mpi().COMM_WORLD.Abort(_exit_code or 1)
     if _mpi_started_here:
         from mpi4py import MPI
