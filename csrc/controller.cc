@@ -2,11 +2,10 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <map>
-#include <sstream>
 #include <unordered_set>
 
 #include "op_rules.h"
+#include "request_agreement.h"
 
 namespace hvdlite {
 
@@ -18,45 +17,6 @@ constexpr int kCoordinator = 0;
 constexpr uint64_t kQuietBit = 1;
 // ...and "this rank has nothing in flight at all"; ANDed: the set is idle.
 constexpr uint64_t kIdleBit = 2;
-
-// "[2, 3] on ranks 0, 2; [2, 4] on rank 1"
-template <typename F>
-std::string DescribeByRank(const std::vector<Request>& by_rank, F value_of) {
-  std::map<std::string, std::vector<int>> groups;
-  std::vector<std::string> order;
-  for (const auto& q : by_rank) {
-    std::string v = value_of(q);
-    if (!groups.count(v)) order.push_back(v);
-    groups[v].push_back(q.rank);
-  }
-  std::ostringstream out;
-  for (size_t i = 0; i < order.size(); ++i) {
-    const auto& ranks = groups[order[i]];
-    if (i) out << "; ";
-    out << order[i] << " on rank" << (ranks.size() > 1 ? "s " : " ");
-    for (size_t j = 0; j < ranks.size(); ++j) out << (j ? ", " : "") << ranks[j];
-  }
-  return out.str();
-}
-
-template <typename F>
-bool AllSame(const std::vector<Request>& by_rank, F value_of) {
-  for (size_t r = 1; r < by_rank.size(); ++r) {
-    if (!(value_of(by_rank[r]) == value_of(by_rank[0]))) return false;
-  }
-  return true;
-}
-
-std::vector<int64_t> TrailingDims(const Request& q) {
-  return q.shape.empty() ? std::vector<int64_t>{}
-                         : std::vector<int64_t>(q.shape.begin() + 1, q.shape.end());
-}
-
-std::string Num(double v) {
-  std::ostringstream out;
-  out << v;
-  return out.str();
-}
 
 }  // namespace
 
@@ -254,21 +214,32 @@ std::string Controller::InspectStalls() {
   return give_up;
 }
 
+namespace {
+
+// A shutdown any rank asked for (or the stall inspector's) ends the round:
+// `result` then carries who asked and why.
+bool CollectShutdowns(const std::vector<RequestList>& all, const std::string& stall_error,
+                      ResponseList* result) {
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].shutdown) {
+      result->shutdown = true;
+      result->shutdown_ranks.push_back(static_cast<int>(r));
+      result->shutdown_reasons.push_back(all[r].shutdown_reason);
+    }
+  }
+  if (!stall_error.empty()) {
+    result->stall_error = stall_error;
+    result->shutdown = true;
+  }
+  return result->shutdown;
+}
+
+}  // namespace
+
 ResponseList Controller::Coordinate(const std::vector<RequestList>& all) {
   ResponseList result;
   const int size = static_cast<int>(all.size());
-  for (int r = 0; r < size; ++r) {
-    if (all[r].shutdown) {
-      result.shutdown = true;
-      result.shutdown_ranks.push_back(r);
-      result.shutdown_reasons.push_back(all[r].shutdown_reason);
-    }
-  }
-  if (!stall_shutdown_.empty()) {
-    result.stall_error = stall_shutdown_;
-    result.shutdown = true;
-  }
-  if (result.shutdown) return result;
+  if (CollectShutdowns(all, stall_shutdown_, &result)) return result;
 
   const auto now = Clock::now();
   std::vector<std::string> ready;
@@ -308,15 +279,7 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& all) {
       if (++p.count == size) ready.push_back(q.name);
     }
   }
-  if (joins_.any()) {
-    // Tensors waiting only on joined ranks are ready: those ranks send zeros.
-    std::unordered_set<std::string> already(ready.begin(), ready.end());
-    for (const auto& kv : table_) {
-      int have = 0;
-      for (int r = 0; r < size; ++r) have += kv.second.present[r] || joins_.joined(r);
-      if (have == size && !already.count(kv.first)) ready.push_back(kv.first);
-    }
-  }
+  if (joins_.any()) AddReadyWithJoined(&ready);
   for (const auto& name : ready) {
     result.responses.push_back(Decide(table_[name]));
     table_.erase(name);
@@ -333,84 +296,17 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& all) {
   return result;
 }
 
-namespace {
 
-std::string Mismatched(const std::string& name, const char* field, const std::string& values) {
-  return std::string("Mismatched ") + field + " for tensor '" + name + "': " + values +
-         ". Every rank must submit the same name with the same " + field + ".";
+void Controller::AddReadyWithJoined(std::vector<std::string>* ready) const {
+  // Tensors waiting only on joined ranks are ready: those ranks send zeros.
+  std::unordered_set<std::string> already(ready->begin(), ready->end());
+  for (const auto& kv : table_) {
+    const int size = static_cast<int>(kv.second.present.size());
+    int have = 0;
+    for (int r = 0; r < size; ++r) have += kv.second.present[r] || joins_.joined(r);
+    if (have == size && !already.count(kv.first)) ready->push_back(kv.first);
+  }
 }
-
-// The first field (in the order users fix them) whose value differs between
-// the ranks' requests for one name, as the error they see; "" when they agree.
-std::string FindMismatch(const std::vector<Request>& q) {
-  if (!AllSame(q, [](const Request& x) { return x.op; })) {
-    return Mismatched(q[0].name, "operation", DescribeByRank(q, [](const Request& x) {
-                      return std::string(OpTypeName(x.op));
-                    }));
-  }
-  if (!AllSame(q, [](const Request& x) { return x.dtype; })) {
-    return Mismatched(q[0].name, "dtype", DescribeByRank(q, [](const Request& x) {
-                      return std::string(DataTypeName(x.dtype));
-                    }));
-  }
-  const OpType op = q[0].op;
-  const OpRules& rules = RulesFor(op);
-  if (rules.whole_shape && !AllSame(q, [](const Request& x) { return x.shape; })) {
-    return Mismatched(q[0].name, "shape", DescribeByRank(q, [](const Request& x) { return ShapeString(x.shape); }));
-  }
-  if (rules.trailing_shape) {
-    if (!AllSame(q, [](const Request& x) { return x.shape.size(); })) {
-      return Mismatched(q[0].name, "number of dimensions", DescribeByRank(q, [](const Request& x) {
-                        return std::to_string(x.shape.size());
-                      }));
-    }
-    if (!AllSame(q, TrailingDims)) {
-      return Mismatched(q[0].name, "trailing dimensions (all but the first must agree)",
-                      DescribeByRank(q, [](const Request& x) {
-                        return ShapeString(TrailingDims(x));
-                      }));
-    }
-  }
-  if (rules.reduces) {
-    if (!AllSame(q, [](const Request& x) { return x.reduce_op; })) {
-      return Mismatched(q[0].name, "reduce op", DescribeByRank(q, [](const Request& x) {
-                        return std::string(ReduceOpName(x.reduce_op));
-                      }));
-    }
-    if (!AllSame(q, [](const Request& x) { return x.prescale; })) {
-      return Mismatched(q[0].name, "prescale_factor",
-                      DescribeByRank(q, [](const Request& x) { return Num(x.prescale); }));
-    }
-    if (!AllSame(q, [](const Request& x) { return x.postscale; })) {
-      return Mismatched(q[0].name, "postscale_factor",
-                      DescribeByRank(q, [](const Request& x) { return Num(x.postscale); }));
-    }
-    if (!AllSame(q, [](const Request& x) { return x.compression; })) {
-      return Mismatched(q[0].name, "compression", DescribeByRank(q, [](const Request& x) {
-                        return x.compression.ToString();
-                      }));
-    }
-  }
-  if (rules.has_root && !AllSame(q, [](const Request& x) { return x.root_rank; })) {
-    return Mismatched(q[0].name, "root rank", DescribeByRank(q, [](const Request& x) {
-                      return std::to_string(x.root_rank);
-                    }));
-  }
-  if (op == OpType::kAddProcessSet && !AllSame(q, [](const Request& x) { return x.set_ranks; })) {
-    return Mismatched(q[0].name, "process set ranks", DescribeByRank(q, [](const Request& x) {
-                      return ShapeString(std::vector<int64_t>(x.set_ranks.begin(), x.set_ranks.end()));
-                    }));
-  }
-  if (op == OpType::kRemoveProcessSet && !AllSame(q, [](const Request& x) { return x.target_set; })) {
-    return Mismatched(q[0].name, "process set", DescribeByRank(q, [](const Request& x) {
-                      return std::to_string(x.target_set);
-                    }));
-  }
-
-  return "";
-}
-
-}  // namespace
 
 Response Controller::Decide(const Pending& pending) const {
   // Only ranks that submitted take part in the checks; joined ranks follow.

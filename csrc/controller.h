@@ -64,6 +64,8 @@ class Controller {
   // Apply the coordinator's decision: invalidations, cache entries, responses.
   void Learn(ResponseList slow, ResponseList* out);
   ResponseList Coordinate(const std::vector<RequestList>& all);
+  // Coordinator: adds to `ready` the tensors every rank but joined ones has submitted.
+  void AddReadyWithJoined(std::vector<std::string>* ready) const;
   Response Decide(const Pending& pending) const;
   // Coordinator: warns about tensors missing on some ranks; returns a
   // message when the stall shutdown time has passed.

@@ -16,13 +16,15 @@ void OperationRunner::Agreed(const TensorEntry& e, const Response& r, bool negot
   ctx_.timeline->Begin(row, activity::kQueue);
 }
 
-Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& responses) {
-  std::vector<TensorEntry> taken(responses.size());
+Status OperationRunner::Take(ProcessSet& set, const std::vector<Response>& responses,
+                             std::vector<TensorEntry>* taken) {
+  taken->assign(responses.size(), TensorEntry());
   joined_scratch_.clear();
   for (size_t i = 0; i < responses.size(); ++i) {
     const Response& r = responses[i];
-    if (set.queue().Take(r.name(), &taken[i])) {
-      Agreed(taken[i], r, true);
+    TensorEntry& e = (*taken)[i];
+    if (set.queue().Take(r.name(), &e)) {
+      Agreed(e, r, true);
       continue;
     }
     if (r.cacheable) {
@@ -32,7 +34,6 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
     // This rank has joined: it takes part with zeros and discards the result
     // (or, for an error response, only learns the name).
     if (r.request.auto_named) set.SkipAutoName(r.op(), r.name());
-    TensorEntry& e = taken[i];
     e.request = r.request;
     e.request.rank = set.rank();
     const size_t bytes = static_cast<size_t>(NumElements(e.request.shape)) * DataTypeSize(e.request.dtype);
@@ -43,7 +44,12 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
     e.work = std::make_shared<Work>(r.op(), r.name());
     Agreed(e, r, false);
   }
-  Status fatal;
+  return Status::OK();
+}
+
+Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& responses) {
+  std::vector<TensorEntry> taken;
+  Status fatal = Take(set, responses, &taken);  // on failure, fails what it took (below)
   // Allreduces that can share a buffer: same dtype, op and compression.
   std::vector<std::pair<std::string, std::vector<TensorEntry*>>> groups;
   for (size_t i = 0; i < responses.size() && fatal.ok(); ++i) {

@@ -28,6 +28,9 @@ class OperationRunner {
   void ResetCompression() { ctx_.compressors.Reset(); }
 
  private:
+  // Each response's entry: from this rank's queue, or (a joined rank)
+  // zero-filled stand-ins for a tensor it never submitted.
+  Status Take(ProcessSet& set, const std::vector<Response>& responses, std::vector<TensorEntry>* taken);
   // The collectives other than allreduce, one tensor each.
   Status RunOne(ProcessSet& set, const Response& response, TensorEntry& entry);
   // Negotiation is over: the row leaves NEGOTIATE_<OP> (unless this rank has

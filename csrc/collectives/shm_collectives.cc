@@ -255,6 +255,13 @@ Status ShmCollectives::BitwiseAnd(uint64_t* words, int count) {
   return Status::OK();
 }
 
+void ShmCollectives::PartOfChunk(int64_t n, int64_t elem, int p, int64_t* lo, int64_t* hi) const {
+  const int64_t align = std::max<int64_t>(1, static_cast<int64_t>(kCacheLine) / elem);
+  const int64_t each = ((n + size_ - 1) / size_ + align - 1) / align * align;
+  *lo = std::min(n, each * p);
+  *hi = std::min(n, each * (p + 1));
+}
+
 Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
                                  double scale) {
   const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
@@ -268,11 +275,7 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
   // that part, in rank order, and the others copy the result, so every rank
   // ends with the same bits.
   auto part = [&](int64_t chunk, int p, int64_t* lo, int64_t* hi) {
-    const int64_t n = std::min(per_chunk, count - chunk * per_chunk);
-    const int64_t align = std::max<int64_t>(1, static_cast<int64_t>(kCacheLine) / elem);
-    const int64_t each = ((n + size_ - 1) / size_ + align - 1) / align * align;
-    *lo = std::min(n, each * p);
-    *hi = std::min(n, each * (p + 1));
+    PartOfChunk(std::min(per_chunk, count - chunk * per_chunk), elem, p, lo, hi);
   };
   // Chunks [0, copied) have their parts for the other ranks in this rank's
   // ring, [0, reduced) have this rank's part summed, [0, gathered) are done.

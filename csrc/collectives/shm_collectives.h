@@ -83,6 +83,8 @@ class ShmCollectives {
   Header* header() const;
   Control* control(int rank) const;
   BoardRow* board_row(int rank) const;
+  // Elements [lo, hi) of an `n`-element chunk are rank p's to sum.
+  void PartOfChunk(int64_t n, int64_t elem, int p, int64_t* lo, int64_t* hi) const;
   // A ring position holds a chunk's input (the parts other ranks sum) and,
   // after it, the part this rank summed.
   uint8_t* slot(int rank, uint64_t seq) const;
