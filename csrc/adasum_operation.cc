@@ -63,7 +63,7 @@ Status AdasumOperation::RunBucket(ProcessSet& set, const std::vector<TensorEntry
   EngineStats* stats = ctx_->stats;
   stats->Add(stats->collectives, 1);
   stats->Add(stats->bytes_in, BytesIn(bucket));
-  stats->Add(stats->wire_bytes_none, reducer_.wire_bytes());
+  stats->Add(WireBytes(stats, CompressionType::kNone), reducer_.wire_bytes());
   if (!s.ok()) return s;
   for (size_t i = 0; i < bucket.size(); ++i) {
     TensorEntry& e = *bucket[i];

@@ -181,7 +181,7 @@ Status AllreducePipeline::Start(ProcessSet& set, Bucket& b) {
     b.activity = wire.Activity(OpType::kAllgather);
     ctx_->Phase(b.entries, b.activity, true);
     s = wire.StartAllgather(b.staged, static_cast<int64_t>(b.wire_bytes), b.gathered, &b.work);
-    stats->Add(stats->*WireBytesStat(b.compression), static_cast<int64_t>(b.wire_bytes));
+    stats->Add(WireBytes(stats, b.compression), static_cast<int64_t>(b.wire_bytes));
   } else if (b.compressor != nullptr) {
     // The compressor's wire form is summed as its element type.
     const DataType wire_type = b.compressor->wire_dtype();
@@ -189,7 +189,7 @@ Status AllreducePipeline::Start(ProcessSet& set, Bucket& b) {
     ctx_->Phase(b.entries, b.activity, true);
     s = wire.StartAllreduce(Transport::kInPlace, b.staged, b.count, wire_type, ReduceOp::kSum, 1.0,
                             &b.work);
-    stats->Add(stats->*WireBytesStat(b.compression), static_cast<int64_t>(b.wire_bytes));
+    stats->Add(WireBytes(stats, b.compression), static_cast<int64_t>(b.wire_bytes));
   } else {
     const DataType wire_type = Is16BitFloat(b.dtype) ? DataType::kFloat32 : b.dtype;
     // A direct tensor's post-scale (Average) rides along with the reduction.
@@ -197,7 +197,8 @@ Status AllreducePipeline::Start(ProcessSet& set, Bucket& b) {
     b.activity = wire.Activity(OpType::kAllreduce, wire_type, b.op);
     ctx_->Phase(b.entries, b.activity, true);
     s = wire.StartAllreduce(b.send, b.recv, b.count, wire_type, b.op, post, &b.work);
-    stats->Add(stats->wire_bytes_none, b.count * static_cast<int64_t>(DataTypeSize(wire_type)));
+    stats->Add(WireBytes(stats, CompressionType::kNone),
+               b.count * static_cast<int64_t>(DataTypeSize(wire_type)));
   }
   stats->Add(stats->collectives, 1);
   stats->Add(stats->bytes_in, BytesIn(b.entries));
@@ -264,7 +265,8 @@ Status AllreducePipeline::RunChunked(ProcessSet& set, TensorEntry& e) {
     s = ctx_->Timed(e, wire.Activity(OpType::kAllreduce, q.dtype, q.reduce_op),
                     [&] { return wire.Allreduce(e.output, count, q.dtype, q.reduce_op); });
     ctx_->stats->Add(ctx_->stats->collectives, 1);
-    ctx_->stats->Add(ctx_->stats->wire_bytes_none, count * static_cast<int64_t>(DataTypeSize(q.dtype)));
+    ctx_->stats->Add(WireBytes(ctx_->stats, CompressionType::kNone),
+                     count * static_cast<int64_t>(DataTypeSize(q.dtype)));
     const double post = PostFactor(q, set.size());
     if (s.ok() && post != 1.0) CopyScaled(e.output, e.output, count, q.dtype, post);
   }

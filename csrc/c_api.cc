@@ -369,17 +369,32 @@ int hvd_engine_stats(int64_t* values, int32_t capacity) {
 #define HVDLITE_STAT_VALUE(name) all.push_back(st.name.load(std::memory_order_relaxed));
   HVDLITE_STATS_FIELDS(HVDLITE_STAT_VALUE)
 #undef HVDLITE_STAT_VALUE
+  for (int code = 0; code < hvdlite::kMaxCompressionKinds; ++code) {
+    if (hvdlite::IsValidCompression(code)) {
+      all.push_back(st.wire_bytes[static_cast<size_t>(code)].load(std::memory_order_relaxed));
+    }
+  }
   const int n = std::min<int>(capacity, static_cast<int>(all.size()));
   std::copy(all.begin(), all.begin() + n, values);
   return static_cast<int>(all.size());
 }
 
 const char* hvd_engine_stats_names(void) {
+  static const std::string names = [] {
 #define HVDLITE_STAT_NAME(name) #name ","
-  static const char* names = HVDLITE_STATS_FIELDS(HVDLITE_STAT_NAME);
+    std::string all = HVDLITE_STATS_FIELDS(HVDLITE_STAT_NAME);
 #undef HVDLITE_STAT_NAME
-  return names;
+    for (int code = 0; code < hvdlite::kMaxCompressionKinds; ++code) {
+      if (hvdlite::IsValidCompression(code)) {
+        all += std::string("wire_bytes_") + hvdlite::CompressionName(static_cast<hvdlite::CompressionType>(code)) + ",";
+      }
+    }
+    return all;
+  }();
+  return names.c_str();
 }
+
+int32_t hvd_compression_code(const char* name) { return hvdlite::CompressionCode(name ? name : ""); }
 
 int hvd_reset_compression_state(void) {
   auto engine = CurrentEngine();

@@ -150,7 +150,7 @@ Status CompressedReducescatter(OperationContext& ctx, ProcessSet& set, TensorEnt
   c->Compress(src, segs, staged);
   Transport& wire = set.transport();
   if (c->wire() == Compressor::Wire::kAllreduce) {
-    ctx.stats->Add(ctx.stats->*WireBytesStat(q.compression.type), static_cast<int64_t>(wire_bytes));
+    ctx.stats->Add(WireBytes(ctx.stats, q.compression.type), static_cast<int64_t>(wire_bytes));
     const size_t unit = wire_bytes / static_cast<size_t>(std::max<int64_t>(count, 1));
     uint8_t* mine = ctx.buffers.Get(FusionBuffer::kGather, 0, static_cast<size_t>(my_count) * unit + 64);
     if (!mine) return OutOfMemory("a compression buffer", static_cast<size_t>(my_count) * unit);
@@ -159,7 +159,7 @@ Status CompressedReducescatter(OperationContext& ctx, ProcessSet& set, TensorEnt
     });
     if (s.ok()) c->Decompress(mine, {Segment{q.name, 0, my_count}}, out);
   } else {
-    ctx.stats->Add(ctx.stats->*WireBytesStat(q.compression.type), static_cast<int64_t>(wire_bytes));
+    ctx.stats->Add(WireBytes(ctx.stats, q.compression.type), static_cast<int64_t>(wire_bytes));
     uint8_t* gathered = ctx.buffers.Get(FusionBuffer::kGather, 0, wire_bytes * size);
     if (!gathered) return OutOfMemory("a gather buffer", wire_bytes * size);
     s = ctx.Timed(e, wire.Activity(OpType::kAllgather), [&] {

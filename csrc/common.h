@@ -48,11 +48,14 @@ enum class OpType : int32_t {
 };
 constexpr int kNumOpTypes = 9;
 
+// Codes of the compressors (compressors/registry.h): each compressor's file
+// registers its own; the names here are for C++ code that refers to one.
 enum class CompressionType : int32_t {
   kNone = 0,
   kFP16 = 1,
   kTopK = 2,
 };
+constexpr int kMaxCompressionKinds = 16;
 
 // Why a handle failed; the Python binding maps each kind to an exception class.
 enum class ErrorKind : int32_t {

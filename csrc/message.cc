@@ -4,17 +4,11 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "compressors/compressor.h"  // CompressionArguments
+
 namespace hvdlite {
 
-std::string CompressionSpec::ToString() const {
-  std::ostringstream out;
-  out << CompressionName(type);
-  if (type == CompressionType::kTopK) {
-    out << "(ratio=" << topk_ratio << ", error_feedback=" << (error_feedback ? "True" : "False")
-        << ")";
-  }
-  return out.str();
-}
+std::string CompressionSpec::ToString() const { return CompressionName(type) + CompressionArguments(*this); }
 
 namespace {
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "collectives/adasum.h"
+#include "compressors/compressor.h"
 #include "op_rules.h"
 
 namespace hvdlite {
@@ -58,15 +59,8 @@ Status Adasum(const Request& q, int set_size) {
 
 Status Compression(const Request& q, int) {
   const auto& c = q.compression;
-  if (c.type == CompressionType::kTopK) {
-    if (!(c.topk_ratio > 0.0 && c.topk_ratio <= 1.0)) {
-      return Fail("top-k ratio must be in (0, 1], got " + std::to_string(c.topk_ratio));
-    }
-    if (q.dtype != DataType::kFloat32) {
-      return Fail(std::string("top-k compression needs float32 tensors, not ") + DataTypeName(q.dtype) +
-                  "; cast to float32 or use Compression.none / fp16");
-    }
-  }
+  const std::string error = CheckCompression(c, q.dtype, NumElements(q.shape));
+  if (!error.empty()) return Fail(error);
   if (c.type != CompressionType::kNone && q.reduce_op != ReduceOp::kSum &&
       q.reduce_op != ReduceOp::kAverage) {
     return Fail(std::string("compression works with Sum and Average, not ") + ReduceOpName(q.reduce_op));
@@ -81,12 +75,6 @@ Status WireLimits(const Request& q, int) {
   if (c.type != CompressionType::kNone && q.dtype == DataType::kFloat32 && n > INT32_MAX) {
     return Fail("compressed reductions of more than 2^31-1 elements are not supported; use "
                 "Compression.none");
-  }
-  if (c.type == CompressionType::kTopK && q.dtype == DataType::kFloat32 &&
-      static_cast<double>(std::ceil(c.topk_ratio * static_cast<double>(n))) * 8 > INT32_MAX) {
-    // The k (value, index) pairs go out in one allgather whose count is an int.
-    return Fail("top-k would put more than 2^31-1 bytes on the wire for this tensor; lower the ratio "
-                "or split the tensor");
   }
   if ((q.dtype == DataType::kFloat16 || q.dtype == DataType::kBFloat16) && n > INT32_MAX) {
     // 16-bit floats are reduced widened to float32 in one call.

@@ -54,15 +54,24 @@ class Compressor {
   virtual void Reset() {}
 };
 
-// none -> nullptr; fp16 -> FP16Compressor; topk -> TopKCompressor, wrapped in
-// ErrorFeedback when spec.error_feedback. An invalid spec (unknown type, top-k
-// ratio outside (0, 1]) also yields nullptr: callers validate before this.
+// The registered kind's compressor for `spec` (registry.h); nullptr for
+// none, an unknown code or arguments its own checks refuse (callers validate
+// first, with CheckCompression).
 std::unique_ptr<Compressor> CreateCompressor(const CompressionSpec& spec);
 
-// Whether `value` is a CompressionType the engine has a compressor for.
+// Whether `value` is the code of a registered compressor.
 bool IsValidCompression(int32_t value);
-// The EngineStats counter of the bytes a compression type puts on the wire.
-std::atomic<int64_t> EngineStats::*WireBytesStat(CompressionType type);
+// The code of the compressor called `name`, -1 if none is (the C API's
+// hvd_compression_code, for Python).
+int32_t CompressionCode(const std::string& name);
+// What follows the name in descriptions: its arguments, "" if it has none.
+std::string CompressionArguments(const CompressionSpec& spec);
+// The compressor's own checks of its arguments for a tensor of `elements`
+// of `dtype`: the error for the user, "" when fine.
+std::string CheckCompression(const CompressionSpec& spec, DataType dtype, int64_t elements);
+// The counter of the bytes that compression puts on the wire (engine_stats()'s
+// "wire_bytes_<name>").
+std::atomic<int64_t>& WireBytes(EngineStats* stats, CompressionType type);
 
 // One compressor per spec, kept across rounds: error feedback carries state
 // from one step to the next.

@@ -1,5 +1,7 @@
 #include "fp16.h"
 
+#include "registry.h"
+
 namespace hvdlite {
 
 FP16Compressor::FP16Compressor() : kernels_(BestFp16Kernels()) {}
@@ -37,5 +39,13 @@ void FP16Compressor::DecompressAdd(const uint8_t* in, const std::vector<Segment>
     pos += s.count;
   }
 }
+
+namespace {
+
+std::unique_ptr<Compressor> Make(const CompressionSpec&) { return std::make_unique<FP16Compressor>(); }
+
+const bool kRegistered = RegisterCompressor({CompressionType::kFP16, "fp16", Make});
+
+}  // namespace
 
 }  // namespace hvdlite

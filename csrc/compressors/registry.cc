@@ -1,10 +1,12 @@
-// The one place that knows every concrete compressor (its name, its wire
-// counter, how to build it from a CompressionSpec), so the engine only sees
-// the interface.
+// The table of compressors, filled by each compressor's file at load time
+// (registry.h), and the engine's questions to it (compressor.h).
+#include "registry.h"
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+
 #include "compressor.h"
-#include "error_feedback.h"
-#include "fp16.h"
-#include "topk.h"
 
 namespace hvdlite {
 
@@ -16,59 +18,69 @@ int64_t TotalCount(const std::vector<Segment>& segs) {
 
 namespace {
 
-std::unique_ptr<Compressor> MakeFp16(const CompressionSpec&) { return std::make_unique<FP16Compressor>(); }
-
-std::unique_ptr<Compressor> MakeTopK(const CompressionSpec& spec) {
-  // Validated earlier with a proper error; here only refuse to build nonsense.
-  if (!(spec.topk_ratio > 0.0 && spec.topk_ratio <= 1.0)) return nullptr;
-  std::unique_ptr<Compressor> topk = std::make_unique<TopKCompressor>(
-      spec.topk_ratio, TopKCompressor::kDefaultSampleSize, TopKCompressor::kEngineSendWholeBelow);
-  if (spec.error_feedback) return std::make_unique<ErrorFeedback>(std::move(topk));
-  return topk;
+// Indexed by code. A function-local static: registrations run during other
+// files' static initialisation, in no particular order.
+std::array<CompressorKind, kMaxCompressionKinds>& Kinds() {
+  static std::array<CompressorKind, kMaxCompressionKinds> kinds{};
+  return kinds;
 }
 
-// Every compressor the engine knows, one row each. Adding one is a row here,
-// its value in CompressionType (common.h, the C API's code) and its object in
-// hvdlite/compression.py; its specific argument checks go in
-// request_validation.cc.
-struct CompressorKind {
-  CompressionType type;
-  const char* name;
-  std::atomic<int64_t> EngineStats::*wire_bytes;  // the counter of what it puts on the wire
-  std::unique_ptr<Compressor> (*create)(const CompressionSpec& spec);
-};
-
-const CompressorKind kKinds[] = {
-    {CompressionType::kNone, "none", &EngineStats::wire_bytes_none, nullptr},
-    {CompressionType::kFP16, "fp16", &EngineStats::wire_bytes_fp16, MakeFp16},
-    {CompressionType::kTopK, "topk", &EngineStats::wire_bytes_topk, MakeTopK},
-};
-
-const CompressorKind* Find(CompressionType type) {
-  for (const auto& kind : kKinds) {
-    if (kind.type == type) return &kind;
-  }
-  return nullptr;
-}
+// Full precision: nothing to build; its bytes are counted like any kind's.
+const bool kNoneRegistered = RegisterCompressor({CompressionType::kNone, "none", nullptr});
 
 }  // namespace
 
+bool RegisterCompressor(const CompressorKind& kind) {
+  const int code = static_cast<int>(kind.type);
+  if (code < 0 || code >= kMaxCompressionKinds || Kinds()[static_cast<size_t>(code)].name != nullptr) {
+    std::fprintf(stderr, "hvdlite: compressor '%s' has a code (%d) that is taken or not below %d\n",
+                 kind.name, code, kMaxCompressionKinds);
+    std::abort();
+  }
+  Kinds()[static_cast<size_t>(code)] = kind;
+  return true;
+}
+
+const CompressorKind* FindCompressorKind(CompressionType type) {
+  const int code = static_cast<int>(type);
+  if (code < 0 || code >= kMaxCompressionKinds) return nullptr;
+  const CompressorKind& kind = Kinds()[static_cast<size_t>(code)];
+  return kind.name ? &kind : nullptr;
+}
+
 bool IsValidCompression(int32_t value) {
-  return Find(static_cast<CompressionType>(value)) != nullptr;
+  return FindCompressorKind(static_cast<CompressionType>(value)) != nullptr;
+}
+
+int32_t CompressionCode(const std::string& name) {
+  for (const auto& kind : Kinds()) {
+    if (kind.name && name == kind.name) return static_cast<int32_t>(kind.type);
+  }
+  return -1;
 }
 
 const char* CompressionName(CompressionType type) {
-  const CompressorKind* kind = Find(type);
+  const CompressorKind* kind = FindCompressorKind(type);
   return kind ? kind->name : "unknown";
 }
 
-std::atomic<int64_t> EngineStats::*WireBytesStat(CompressionType type) {
-  const CompressorKind* kind = Find(type);
-  return kind ? kind->wire_bytes : &EngineStats::wire_bytes_none;
+std::string CompressionArguments(const CompressionSpec& spec) {
+  const CompressorKind* kind = FindCompressorKind(spec.type);
+  return kind && kind->arguments ? kind->arguments(spec) : "";
+}
+
+std::string CheckCompression(const CompressionSpec& spec, DataType dtype, int64_t elements) {
+  const CompressorKind* kind = FindCompressorKind(spec.type);
+  if (kind == nullptr) return "unknown compression code " + std::to_string(static_cast<int>(spec.type));
+  return kind->check ? kind->check(spec, dtype, elements) : "";
+}
+
+std::atomic<int64_t>& WireBytes(EngineStats* stats, CompressionType type) {
+  return stats->wire_bytes[static_cast<size_t>(type)];
 }
 
 std::unique_ptr<Compressor> CreateCompressor(const CompressionSpec& spec) {
-  const CompressorKind* kind = Find(spec.type);
+  const CompressorKind* kind = FindCompressorKind(spec.type);
   return kind && kind->create ? kind->create(spec) : nullptr;
 }
 

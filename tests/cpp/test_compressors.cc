@@ -20,6 +20,7 @@
 #include "compressors/error_feedback.h"
 #include "compressors/fp16.h"
 #include "collectives/mpi_transport.h"
+#include "compressors/registry.h"
 #include "compressors/topk.h"
 #include "half.h"
 
@@ -577,6 +578,46 @@ void TestRegistry() {
   CompressionSpec weird;
   weird.type = static_cast<CompressionType>(99);
   CHECK(CreateCompressor(weird) == nullptr, "unknown type -> nullptr");
+  CHECK(!IsValidCompression(99) && !CheckCompression(weird, DataType::kFloat32, 1).empty(), "unknown code");
+  CHECK(CompressionCode("fp16") == 1 && CompressionCode("topk") == 2 && CompressionCode("none") == 0,
+        "codes by name");
+  CHECK(CompressionCode("zstd") == -1, "unknown name");
+  topk.topk_ratio = 0.25;
+  CHECK(topk.ToString() == "topk(ratio=0.25, error_feedback=True)", "%s", topk.ToString().c_str());
+  CHECK(CheckCompression(topk, DataType::kFloat64, 10).find("float32") != std::string::npos, "topk dtype");
+  CHECK(CheckCompression(topk, DataType::kFloat32, 10).empty(), "topk ok");
+}
+
+// A compressor that this program alone defines: the one registration line
+// below is all the engine needs to build it, check its arguments, name it and
+// count its wire bytes.
+class HalvingCompressor : public FP16Compressor {
+ public:
+  std::string Describe() const override { return "test_halving"; }
+};
+
+std::string RefuseFloat64(const CompressionSpec&, DataType dtype, int64_t) {
+  return dtype == DataType::kFloat64 ? "test_halving needs float32" : "";
+}
+
+const bool kHalvingRegistered = RegisterCompressor(
+    {static_cast<CompressionType>(9), "test_halving",
+     [](const CompressionSpec&) -> std::unique_ptr<Compressor> { return std::make_unique<HalvingCompressor>(); },
+     RefuseFloat64});
+
+void TestRegisteredElsewhere() {
+  CHECK(kHalvingRegistered && IsValidCompression(9) && CompressionCode("test_halving") == 9, "registered");
+  CompressionSpec spec;
+  spec.type = static_cast<CompressionType>(9);
+  auto c = CreateCompressor(spec);
+  CHECK(c && c->Describe() == "test_halving", "built through the registry");
+  CHECK(spec.ToString() == "test_halving", "%s", spec.ToString().c_str());
+  CHECK(CheckCompression(spec, DataType::kFloat64, 4) == "test_halving needs float32", "its own check");
+  EngineStats stats;
+  stats.Add(WireBytes(&stats, spec.type), 12);
+  CHECK(stats.wire_bytes[9].load() == 12 && stats.wire_bytes[1].load() == 0, "its own wire counter");
+  CompressorCache cache;
+  CHECK(cache.For(spec) == cache.For(spec) && cache.For(spec) != nullptr, "cached per spec");
 }
 
 }  // namespace
@@ -601,6 +642,7 @@ int main(int argc, char** argv) {
       {"error feedback: fp16, normal",
        [] { TestErrorFeedbackConserves(std::make_unique<FP16Compressor>(), false, 1e-4); }},
       {"registry", TestRegistry},
+      {"registry: a compressor registered by one line", TestRegisteredElsewhere},
   });
   MPI_Finalize();
   return status;
