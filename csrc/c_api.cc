@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "compressors/compressor.h"
 #include "engine.h"
 
 using hvdlite::CompressionType;
@@ -184,7 +185,7 @@ int64_t hvd_enqueue(const hvd_tensor_request* r) {
   if (r->ndim < 0 || (r->ndim > 0 && r->shape == nullptr)) {
     return SetError(ErrorKind::kInvalidArgument, "invalid shape");
   }
-  if (r->compression < 0 || r->compression > static_cast<int>(CompressionType::kTopK)) {
+  if (!hvdlite::IsValidCompression(r->compression)) {
     return SetError(ErrorKind::kInvalidArgument, "unknown compression code");
   }
   hvdlite::EnqueueArgs args;
@@ -197,7 +198,16 @@ int64_t hvd_enqueue(const hvd_tensor_request* r) {
   q.prescale = r->prescale;
   q.postscale = r->postscale;
   q.root_rank = r->root_rank;
-  if (r->splits && r->nsplits > 0) q.splits.assign(r->splits, r->splits + r->nsplits);
+  // The C struct's one array means a different thing per operation.
+  if (r->splits && r->nsplits > 0) {
+    if (q.op == OpType::kAddProcessSet) {
+      q.set_ranks.assign(r->splits, r->splits + r->nsplits);
+    } else if (q.op == OpType::kRemoveProcessSet) {
+      q.target_set = static_cast<int32_t>(r->splits[0]);
+    } else {
+      q.splits.assign(r->splits, r->splits + r->nsplits);
+    }
+  }
   q.compression.type = static_cast<CompressionType>(r->compression);
   q.compression.topk_ratio = r->topk_ratio;
   q.compression.error_feedback = r->error_feedback != 0;
@@ -359,17 +369,32 @@ int hvd_engine_stats(int64_t* values, int32_t capacity) {
 #define HVDLITE_STAT_VALUE(name) all.push_back(st.name.load(std::memory_order_relaxed));
   HVDLITE_STATS_FIELDS(HVDLITE_STAT_VALUE)
 #undef HVDLITE_STAT_VALUE
+  for (int code = 0; code < hvdlite::kMaxCompressionKinds; ++code) {
+    if (hvdlite::IsValidCompression(code)) {
+      all.push_back(st.wire_bytes[static_cast<size_t>(code)].load(std::memory_order_relaxed));
+    }
+  }
   const int n = std::min<int>(capacity, static_cast<int>(all.size()));
   std::copy(all.begin(), all.begin() + n, values);
   return static_cast<int>(all.size());
 }
 
 const char* hvd_engine_stats_names(void) {
+  static const std::string names = [] {
 #define HVDLITE_STAT_NAME(name) #name ","
-  static const char* names = HVDLITE_STATS_FIELDS(HVDLITE_STAT_NAME);
+    std::string all = HVDLITE_STATS_FIELDS(HVDLITE_STAT_NAME);
 #undef HVDLITE_STAT_NAME
-  return names;
+    for (int code = 0; code < hvdlite::kMaxCompressionKinds; ++code) {
+      if (hvdlite::IsValidCompression(code)) {
+        all += std::string("wire_bytes_") + hvdlite::CompressionName(static_cast<hvdlite::CompressionType>(code)) + ",";
+      }
+    }
+    return all;
+  }();
+  return names.c_str();
 }
+
+int32_t hvd_compression_code(const char* name) { return hvdlite::CompressionCode(name ? name : ""); }
 
 int hvd_reset_compression_state(void) {
   auto engine = CurrentEngine();

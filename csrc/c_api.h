@@ -98,6 +98,8 @@ int hvd_process_set_size(int32_t id);
    Returns how many values exist. */
 int hvd_engine_stats(int64_t* values, int32_t capacity);
 const char* hvd_engine_stats_names(void);
+/* The code of the compressor called `name` ("none", "fp16", "topk", ...), -1 if none is. */
+int32_t hvd_compression_code(const char* name);
 int hvd_reset_compression_state(void);
 /* Timeline: "%r" in the path becomes the rank; without it only rank 0 writes. */
 int hvd_start_timeline(const char* path, int mark_cycles);

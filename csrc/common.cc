@@ -80,15 +80,6 @@ const char* OpTypeName(OpType op) {
   return "unknown";
 }
 
-const char* CompressionName(CompressionType type) {
-  switch (type) {
-    case CompressionType::kNone: return "none";
-    case CompressionType::kFP16: return "fp16";
-    case CompressionType::kTopK: return "topk";
-  }
-  return "unknown";
-}
-
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::ostringstream out;
   out << "[";

@@ -48,11 +48,14 @@ enum class OpType : int32_t {
 };
 constexpr int kNumOpTypes = 9;
 
+// Codes of the compressors (compressors/registry.h): each compressor's file
+// registers its own; the names here are for C++ code that refers to one.
 enum class CompressionType : int32_t {
   kNone = 0,
   kFP16 = 1,
   kTopK = 2,
 };
+constexpr int kMaxCompressionKinds = 16;
 
 // Why a handle failed; the Python binding maps each kind to an exception class.
 enum class ErrorKind : int32_t {
@@ -74,7 +77,7 @@ bool IsFloatingPoint(DataType dtype);
 bool IsValidReduceOp(int32_t value);
 const char* ReduceOpName(ReduceOp op);
 const char* OpTypeName(OpType op);
-const char* CompressionName(CompressionType type);
+const char* CompressionName(CompressionType type);  // compressors/registry.cc
 
 std::string ShapeString(const std::vector<int64_t>& shape);
 int64_t NumElements(const std::vector<int64_t>& shape);

@@ -2,9 +2,10 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <map>
-#include <sstream>
 #include <unordered_set>
+
+#include "op_rules.h"
+#include "request_agreement.h"
 
 namespace hvdlite {
 
@@ -17,51 +18,10 @@ constexpr uint64_t kQuietBit = 1;
 // ...and "this rank has nothing in flight at all"; ANDed: the set is idle.
 constexpr uint64_t kIdleBit = 2;
 
-// "[2, 3] on ranks 0, 2; [2, 4] on rank 1"
-template <typename F>
-std::string DescribeByRank(const std::vector<Request>& by_rank, F value_of) {
-  std::map<std::string, std::vector<int>> groups;
-  std::vector<std::string> order;
-  for (const auto& q : by_rank) {
-    std::string v = value_of(q);
-    if (!groups.count(v)) order.push_back(v);
-    groups[v].push_back(q.rank);
-  }
-  std::ostringstream out;
-  for (size_t i = 0; i < order.size(); ++i) {
-    const auto& ranks = groups[order[i]];
-    if (i) out << "; ";
-    out << order[i] << " on rank" << (ranks.size() > 1 ? "s " : " ");
-    for (size_t j = 0; j < ranks.size(); ++j) out << (j ? ", " : "") << ranks[j];
-  }
-  return out.str();
-}
-
-template <typename F>
-bool AllSame(const std::vector<Request>& by_rank, F value_of) {
-  for (size_t r = 1; r < by_rank.size(); ++r) {
-    if (!(value_of(by_rank[r]) == value_of(by_rank[0]))) return false;
-  }
-  return true;
-}
-
-std::vector<int64_t> TrailingDims(const Request& q) {
-  return q.shape.empty() ? std::vector<int64_t>{}
-                         : std::vector<int64_t>(q.shape.begin() + 1, q.shape.end());
-}
-
-std::string Num(double v) {
-  std::ostringstream out;
-  out << v;
-  return out.str();
-}
-
 }  // namespace
 
-Controller::Controller(MpiCollectives* mpi, ShmCollectives* shm, const EngineOptions& options,
-                       EngineStats* stats)
-    : mpi_(mpi),
-      shm_(shm),
+Controller::Controller(Transport* transport, const EngineOptions& options, EngineStats* stats)
+    : transport_(transport),
       options_(options),
       stats_(stats),
       cache_(options.cache_capacity),
@@ -71,14 +31,24 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
                              const std::string& shutdown_reason, ResponseList* out) {
   *out = ResponseList();
   ++tick_;
-  const auto now = Clock::now();
-  RequestList mine;
+  RequestList mine = Sort(std::move(new_requests), Clock::now());
   mine.shutdown = shutdown;
   mine.shutdown_reason = shutdown_reason;
+  if (transport_->rank() == kCoordinator && stall_shutdown_.empty()) stall_shutdown_ = InspectStalls();
+  bool quiet = false;
+  Status s = AgreeOnCached(mine, out, &quiet);
+  if (!s.ok() || quiet) return s;
+  ResponseList slow;
+  s = AskCoordinator(mine, &slow);
+  if (s.ok()) Learn(std::move(slow), out);
+  return s;
+}
+
+RequestList Controller::Sort(std::vector<Request> new_requests, Clock::time_point now) {
+  RequestList mine;
   mine.requests.swap(retry_);
   for (auto& q : new_requests) {
     if (q.op == OpType::kJoin) {
-      i_joined_ = true;
       mine.requests.push_back(std::move(q));
       continue;
     }
@@ -110,20 +80,19 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
       }
     }
   }
-  if (mpi_->rank() == kCoordinator && stall_shutdown_.empty()) stall_shutdown_ = InspectStalls();
+  return mine;
+}
 
-  const bool quiet = mine.requests.empty() && !mine.shutdown && stall_shutdown_.empty();
+Status Controller::AgreeOnCached(const RequestList& mine, ResponseList* out, bool* quiet) {
+  const bool my_quiet = mine.requests.empty() && !mine.shutdown && stall_shutdown_.empty();
   const int slots = cache_.num_slots();
   std::vector<uint64_t> bits(1 + (slots + 63) / 64, 0);
-  const bool idle = quiet && cached_waiting_.empty() && sent_.empty() && retry_.empty();
-  bits[0] = (quiet ? kQuietBit : 0) | (idle ? kIdleBit : 0);
+  const bool idle = my_quiet && cached_waiting_.empty() && sent_.empty() && retry_.empty();
+  bits[0] = (my_quiet ? kQuietBit : 0) | (idle ? kIdleBit : 0);
   for (const auto& kv : cached_waiting_) bits[1 + kv.first / 64] |= uint64_t{1} << (kv.first % 64);
-  const int words = static_cast<int>(bits.size());
-  Status s = shm_ != nullptr && shm_->FitsBoard(words) ? shm_->BitwiseAnd(bits.data(), words)
-                                                       : mpi_->BitwiseAnd(bits.data(), words);
+  Status s = transport_->BitwiseAnd(bits.data(), static_cast<int>(bits.size()));
   if (!s.ok()) return s;
   stats_->Add(stats_->cycles, 1);
-
   // Slots ready on every rank run first, in slot order: the same on all ranks.
   for (int slot = 0; slot < slots; ++slot) {
     if (!(bits[1 + slot / 64] & (uint64_t{1} << (slot % 64)))) continue;
@@ -133,35 +102,39 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
     stats_->Add(stats_->cache_hits, 1);
   }
   out->idle = (bits[0] & kIdleBit) != 0;
-  if (bits[0] & kQuietBit) return Status::OK();
+  *quiet = (bits[0] & kQuietBit) != 0;
+  return Status::OK();
+}
 
+Status Controller::AskCoordinator(const RequestList& mine, ResponseList* slow) {
   for (const auto& q : mine.requests) sent_[q.name] = q;
   std::vector<std::vector<uint8_t>> gathered;
-  s = mpi_->GatherBytes(Serialize(mine), kCoordinator, &gathered);
+  Status s = transport_->GatherBytes(Serialize(mine), kCoordinator, &gathered);
   if (!s.ok()) return s;
   std::vector<uint8_t> reply;
-  if (mpi_->rank() == kCoordinator) {
+  if (transport_->rank() == kCoordinator) {
     std::vector<RequestList> all;
     all.reserve(gathered.size());
     for (const auto& bytes : gathered) all.push_back(DeserializeRequestList(bytes.data(), bytes.size()));
     reply = Serialize(Coordinate(all));
   }
-  s = mpi_->BroadcastBytes(&reply, kCoordinator);
+  s = transport_->BroadcastBytes(&reply, kCoordinator);
   if (!s.ok()) return s;
-  ResponseList slow = DeserializeResponseList(reply.data(), reply.size());
+  *slow = DeserializeResponseList(reply.data(), reply.size());
   stats_->Add(stats_->negotiations, 1);
+  return Status::OK();
+}
 
+void Controller::Learn(ResponseList slow, ResponseList* out) {
   for (const auto& name : slow.invalidated) ForgetCached(name);
   for (auto& response : slow.responses) {
-    const std::string& name = response.names.at(0);
-    auto mine_it = sent_.find(name);
-    if (response.op == OpType::kJoin) i_joined_ = false;
+    auto mine_it = sent_.find(response.name());
+    const OpType op = response.op();
     // Unnamed tensors get a fresh name per call: caching them only evicts others.
     const bool cacheable = response.kind == Response::Kind::kCollective && response.cacheable &&
-                           name.find(".noname.") == std::string::npos &&
-                           response.op != OpType::kJoin && response.op != OpType::kBarrier &&
-                           response.op != OpType::kAddProcessSet &&
-                           response.op != OpType::kRemoveProcessSet && mine_it != sent_.end();
+                           !response.request.auto_named && op != OpType::kJoin &&
+                           op != OpType::kBarrier && op != OpType::kAddProcessSet &&
+                           op != OpType::kRemoveProcessSet && mine_it != sent_.end();
     if (cacheable && cache_.enabled()) {
       std::string evicted;
       const int slot = cache_.Put(response, mine_it->second, tick_, &evicted);
@@ -181,7 +154,6 @@ Status Controller::Negotiate(std::vector<Request> new_requests, bool shutdown,
   out->shutdown_ranks = std::move(slow.shutdown_ranks);
   out->shutdown_reasons = std::move(slow.shutdown_reasons);
   out->stall_error = std::move(slow.stall_error);
-  return Status::OK();
 }
 
 void Controller::ForgetCached(const std::string& name) {
@@ -242,40 +214,46 @@ std::string Controller::InspectStalls() {
   return give_up;
 }
 
+namespace {
+
+// A shutdown any rank asked for (or the stall inspector's) ends the round:
+// `result` then carries who asked and why.
+bool CollectShutdowns(const std::vector<RequestList>& all, const std::string& stall_error,
+                      ResponseList* result) {
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].shutdown) {
+      result->shutdown = true;
+      result->shutdown_ranks.push_back(static_cast<int>(r));
+      result->shutdown_reasons.push_back(all[r].shutdown_reason);
+    }
+  }
+  if (!stall_error.empty()) {
+    result->stall_error = stall_error;
+    result->shutdown = true;
+  }
+  return result->shutdown;
+}
+
+}  // namespace
+
 ResponseList Controller::Coordinate(const std::vector<RequestList>& all) {
   ResponseList result;
   const int size = static_cast<int>(all.size());
-  for (int r = 0; r < size; ++r) {
-    if (all[r].shutdown) {
-      result.shutdown = true;
-      result.shutdown_ranks.push_back(r);
-      result.shutdown_reasons.push_back(all[r].shutdown_reason);
-    }
-  }
-  if (!stall_shutdown_.empty()) {
-    result.stall_error = stall_shutdown_;
-    result.shutdown = true;
-  }
-  if (result.shutdown) return result;
+  if (CollectShutdowns(all, stall_shutdown_, &result)) return result;
 
   const auto now = Clock::now();
   std::vector<std::string> ready;
   std::unordered_set<std::string> invalidated;
-  if (joined_.size() != static_cast<size_t>(size)) joined_.assign(size, false);
   std::string join_name;
   for (int r = 0; r < size; ++r) {
     for (const Request& q : all[r].requests) {
       if (q.op == OpType::kJoin) {
-        if (!joined_[r]) {
-          joined_[r] = true;
-          ++num_joined_;
-          last_joined_ = r;
-        }
+        joins_.Join(r, size);
         join_name = q.name;
         // Cached responses assume every rank submits: drop them all.
         for (int s = 0; s < cache_.num_slots(); ++s) {
           if (!cache_.used(s)) continue;
-          const std::string& name = cache_.response(s).names.at(0);
+          const std::string& name = cache_.response(s).name();
           if (invalidated.insert(name).second) result.invalidated.push_back(name);
         }
         continue;
@@ -301,30 +279,33 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& all) {
       if (++p.count == size) ready.push_back(q.name);
     }
   }
-  if (num_joined_ > 0) {
-    // Tensors waiting only on joined ranks are ready: those ranks send zeros.
-    std::unordered_set<std::string> already(ready.begin(), ready.end());
-    for (const auto& kv : table_) {
-      int have = 0;
-      for (int r = 0; r < size; ++r) have += kv.second.present[r] || joined_[r];
-      if (have == size && !already.count(kv.first)) ready.push_back(kv.first);
-    }
-  }
+  if (joins_.any()) AddReadyWithJoined(&ready);
   for (const auto& name : ready) {
     result.responses.push_back(Decide(table_[name]));
     table_.erase(name);
   }
-  if (num_joined_ == size) {
+  if (joins_.all()) {
     Response join;
-    join.op = OpType::kJoin;
-    join.names.push_back(join_name.empty() ? "join" : join_name);
-    join.sizes.push_back(last_joined_);
+    join.request.op = OpType::kJoin;
+    join.request.name = join_name.empty() ? "join" : join_name;
+    join.last_joined_rank = joins_.last();
     join.cacheable = false;
     result.responses.push_back(std::move(join));
-    joined_.assign(size, false);
-    num_joined_ = 0;
+    joins_.Reset();
   }
   return result;
+}
+
+
+void Controller::AddReadyWithJoined(std::vector<std::string>* ready) const {
+  // Tensors waiting only on joined ranks are ready: those ranks send zeros.
+  std::unordered_set<std::string> already(ready->begin(), ready->end());
+  for (const auto& kv : table_) {
+    const int size = static_cast<int>(kv.second.present.size());
+    int have = 0;
+    for (int r = 0; r < size; ++r) have += kv.second.present[r] || joins_.joined(r);
+    if (have == size && !already.count(kv.first)) ready->push_back(kv.first);
+  }
 }
 
 Response Controller::Decide(const Pending& pending) const {
@@ -340,117 +321,43 @@ Response Controller::Decide(const Pending& pending) const {
   }
   const Request& first = q[0];
   Response response;
-  response.op = first.op;
-  response.dtype = first.dtype;
-  response.names.push_back(first.name);
-  response.tmpl = first;
+  response.request = first;
   response.cacheable = joined.empty();
-
-  auto mismatch = [&](const char* field, const std::string& values) {
-    response.kind = Response::Kind::kError;
-    response.error = std::string("Mismatched ") + field + " for tensor '" + first.name +
-                     "': " + values +
-                     ". Every rank must submit the same name with the same " + field + ".";
-    return response;
-  };
-
-  if (!AllSame(q, [](const Request& x) { return x.op; })) {
-    return mismatch("operation", DescribeByRank(q, [](const Request& x) {
-                      return std::string(OpTypeName(x.op));
-                    }));
-  }
-  if (!AllSame(q, [](const Request& x) { return x.dtype; })) {
-    return mismatch("dtype", DescribeByRank(q, [](const Request& x) {
-                      return std::string(DataTypeName(x.dtype));
-                    }));
-  }
+  std::string error = FindMismatch(q);
   const OpType op = first.op;
-  const bool whole_shape = op == OpType::kAllreduce || op == OpType::kBroadcast ||
-                           op == OpType::kReducescatter;
-  const bool trailing_shape = op == OpType::kAllgather || op == OpType::kAlltoall;
-  if (whole_shape && !AllSame(q, [](const Request& x) { return x.shape; })) {
-    return mismatch("shape", DescribeByRank(q, [](const Request& x) { return ShapeString(x.shape); }));
+  // Horovod's rule: once a rank has joined, only allreduce goes on (the
+  // joined ranks contribute zeros); collectives whose result depends on the
+  // joined ranks' data or layout fail on every rank that issued them.
+  if (error.empty() && !joined.empty() && op != OpType::kAllreduce && op != OpType::kBarrier) {
+    error = std::string(OpTypeName(op)) + " of '" + first.name +
+            "' is not supported (only allreduce is; as in Horovod) while ranks [" + joined +
+            "] have joined; issue it before join()";
   }
-  if (trailing_shape) {
-    if (!AllSame(q, [](const Request& x) { return x.shape.size(); })) {
-      return mismatch("number of dimensions", DescribeByRank(q, [](const Request& x) {
-                        return std::to_string(x.shape.size());
-                      }));
-    }
-    if (!AllSame(q, TrailingDims)) {
-      return mismatch("trailing dimensions (all but the first must agree)",
-                      DescribeByRank(q, [](const Request& x) {
-                        return ShapeString(TrailingDims(x));
-                      }));
-    }
+  if (!error.empty()) {
+    response.kind = Response::Kind::kError;
+    response.error = std::move(error);
+    return response;
   }
-  if (op == OpType::kAllreduce || op == OpType::kReducescatter) {
-    if (!AllSame(q, [](const Request& x) { return x.reduce_op; })) {
-      return mismatch("reduce op", DescribeByRank(q, [](const Request& x) {
-                        return std::string(ReduceOpName(x.reduce_op));
-                      }));
-    }
-    if (!AllSame(q, [](const Request& x) { return x.prescale; })) {
-      return mismatch("prescale_factor",
-                      DescribeByRank(q, [](const Request& x) { return Num(x.prescale); }));
-    }
-    if (!AllSame(q, [](const Request& x) { return x.postscale; })) {
-      return mismatch("postscale_factor",
-                      DescribeByRank(q, [](const Request& x) { return Num(x.postscale); }));
-    }
-    if (!AllSame(q, [](const Request& x) { return x.compression; })) {
-      return mismatch("compression", DescribeByRank(q, [](const Request& x) {
-                        return x.compression.ToString();
-                      }));
-    }
-  }
-  if (op == OpType::kBroadcast && !AllSame(q, [](const Request& x) { return x.root_rank; })) {
-    return mismatch("root rank", DescribeByRank(q, [](const Request& x) {
-                      return std::to_string(x.root_rank);
-                    }));
-  }
-  if ((op == OpType::kAddProcessSet || op == OpType::kRemoveProcessSet) &&
-      !AllSame(q, [](const Request& x) { return x.splits; })) {
-    return mismatch("process set ranks",
-                    DescribeByRank(q, [](const Request& x) { return ShapeString(x.splits); }));
-  }
-
   const int64_t size = static_cast<int64_t>(pending.by_rank.size());
-  if (!joined.empty()) {
-    auto refuse = [&](const std::string& why) {
-      response.kind = Response::Kind::kError;
-      response.error = std::string(OpTypeName(op)) + " of '" + first.name + "' " + why +
-                       " while ranks [" + joined + "] have joined; issue it before join()";
-      return response;
-    };
-    // Horovod's rule: once a rank has joined, only allreduce goes on (the
-    // joined ranks contribute zeros); collectives whose result depends on
-    // the joined ranks' data or layout fail on every rank that issued them.
-    if (op != OpType::kAllreduce && op != OpType::kBarrier) {
-      return refuse("is not supported (only allreduce is; as in Horovod)");
-    }
-  }
   switch (op) {
     case OpType::kAllgather:
       for (size_t r = 0; r < pending.by_rank.size(); ++r) {
         const auto& x = pending.by_rank[r];
-        response.sizes.push_back(x.shape.empty() ? 1 : x.shape[0]);
+        response.rows_per_rank.push_back(x.shape.empty() ? 1 : x.shape[0]);
       }
       break;
     case OpType::kAlltoall:
       for (const auto& x : q) {
-        response.sizes.insert(response.sizes.end(), x.splits.begin(), x.splits.end());
+        response.splits_matrix.insert(response.splits_matrix.end(), x.splits.begin(), x.splits.end());
       }
       break;
     case OpType::kReducescatter: {
       const int64_t rows = first.shape.empty() ? 1 : first.shape[0];
-      for (int64_t r = 0; r < size; ++r) response.sizes.push_back(rows / size + (r < rows % size));
+      for (int64_t r = 0; r < size; ++r) {
+        response.rows_per_rank.push_back(rows / size + (r < rows % size));
+      }
       break;
     }
-    case OpType::kAddProcessSet:
-    case OpType::kRemoveProcessSet:
-      response.sizes = first.splits;
-      break;
     default:
       break;
   }

@@ -13,21 +13,20 @@
 #include <unordered_set>
 #include <vector>
 
-#include "collectives/mpi_collectives.h"
-#include "collectives/shm_collectives.h"
 #include "engine_options.h"
 #include "engine_stats.h"
+#include "join_state.h"
 #include "message.h"
 #include "response_cache.h"
 #include "status.h"
+#include "transport.h"
 
 namespace hvdlite {
 
 class Controller {
  public:
-  // `shm` (may be null): the set's shared-memory collectives, which then
-  // carry each round's bit vector instead of MPI.
-  Controller(MpiCollectives* mpi, ShmCollectives* shm, const EngineOptions& options, EngineStats* stats);
+  // `transport`: the set's wire, which carries each round's exchanges.
+  Controller(Transport* transport, const EngineOptions& options, EngineStats* stats);
 
   // One round, collective over the set. `shutdown` (with its reason) asks all
   // ranks to stop. `out` gets the same ordered responses on every rank.
@@ -53,15 +52,27 @@ class Controller {
     Clock::time_point since;
   };
 
+  // The steps of one round. Sort: new requests whose metadata the cache
+  // holds wait for their slot's bit; the rest (and cached ones waiting too
+  // long) go to the coordinator.
+  RequestList Sort(std::vector<Request> new_requests, Clock::time_point now);
+  // The bitwise AND: cached slots ready on every rank become responses;
+  // `quiet`: no rank has anything for the coordinator this round.
+  Status AgreeOnCached(const RequestList& mine, ResponseList* out, bool* quiet);
+  // Gather every rank's requests on the coordinator, broadcast its decision.
+  Status AskCoordinator(const RequestList& mine, ResponseList* slow);
+  // Apply the coordinator's decision: invalidations, cache entries, responses.
+  void Learn(ResponseList slow, ResponseList* out);
   ResponseList Coordinate(const std::vector<RequestList>& all);
+  // Coordinator: adds to `ready` the tensors every rank but joined ones has submitted.
+  void AddReadyWithJoined(std::vector<std::string>* ready) const;
   Response Decide(const Pending& pending) const;
   // Coordinator: warns about tensors missing on some ranks; returns a
   // message when the stall shutdown time has passed.
   std::string InspectStalls();
   void ForgetCached(const std::string& name);
 
-  MpiCollectives* mpi_;
-  ShmCollectives* shm_;
+  Transport* transport_;
   EngineOptions options_;
   EngineStats* stats_;
   ResponseCache cache_;
@@ -72,13 +83,7 @@ class Controller {
   std::unordered_map<std::string, Pending> table_;  // coordinator state
   Clock::time_point last_stall_check_;
   std::string stall_shutdown_;                      // coordinator: pending stall error
-  // join(): ranks out of data. While any rank has joined, every tensor goes
-  // through the coordinator (the cache is emptied and not refilled), and a
-  // joined rank takes part in each collective with zeros.
-  bool i_joined_ = false;
-  std::vector<bool> joined_;  // coordinator
-  int num_joined_ = 0;
-  int32_t last_joined_ = -1;
+  JoinState joins_;  // coordinator
 };
 
 }  // namespace hvdlite

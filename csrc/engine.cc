@@ -10,7 +10,7 @@
 #include <cstring>
 #include <set>
 
-#include "collectives/adasum.h"
+#include "request_validation.h"
 #include "timeline_names.h"
 
 namespace hvdlite {
@@ -32,34 +32,6 @@ void ApplyPriority(EnginePriority priority) {
     std::fprintf(stderr, "hvdlite: HVDLITE_ENGINE_PRIORITY: could not change the engine thread's "
                  "scheduling policy (%s); it runs as a normal thread\n", std::strerror(err));
   }
-}
-
-bool IsReducing(OpType op) { return op == OpType::kAllreduce || op == OpType::kReducescatter; }
-
-// What Adasum (collectives/adasum.h) can reduce, with Horovod's limits.
-Status ValidateAdasum(const Request& q, int set_size) {
-  if (q.op != OpType::kAllreduce) {
-    return Status::InvalidArgument(
-        "op=Adasum works only with allreduce (Horovod's reducescatter refuses it too); use Sum "
-        "or Average");
-  }
-  if (!IsFloatingPoint(q.dtype)) {
-    return Status::InvalidArgument(std::string("op=Adasum needs floating-point tensors (float16, "
-                                               "bfloat16, float32, float64), not ") +
-                                   DataTypeName(q.dtype) + "; cast to float32 first");
-  }
-  if (q.compression.type != CompressionType::kNone) {
-    return Status::InvalidArgument(
-        std::string("op=Adasum cannot be combined with ") + CompressionName(q.compression.type) +
-        " compression: its dot products need the gradients as they are; use Compression.none");
-  }
-  if (!AdasumSupportsSize(set_size)) {
-    return Status::InvalidArgument(
-        "op=Adasum needs a power-of-2 number of ranks (1, 2, 4, 8, ...), but the process set "
-        "has " + std::to_string(set_size) + "; Horovod has the same limit. Run on a power-of-2 "
-        "number of ranks (or reduce over a process set of that size), or use op=Average");
-  }
-  return Status::OK();
 }
 
 }  // namespace
@@ -151,44 +123,8 @@ Status Engine::Setup() {
     return Status::Error(ErrorKind::kMpi, "MPI_Comm_dup of the given communicator failed");
   }
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(comm_, &topology_.rank);
-  MPI_Comm_size(comm_, &topology_.size);
-
-  // Ranks on the same host share a processor name; local and cross ranks
-  // follow from the list of names, without extra communicators.
-  constexpr int kNameLen = MPI_MAX_PROCESSOR_NAME;
-  std::vector<char> names(static_cast<size_t>(kNameLen) * topology_.size, '\0');
-  std::vector<char> mine(kNameLen, '\0');
-  int len = 0;
-  MPI_Get_processor_name(mine.data(), &len);
-  if (MPI_Allgather(mine.data(), kNameLen, MPI_CHAR, names.data(), kNameLen, MPI_CHAR, comm_) !=
-      MPI_SUCCESS) {
-    return Status::Error(ErrorKind::kMpi, "MPI_Allgather of host names failed");
-  }
-  auto host_of = [&](int r) { return std::string(names.data() + static_cast<size_t>(r) * kNameLen); };
-  std::vector<int> local_rank_of(topology_.size);
-  std::vector<std::string> hosts;
-  topology_.host_of_rank.assign(topology_.size, 0);
-  for (int r = 0; r < topology_.size; ++r) {
-    int same = 0;
-    for (int p = 0; p < r; ++p) same += host_of(p) == host_of(r);
-    local_rank_of[r] = same;
-    auto h = std::find(hosts.begin(), hosts.end(), host_of(r));
-    topology_.host_of_rank[r] = static_cast<int>(h - hosts.begin());
-    if (h == hosts.end()) hosts.push_back(host_of(r));
-  }
-  const int me = topology_.rank;
-  topology_.local_rank = local_rank_of[me];
-  topology_.local_size = 0;
-  topology_.cross_rank = 0;
-  topology_.cross_size = 0;
-  for (int r = 0; r < topology_.size; ++r) {
-    if (host_of(r) == host_of(me)) ++topology_.local_size;
-    if (local_rank_of[r] == local_rank_of[me]) {
-      if (r < me) ++topology_.cross_rank;
-      ++topology_.cross_size;
-    }
-  }
+  Status found = DiscoverTopology(comm_, &topology_);
+  if (!found.ok()) return found;
 
   std::vector<int32_t> all(topology_.size);
   for (int r = 0; r < topology_.size; ++r) all[r] = r;
@@ -199,15 +135,6 @@ Status Engine::Setup() {
   Status agreed = AgreeOnSetup(local);
   if (!agreed.ok()) timeline_.Stop();
   return agreed;
-}
-
-bool Topology::OneHost(const std::vector<int32_t>& ranks) const {
-  for (int32_t r : ranks) {
-    if (host_of_rank.at(static_cast<size_t>(r)) != host_of_rank.at(static_cast<size_t>(ranks.at(0)))) {
-      return false;
-    }
-  }
-  return true;
 }
 
 Status Engine::AgreeOnSetup(const Status& local) {
@@ -330,7 +257,7 @@ bool Engine::RunCycle(ProcessSet& set, bool is_global, bool* idle) {
   };
   for (auto& response : responses.responses) {
     if (response.kind == Response::Kind::kCollective &&
-        (response.op == OpType::kAddProcessSet || response.op == OpType::kRemoveProcessSet)) {
+        (response.op() == OpType::kAddProcessSet || response.op() == OpType::kRemoveProcessSet)) {
       if (!flush()) return false;
       s = ChangeProcessSets(set, response);
       if (!s.ok()) {
@@ -346,14 +273,14 @@ bool Engine::RunCycle(ProcessSet& set, bool is_global, bool* idle) {
 
 Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {
   TensorEntry entry;
-  if (!global.queue().Take(response.names[0], &entry)) {
+  if (!global.queue().Take(response.name(), &entry)) {
     return Status::Error(ErrorKind::kInternal, "process set request vanished from the queue");
   }
   const std::string row = TimelineRow(entry.request);
   timeline_.End(row, NegotiatePhase(entry.request));
   timeline_.Begin(row, OperationPhase(entry.request));
-  if (response.op == OpType::kAddProcessSet) {
-    std::vector<int32_t> ranks(response.sizes.begin(), response.sizes.end());
+  if (response.op() == OpType::kAddProcessSet) {
+    const std::vector<int32_t>& ranks = response.request.set_ranks;
     const bool member = std::find(ranks.begin(), ranks.end(), topology_.rank) != ranks.end();
     MPI_Comm comm = MPI_COMM_NULL;
     // Blocking, but every rank reaches it at the same point of the same round.
@@ -368,7 +295,7 @@ Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {
                                            &abort_));
     entry.work->value = id;
   } else {
-    const int32_t id = static_cast<int32_t>(response.sizes.at(0));
+    const int32_t id = response.request.target_set;
     auto removed = sets_.Remove(id);
     if (removed) {
       Status gone = Status::Error(ErrorKind::kShutdown,
@@ -415,99 +342,6 @@ void Engine::Shutdown(const std::string& reason) {
   timeline_.Stop();
 }
 
-Status Engine::ValidateLocally(const EnqueueArgs& args, const ProcessSet& set) const {
-  const Request& q = args.request;
-  // Built only for an error message: this runs once per submitted tensor.
-  auto what = [&q]() {
-    return std::string(OpTypeName(q.op)) + (q.name.empty() ? std::string() : " of '" + q.name + "'");
-  };
-  for (int64_t d : q.shape) {
-    if (d < 0) return Status::InvalidArgument(what() + ": negative dimension in shape " + ShapeString(q.shape));
-  }
-  if (IsReducing(q.op)) {
-    if (q.dtype == DataType::kBool) {
-      return Status::InvalidArgument(what() + ": bool tensors cannot be reduced; cast to uint8 or int32 first");
-    }
-    if (!IsValidReduceOp(static_cast<int32_t>(q.reduce_op))) {
-      return Status::InvalidArgument(what() + ": unknown reduce op " +
-                                     std::to_string(static_cast<int32_t>(q.reduce_op)));
-    }
-    if (q.reduce_op == ReduceOp::kAdasum) {
-      Status s = ValidateAdasum(q, set.size());
-      if (!s.ok()) return Status::InvalidArgument(what() + ": " + s.message());
-    }
-    if (!std::isfinite(q.prescale) || !std::isfinite(q.postscale)) {
-      return Status::InvalidArgument(what() + ": prescale_factor and postscale_factor must be finite numbers");
-    }
-    const auto& c = q.compression;
-    if (c.type == CompressionType::kTopK) {
-      if (!(c.topk_ratio > 0.0 && c.topk_ratio <= 1.0)) {
-        return Status::InvalidArgument(what() + ": top-k ratio must be in (0, 1], got " +
-                                       std::to_string(c.topk_ratio));
-      }
-      if (q.dtype != DataType::kFloat32) {
-        return Status::InvalidArgument(what() + ": top-k compression needs float32 tensors, not " +
-                                       DataTypeName(q.dtype) +
-                                       "; cast to float32 or use Compression.none / fp16");
-      }
-    }
-    if (c.type != CompressionType::kNone && q.reduce_op != ReduceOp::kSum &&
-        q.reduce_op != ReduceOp::kAverage) {
-      return Status::InvalidArgument(what() + ": compression works with Sum and Average, not " +
-                                     ReduceOpName(q.reduce_op));
-    }
-    const int64_t n = NumElements(q.shape);
-    if (c.type != CompressionType::kNone && q.dtype == DataType::kFloat32 && n > INT32_MAX) {
-      return Status::InvalidArgument(what() + ": compressed reductions of more than 2^31-1 "
-                                     "elements are not supported; use Compression.none");
-    }
-    if (c.type == CompressionType::kTopK && q.dtype == DataType::kFloat32 &&
-        static_cast<double>(std::ceil(c.topk_ratio * static_cast<double>(n))) * 8 > INT32_MAX) {
-      // The k (value, index) pairs go out in one allgather whose count is an int.
-      return Status::InvalidArgument(what() + ": top-k would put more than 2^31-1 bytes on the "
-                                     "wire for this tensor; lower the ratio or split the tensor");
-    }
-    if ((q.dtype == DataType::kFloat16 || q.dtype == DataType::kBFloat16) && n > INT32_MAX) {
-      // 16-bit floats are reduced widened to float32 in one MPI call.
-      return Status::InvalidArgument(what() + ": 16-bit float reductions of more than 2^31-1 "
-                                     "elements are not supported; split the tensor or use float32");
-    }
-  }
-  const int size = set.size();
-  if (q.op == OpType::kBroadcast && (q.root_rank < 0 || q.root_rank >= size)) {
-    return Status::InvalidArgument(what() + ": root_rank " + std::to_string(q.root_rank) +
-                                   " is out of range; it must be in [0, " + std::to_string(size) + ")");
-  }
-  const bool needs_rows = q.op == OpType::kAllgather || q.op == OpType::kAlltoall ||
-                          q.op == OpType::kReducescatter;
-  if (needs_rows && q.shape.empty()) {
-    return Status::InvalidArgument(what() + ": needs a tensor with at least one dimension");
-  }
-  if (q.op == OpType::kAlltoall) {
-    if (static_cast<int>(q.splits.size()) != size) {
-      return Status::InvalidArgument(what() + ": splits has " + std::to_string(q.splits.size()) +
-                                     " entries but there are " + std::to_string(size) +
-                                     " ranks; give one count per rank");
-    }
-    int64_t total = 0;
-    for (int64_t x : q.splits) {
-      if (x < 0) return Status::InvalidArgument(what() + ": splits must not be negative");
-      total += x;
-    }
-    if (total != q.shape[0]) {
-      return Status::InvalidArgument(what() + ": splits sum to " + std::to_string(total) +
-                                     " but the first dimension is " + std::to_string(q.shape[0]) +
-                                     "; they must be equal");
-    }
-  }
-  if (q.op == OpType::kReducescatter && q.shape[0] < size) {
-    return Status::InvalidArgument(what() + ": the first dimension (" + std::to_string(q.shape[0]) +
-                                   ") is smaller than the number of ranks (" + std::to_string(size) +
-                                   "); every rank must receive at least one row");
-  }
-  return Status::OK();
-}
-
 Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
   auto set = sets_.Get(args.process_set);
   if (!set && !stopped_status().ok()) return stopped_status();
@@ -524,23 +358,16 @@ Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
                                    " (ranks [" + ranks + "]); only members may submit to it");
   }
   Request& q = args.request;
-  if (q.op == OpType::kAlltoall && q.splits.empty() && !q.shape.empty()) {
-    // Default: equal parts, which needs a first dimension divisible by size.
-    const int64_t size = set->size();
-    if (q.shape[0] % size != 0) {
-      return Status::InvalidArgument(
-          "alltoall: the first dimension (" + std::to_string(q.shape[0]) +
-          ") is not divisible by the number of ranks (" + std::to_string(size) +
-          "); pass splits= to say how many rows go to each rank");
-    }
-    q.splits.assign(static_cast<size_t>(size), q.shape[0] / size);
-  }
-  Status s = ValidateLocally(args, *set);
+  Status s = CompleteRequest(&q, set->size());
+  if (s.ok()) s = ValidateRequest(q, set->size());
   if (!s.ok()) return s;
   // Bad input is reported as such even when the engine has stopped.
   s = stopped_status();
   if (!s.ok()) return s;
-  if (q.name.empty()) q.name = set->NextAutoName(q.op);
+  if (q.name.empty()) {
+    q.name = set->NextAutoName(q.op);
+    q.auto_named = true;
+  }
   q.rank = set->rank();
 
   TensorEntry entry;
@@ -552,11 +379,7 @@ Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
   auto work = entry.work;
   s = set->queue().Add(std::move(entry));
   if (!s.ok()) return s;
-  {
-    std::lock_guard<std::mutex> lock(handles_mutex_);
-    *handle = next_handle_++;
-    handles_[*handle] = std::move(work);
-  }
+  *handle = handles_.Add(std::move(work));
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(state_mutex_);
@@ -565,17 +388,6 @@ Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
   }
   if (wake) state_cv_.notify_all();
   return Status::OK();
-}
-
-std::shared_ptr<Work> Engine::FindWork(int64_t handle) {
-  std::lock_guard<std::mutex> lock(handles_mutex_);
-  auto it = handles_.find(handle);
-  return it == handles_.end() ? nullptr : it->second;
-}
-
-void Engine::ReleaseWork(int64_t handle) {
-  std::lock_guard<std::mutex> lock(handles_mutex_);
-  handles_.erase(handle);
 }
 
 }  // namespace hvdlite

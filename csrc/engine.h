@@ -1,5 +1,6 @@
 // The one engine object of a process: owns the background thread that does
-// all of hvdlite's MPI work, the process sets, and the table of handles.
+// all of hvdlite's MPI work (its life: setup, the loop of rounds, shutdown),
+// the process sets and their changes, and the table of handles.
 #pragma once
 
 #include <mpi.h>
@@ -11,13 +12,14 @@
 #include <string>
 #include <thread>
 #include <vector>
-#include <unordered_map>
 
 #include "engine_options.h"
 #include "engine_stats.h"
+#include "handle_table.h"
 #include "operations.h"
 #include "process_set.h"
 #include "timeline.h"
+#include "topology.h"
 #include "work.h"
 
 namespace hvdlite {
@@ -30,16 +32,6 @@ struct EnqueueArgs {
   void* output = nullptr;  // allreduce/broadcast: caller-owned, same shape as input
 };
 
-struct Topology {
-  int rank = 0, size = 1;
-  int local_rank = 0, local_size = 1;
-  int cross_rank = 0, cross_size = 1;
-  std::vector<int> host_of_rank;  // index of each engine rank's host (by processor name)
-
-  // Whether all these engine ranks run on one host.
-  bool OneHost(const std::vector<int32_t>& ranks) const;
-};
-
 class Engine {
  public:
   // Duplicates `comm`, starts the thread and waits until it is ready.
@@ -47,8 +39,8 @@ class Engine {
   ~Engine();
 
   Status Enqueue(EnqueueArgs args, int64_t* handle);
-  std::shared_ptr<Work> FindWork(int64_t handle);
-  void ReleaseWork(int64_t handle);
+  std::shared_ptr<Work> FindWork(int64_t handle) { return handles_.Find(handle); }
+  void ReleaseWork(int64_t handle) { handles_.Release(handle); }
 
   // Asks every rank's engine to stop (negotiated), fails what is pending and
   // joins the thread. Safe to call more than once.
@@ -80,7 +72,6 @@ class Engine {
   bool RunCycle(ProcessSet& set, bool is_global, bool* idle);
   Status ChangeProcessSets(ProcessSet& global, const Response& response);
   void Stop(const Status& reason);
-  Status ValidateLocally(const EnqueueArgs& args, const ProcessSet& set) const;
 
   MPI_Comm user_comm_;
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -107,9 +98,7 @@ class Engine {
   bool work_pending_ = false;  // set by Enqueue: start the next round now
   std::string shutdown_reason_;
 
-  std::mutex handles_mutex_;
-  std::unordered_map<int64_t, std::shared_ptr<Work>> handles_;
-  int64_t next_handle_ = 1;
+  HandleTable handles_;
 };
 
 }  // namespace hvdlite

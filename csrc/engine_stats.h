@@ -2,8 +2,11 @@
 // Written by the engine thread, read by any thread: relaxed atomics.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
+
+#include "common.h"
 
 namespace hvdlite {
 
@@ -18,21 +21,22 @@ struct EngineStats {
   std::atomic<int64_t> shm_collectives{0};  // of those, reduced through shared memory
   std::atomic<int64_t> fused_buffers{0};
   std::atomic<int64_t> bytes_in{0};         // tensor bytes submitted to reductions
-  std::atomic<int64_t> wire_bytes_none{0};  // bytes this rank put on the wire, per compressor
-  std::atomic<int64_t> wire_bytes_fp16{0};
-  std::atomic<int64_t> wire_bytes_topk{0};
   std::atomic<int64_t> stall_warnings{0};
   // Staging memory the engine keeps between rounds (fusion and compression
   // buffers, grown to the largest bucket seen): a high-water mark, not a leak.
   std::atomic<int64_t> buffer_bytes{0};
 
+  // Bytes this rank put on the wire, per compression code (WireBytes() in
+  // compressors/compressor.h; named "wire_bytes_<name>" by the C API).
+  std::array<std::atomic<int64_t>, kMaxCompressionKinds> wire_bytes{};
+
   void Add(std::atomic<int64_t>& counter, int64_t n) { counter.fetch_add(n, std::memory_order_relaxed); }
 };
 
-// Order of the values hvd_engine_stats() returns; the binding names them.
+// Order of the values hvd_engine_stats() returns (the wire bytes of each
+// registered compressor follow); the binding names them.
 #define HVDLITE_STATS_FIELDS(X)                                                             \
   X(cycles) X(negotiations) X(cache_hits) X(cache_misses) X(tensors) X(tensors_fused)      \
-  X(collectives) X(shm_collectives) X(fused_buffers) X(bytes_in) X(wire_bytes_none) X(wire_bytes_fp16)       \
-  X(wire_bytes_topk) X(stall_warnings) X(buffer_bytes)
+  X(collectives) X(shm_collectives) X(fused_buffers) X(bytes_in) X(stall_warnings) X(buffer_bytes)
 
 }  // namespace hvdlite

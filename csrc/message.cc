@@ -4,17 +4,11 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "compressors/compressor.h"  // CompressionArguments
+
 namespace hvdlite {
 
-std::string CompressionSpec::ToString() const {
-  std::ostringstream out;
-  out << CompressionName(type);
-  if (type == CompressionType::kTopK) {
-    out << "(ratio=" << topk_ratio << ", error_feedback=" << (error_feedback ? "True" : "False")
-        << ")";
-  }
-  return out.str();
-}
+std::string CompressionSpec::ToString() const { return CompressionName(type) + CompressionArguments(*this); }
 
 namespace {
 
@@ -30,9 +24,10 @@ class Writer {
     Put<uint64_t>(s.size());
     bytes_.insert(bytes_.end(), s.begin(), s.end());
   }
-  void PutInts(const std::vector<int64_t>& v) {
+  template <typename T>
+  void PutInts(const std::vector<T>& v) {
     Put<uint64_t>(v.size());
-    for (int64_t x : v) Put(x);
+    for (T x : v) Put(x);
   }
   std::vector<uint8_t> Take() { return std::move(bytes_); }
 
@@ -58,11 +53,12 @@ class Reader {
     pos_ += n;
     return s;
   }
-  std::vector<int64_t> GetInts() {
+  template <typename T = int64_t>
+  std::vector<T> GetInts() {
     auto n = Get<uint64_t>();
-    Need(n * sizeof(int64_t));
-    std::vector<int64_t> v(n);
-    for (auto& x : v) x = Get<int64_t>();
+    Need(n * sizeof(T));
+    std::vector<T> v(n);
+    for (auto& x : v) x = Get<T>();
     return v;
   }
 
@@ -93,14 +89,17 @@ void PutRequest(Writer& w, const Request& q) {
   w.Put<int32_t>(q.rank);
   w.Put<int32_t>(static_cast<int32_t>(q.op));
   w.PutString(q.name);
+  w.Put<uint8_t>(q.auto_named ? 1 : 0);
   w.Put<int32_t>(static_cast<int32_t>(q.dtype));
   w.PutInts(q.shape);
   w.Put<int32_t>(static_cast<int32_t>(q.reduce_op));
   w.Put<double>(q.prescale);
   w.Put<double>(q.postscale);
   w.Put<int32_t>(q.root_rank);
-  w.PutInts(q.splits);
   PutCompression(w, q.compression);
+  w.PutInts(q.splits);
+  w.PutInts(q.set_ranks);
+  w.Put<int32_t>(q.target_set);
 }
 
 Request GetRequest(Reader& r) {
@@ -108,14 +107,17 @@ Request GetRequest(Reader& r) {
   q.rank = r.Get<int32_t>();
   q.op = static_cast<OpType>(r.Get<int32_t>());
   q.name = r.GetString();
+  q.auto_named = r.Get<uint8_t>() != 0;
   q.dtype = static_cast<DataType>(r.Get<int32_t>());
   q.shape = r.GetInts();
   q.reduce_op = static_cast<ReduceOp>(r.Get<int32_t>());
   q.prescale = r.Get<double>();
   q.postscale = r.Get<double>();
   q.root_rank = r.Get<int32_t>();
-  q.splits = r.GetInts();
   q.compression = GetCompression(r);
+  q.splits = r.GetInts();
+  q.set_ranks = r.GetInts<int32_t>();
+  q.target_set = r.Get<int32_t>();
   return q;
 }
 
@@ -155,13 +157,11 @@ std::vector<uint8_t> Serialize(const ResponseList& list) {
   w.Put<uint64_t>(list.responses.size());
   for (const auto& p : list.responses) {
     w.Put<int32_t>(static_cast<int32_t>(p.kind));
-    w.Put<int32_t>(static_cast<int32_t>(p.op));
-    w.Put<uint64_t>(p.names.size());
-    for (const auto& n : p.names) w.PutString(n);
+    PutRequest(w, p.request);
     w.PutString(p.error);
-    w.Put<int32_t>(static_cast<int32_t>(p.dtype));
-    w.PutInts(p.sizes);
-    PutRequest(w, p.tmpl);
+    w.PutInts(p.rows_per_rank);
+    w.PutInts(p.splits_matrix);
+    w.Put<int32_t>(p.last_joined_rank);
     w.Put<uint8_t>(p.cacheable ? 1 : 0);
   }
   return w.Take();
@@ -183,14 +183,11 @@ ResponseList DeserializeResponseList(const uint8_t* data, size_t size) {
   list.responses.resize(n);
   for (auto& p : list.responses) {
     p.kind = static_cast<Response::Kind>(r.Get<int32_t>());
-    p.op = static_cast<OpType>(r.Get<int32_t>());
-    auto nn = r.Get<uint64_t>();
-    p.names.resize(nn);
-    for (auto& name : p.names) name = r.GetString();
+    p.request = GetRequest(r);
     p.error = r.GetString();
-    p.dtype = static_cast<DataType>(r.Get<int32_t>());
-    p.sizes = r.GetInts();
-    p.tmpl = GetRequest(r);
+    p.rows_per_rank = r.GetInts();
+    p.splits_matrix = r.GetInts();
+    p.last_joined_rank = r.Get<int32_t>();
     p.cacheable = r.Get<uint8_t>() != 0;
   }
   return list;

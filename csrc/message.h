@@ -22,19 +22,25 @@ struct CompressionSpec {
   std::string ToString() const;
 };
 
-// The metadata of one tensor submitted by one rank.
+// The metadata of one tensor submitted by one rank. Fields past `compression`
+// belong to one kind of operation each.
 struct Request {
   int32_t rank = 0;
   OpType op = OpType::kAllreduce;
   std::string name;
+  // The engine named it (an unnamed call): names follow a per-kind sequence,
+  // are fresh on every call, and so never enter the response cache.
+  bool auto_named = false;
   DataType dtype = DataType::kFloat32;
   std::vector<int64_t> shape;
   ReduceOp reduce_op = ReduceOp::kSum;
   double prescale = 1.0;
   double postscale = 1.0;
   int32_t root_rank = 0;
-  std::vector<int64_t> splits;  // alltoall: rows sent to each rank; add_process_set: ranks
   CompressionSpec compression;
+  std::vector<int64_t> splits;     // alltoall: rows this rank sends to each member
+  std::vector<int32_t> set_ranks;  // add_process_set: the new set's ranks, ascending
+  int32_t target_set = -1;         // remove_process_set: the id of the set to remove
 };
 
 // One rank's message of a negotiation round.
@@ -44,23 +50,24 @@ struct RequestList {
   std::string shutdown_reason;
 };
 
-// The coordinator's decision for one tensor (or, later, a fused group).
+// The coordinator's decision for one tensor.
 struct Response {
   enum class Kind : int32_t { kCollective = 0, kError = 1 };
   Kind kind = Kind::kCollective;
-  OpType op = OpType::kAllreduce;
-  std::vector<std::string> names;
-  std::string error;
-  DataType dtype = DataType::kFloat32;
-  // allgather: first dimension of every rank; alltoall: the size x size
-  // matrix of splits (row = sender); reducescatter: rows per rank.
-  std::vector<int64_t> sizes;
-  // Metadata of the tensor as submitted (by the lowest submitting rank), so a
-  // rank that has joined can take part without having submitted it.
-  Request tmpl;
+  // The tensor as submitted (by the lowest submitting rank), so a rank that
+  // has joined can take part without having submitted it.
+  Request request;
+  std::string error;  // kError: why the ranks' requests do not match
+  // What the ranks' requests decide, per operation:
+  std::vector<int64_t> rows_per_rank;  // allgather, reducescatter: each member's first dimension
+  std::vector<int64_t> splits_matrix;  // alltoall: size x size rows, row = sender
+  int32_t last_joined_rank = -1;       // join: the rank that joined last
   // False when decided while some rank had joined: such a response depends
   // on who joined and must not enter the response cache.
   bool cacheable = true;
+
+  const std::string& name() const { return request.name; }
+  OpType op() const { return request.op; }
 };
 
 struct ResponseList {

@@ -10,14 +10,17 @@ ProcessSet::ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, bo
     : id_(id), ranks_(std::move(ranks)), comm_(comm) {
   if (comm_ != MPI_COMM_NULL) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-    mpi_ = std::make_unique<MpiCollectives>(comm_, options.wait, abort);
-    shm_ = ShmCollectives::Create(comm_, one_host && options.shm_allreduce, options, abort);
-    controller_ = std::make_unique<Controller>(mpi_.get(), shm_.get(), options, stats);
+    // The wire is chosen once, here: shared memory when every member is on
+    // this host (and it is not turned off), MPI otherwise.
+    transport_ = ShmTransport::Create(std::make_unique<MpiTransport>(comm_, options.wait, abort),
+                                      one_host && options.shm_allreduce, options, stats, abort);
+    controller_ = std::make_unique<Controller>(transport_.get(), options, stats);
   }
 }
 
 ProcessSet::~ProcessSet() {
-  shm_.reset();
+  controller_.reset();
+  transport_.reset();  // unmaps shared memory; uses the communicator
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 

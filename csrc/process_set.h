@@ -11,8 +11,7 @@
 #include <mutex>
 #include <vector>
 
-#include "collectives/mpi_collectives.h"
-#include "collectives/shm_collectives.h"
+#include "collectives/shm_transport.h"
 #include "controller.h"
 #include "tensor_queue.h"
 
@@ -36,12 +35,11 @@ class ProcessSet {
   int32_t id() const { return id_; }
   bool is_member() const { return comm_ != MPI_COMM_NULL; }
   const std::vector<int32_t>& ranks() const { return ranks_; }  // engine ranks, ascending
-  int rank() const { return mpi_ ? mpi_->rank() : -1; }
+  int rank() const { return transport_ ? transport_->rank() : -1; }
   int size() const { return static_cast<int>(ranks_.size()); }
 
-  MpiCollectives& mpi() { return *mpi_; }
-  // Shared-memory collectives when all members are on this host; else null.
-  ShmCollectives* shm() { return shm_.get(); }
+  // The set's wire (members only).
+  Transport& transport() { return *transport_; }
   Controller& controller() { return *controller_; }
   TensorQueue& queue() { return queue_; }
 
@@ -57,8 +55,7 @@ class ProcessSet {
   int32_t id_;
   std::vector<int32_t> ranks_;
   MPI_Comm comm_;
-  std::unique_ptr<MpiCollectives> mpi_;
-  std::unique_ptr<ShmCollectives> shm_;
+  std::unique_ptr<Transport> transport_;
   std::unique_ptr<Controller> controller_;
   TensorQueue queue_;
   std::mutex names_mutex_;

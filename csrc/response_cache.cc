@@ -5,7 +5,8 @@ namespace hvdlite {
 bool SameMetadata(const Request& a, const Request& b) {
   return a.op == b.op && a.name == b.name && a.dtype == b.dtype && a.shape == b.shape &&
          a.reduce_op == b.reduce_op && a.prescale == b.prescale && a.postscale == b.postscale &&
-         a.root_rank == b.root_rank && a.splits == b.splits && a.compression == b.compression;
+         a.root_rank == b.root_rank && a.compression == b.compression && a.splits == b.splits &&
+         a.set_ranks == b.set_ranks && a.target_set == b.target_set;
 }
 
 int ResponseCache::Lookup(const Request& q) const {
@@ -23,7 +24,7 @@ int ResponseCache::Put(const Response& response, const Request& mine, uint64_t t
                        std::string* evicted) {
   evicted->clear();
   if (!enabled()) return -1;
-  const std::string& name = response.names.at(0);
+  const std::string& name = response.name();
   int slot = SlotOf(name);
   if (slot < 0) {
     // Lowest free slot keeps the bit vector short; else evict the least
@@ -43,7 +44,7 @@ int ResponseCache::Put(const Response& response, const Request& mine, uint64_t t
       for (int s = 1; s < num_slots(); ++s) {
         if (slots_[s].last_used < slots_[slot].last_used) slot = s;
       }
-      *evicted = slots_[slot].response.names.at(0);
+      *evicted = slots_[slot].response.name();
       by_name_.erase(*evicted);
     }
   }

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <system_error>
 
+#include "json_text.h"
+
 namespace hvdlite {
 
 namespace {
@@ -25,77 +27,6 @@ const char kNoticeRowName[] = "timeline notices";
 // writes instead of piling up until the next interval.
 constexpr size_t kWakeBytes = size_t{1} << 20;
 
-void AppendInt(std::string* out, int64_t v) {
-  char buf[24];
-  auto res = std::to_chars(buf, buf + sizeof(buf), v);
-  out->append(buf, res.ptr);
-}
-
-// Length of the valid UTF-8 sequence at `s`, 0 if it is not one. Names come
-// from users; one stray byte would make the whole file unreadable as JSON.
-size_t Utf8SequenceLength(const unsigned char* s, size_t n) {
-  unsigned char c = s[0];
-  size_t len;
-  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (c >= 0xC2 && c <= 0xDF) {
-    len = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    if (c == 0xE0) lo = 0xA0;  // overlong
-    if (c == 0xED) hi = 0x9F;  // surrogates
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    if (c == 0xF0) lo = 0x90;  // overlong
-    if (c == 0xF4) hi = 0x8F;  // above U+10FFFF
-  } else {
-    return 0;
-  }
-  if (n < len || s[1] < lo || s[1] > hi) return 0;
-  for (size_t i = 2; i < len; ++i) {
-    if (s[i] < 0x80 || s[i] > 0xBF) return 0;
-  }
-  return len;
-}
-
-void AppendQuoted(std::string* out, const char* s, size_t n) {
-  static const char kHex[] = "0123456789abcdef";
-  const auto* u = reinterpret_cast<const unsigned char*>(s);
-  out->push_back('"');
-  size_t i = 0;
-  while (i < n) {
-    unsigned char c = u[i];
-    if (c >= 0x80) {
-      size_t len = Utf8SequenceLength(u + i, n - i);
-      if (len == 0) {
-        out->append("\\ufffd");
-        ++i;
-      } else {
-        out->append(s + i, len);
-        i += len;
-      }
-      continue;
-    }
-    switch (c) {
-      case '"': out->append("\\\""); break;
-      case '\\': out->append("\\\\"); break;
-      case '\n': out->append("\\n"); break;
-      case '\r': out->append("\\r"); break;
-      case '\t': out->append("\\t"); break;
-      case '\b': out->append("\\b"); break;
-      case '\f': out->append("\\f"); break;
-      default:
-        if (c < 0x20) {
-          out->append("\\u00");
-          out->push_back(kHex[c >> 4]);
-          out->push_back(kHex[c & 0xF]);
-        } else {
-          out->push_back(static_cast<char>(c));
-        }
-    }
-    ++i;
-  }
-  out->push_back('"');
-}
 
 std::string ExpandRank(const std::string& pattern, int rank) {
   std::string out;
@@ -141,14 +72,18 @@ void AppendMetadata(std::string* out, const char* what, int64_t pid, int64_t tid
   out->append("}}");
 }
 
-}  // namespace
-
-std::string JsonQuote(const std::string& s) {
-  std::string out;
-  out.reserve(s.size() + 2);
-  AppendQuoted(&out, s.data(), s.size());
-  return out;
+// The array's opening and the process's metadata rows.
+std::string FileHeader(int rank, int64_t start_us) {
+  std::string header = "[\n";
+  AppendMetadata(&header, "process_name", rank, 0,
+                 "\"name\":" + JsonQuote("rank " + std::to_string(rank)) +
+                     ",\"start_time_since_epoch_in_micros\":" + std::to_string(start_us));
+  header.append(",\n");
+  AppendMetadata(&header, "process_sort_index", rank, 0, "\"sort_index\":" + std::to_string(rank));
+  return header;
 }
+
+}  // namespace
 
 Timeline::Timeline(TimelineOptions options) : options_(options) {}
 
@@ -181,12 +116,7 @@ Status Timeline::Start(const std::string& pattern, int rank) {
                                std::chrono::system_clock::now().time_since_epoch()).count();
 
   // Written synchronously so the file is a valid trace from the first moment.
-  std::string header = "[\n";
-  AppendMetadata(&header, "process_name", rank, 0,
-                 "\"name\":" + JsonQuote("rank " + std::to_string(rank)) +
-                     ",\"start_time_since_epoch_in_micros\":" + std::to_string(start_us));
-  header.append(",\n");
-  AppendMetadata(&header, "process_sort_index", rank, 0, "\"sort_index\":" + std::to_string(rank));
+  const std::string header = FileHeader(rank, start_us);
   if (int err = WriteAll(fd, header.data(), header.size())) {
     ::close(fd);
     return Status::InvalidArgument("timeline: cannot write '" + path + "': " + OsError(err));

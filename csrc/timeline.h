@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "json_text.h"  // JsonQuote, for building args_json
 #include "status.h"
 
 namespace hvdlite {
@@ -40,10 +41,6 @@ struct TimelineStats {
   uint64_t unmatched_ends = 0;  // End() with no open Begin() on that row: a caller bug
   uint64_t bytes_written = 0;   // in the current (or last) file
 };
-
-// `s` as a quoted JSON string; invalid UTF-8 becomes U+FFFD. For building the
-// `args_json` bodies below, e.g. "\"tensor\":" + JsonQuote(name).
-std::string JsonQuote(const std::string& s);
 
 class Timeline {
  public:

@@ -46,7 +46,7 @@ class Compressor:
     ``compress``/``decompress`` are Horovod's interface; the base class
     passes tensors through unchanged."""
 
-    code = 0
+    kind = "none"  # the engine's compressor of that name does the work
     ratio = 0.0
     error_feedback = False
 
@@ -62,7 +62,7 @@ class Compressor:
 
     def spec(self):
         """(engine code, top-k ratio, error feedback) for the C API."""
-        return (self.code, float(self.ratio), int(bool(self.error_feedback)))
+        return (_engine_code(self.kind), float(self.ratio), int(bool(self.error_feedback)))
 
     def __eq__(self, other):
         return isinstance(other, Compressor) and self.spec() == other.spec()
@@ -74,7 +74,7 @@ class Compressor:
 class NoneCompressor(Compressor):
     """Full precision on the wire."""
 
-    code = 0
+    kind = "none"
 
     def __repr__(self):
         return "Compression.none"
@@ -84,7 +84,7 @@ class FP16Compressor(Compressor):
     """float32 gradients cross the wire as float16 and are summed in float32
     precision; half the bytes."""
 
-    code = 1
+    kind = "fp16"
 
     @staticmethod
     def compress(tensor):
@@ -108,7 +108,7 @@ class TopKCompressor(Compressor):
     indices (tensors of fewer than 1024 entries whole); with error feedback the
     rest is kept and added to the next step."""
 
-    code = 2
+    kind = "topk"
 
     def __init__(self, ratio=0.01, error_feedback=True):
         try:
@@ -138,7 +138,22 @@ class Compression:
 
 
 _NONE_SPEC = (0, 0.0, 0)
-_ENGINE_CLASSES = (NoneCompressor, FP16Compressor, TopKCompressor)
+# The classes above that name an engine compressor of their own.
+_ENGINE_CLASSES = tuple(cls for cls in Compressor.__subclasses__() if "kind" in vars(cls))
+_codes = {}
+
+
+def _engine_code(kind):
+    """The C API's code of the engine's compressor called ``kind``: each
+    compressor registers itself in the engine (csrc/compressors/registry.h)."""
+    code = _codes.get(kind)
+    if code is None:
+        from ._binding import lib
+        code = lib.hvd_compression_code(kind.encode())
+        if code < 0:
+            raise exceptions.InvalidArgumentError(f"this build of the engine has no '{kind}' compressor")
+        _codes[kind] = code
+    return code
 
 
 def is_engine_compressor(compression):

@@ -1,5 +1,5 @@
 """MPI-free C++ unit tests of engine parts (tests/cpp/): the response cache,
-message serialization, and the coordinator's decisions (Controller's
+message serialization, the coordinator's decisions (Controller's
 Coordinate and Decide). Each program is built against the engine's objects
 by tests/cpp_build.py and prints one line per test and a failure count."""
 import pytest
@@ -7,6 +7,8 @@ import pytest
 from cpp_build import build_and_run
 
 
-@pytest.mark.parametrize("program", ["test_response_cache", "test_message", "test_controller"])
+@pytest.mark.parametrize("program", ["test_response_cache", "test_message", "test_controller",
+                                     "test_reduce_kernels", "test_bucket_planner",
+                                     "test_request_validation"])
 def test_engine_unit(program, tmp_path):
     print(build_and_run(program, tmp_path))

@@ -26,17 +26,17 @@ Status OutOfMemory(int64_t bytes) {
 
 }  // namespace
 
-Status AdasumReducer::Allreduce(MpiCollectives& mpi, DataType type,
+Status AdasumReducer::Allreduce(Transport& transport, DataType type,
                                 const std::vector<AdasumTensor>& tensors) {
   wire_bytes_ = 0;
-  if (!AdasumSupportsSize(mpi.size())) {
+  if (!AdasumSupportsSize(transport.size())) {
     return Status::Error(ErrorKind::kInternal, "Adasum reached the wire with a process set of " +
-                                                   std::to_string(mpi.size()) +
+                                                   std::to_string(transport.size()) +
                                                    " ranks, not a power of 2");
   }
   switch (type) {
-    case DataType::kFloat32: return Run<float>(mpi, tensors);
-    case DataType::kFloat64: return Run<double>(mpi, tensors);
+    case DataType::kFloat32: return Run<float>(transport, tensors);
+    case DataType::kFloat64: return Run<double>(transport, tensors);
     default:
       return Status::Error(ErrorKind::kInternal,
                            std::string("Adasum reached the wire with ") + DataTypeName(type));
@@ -44,9 +44,9 @@ Status AdasumReducer::Allreduce(MpiCollectives& mpi, DataType type,
 }
 
 template <typename T>
-Status AdasumReducer::Run(MpiCollectives& mpi, const std::vector<AdasumTensor>& tensors) {
-  const int rank = mpi.rank();
-  const int size = mpi.size();
+Status AdasumReducer::Run(Transport& transport, const std::vector<AdasumTensor>& tensors) {
+  const int rank = transport.rank();
+  const int size = transport.size();
   const size_t n = tensors.size();
   mine_.assign(n, Range());
   theirs_.assign(n, Range());
@@ -66,7 +66,7 @@ Status AdasumReducer::Run(MpiCollectives& mpi, const std::vector<AdasumTensor>& 
     }
     // The peer's half goes to the peer; its copy of this rank's half arrives.
     uint8_t* theirs = nullptr;
-    Status s = Swap(mpi, rank ^ level, tensors, theirs_, mine_, sizeof(T), false, &theirs);
+    Status s = Swap(transport, rank ^ level, tensors, theirs_, mine_, sizeof(T), false, &theirs);
     if (!s.ok()) return s;
     // The partial sums of this rank's piece, oriented left/right so that the
     // group's total is (a.b, |a|^2, |b|^2) of the two subtrees' vectors.
@@ -87,7 +87,7 @@ Status AdasumReducer::Run(MpiCollectives& mpi, const std::vector<AdasumTensor>& 
       sums_[3 * i + 2] = left ? other_sq : own_sq;
       other += mine_[i].size();
     }
-    s = SumOverGroup(mpi, level);
+    s = SumOverGroup(transport, level);
     if (!s.ok()) return s;
     Combine<T>(tensors, reinterpret_cast<const T*>(theirs), left);
   }
@@ -101,7 +101,7 @@ Status AdasumReducer::Run(MpiCollectives& mpi, const std::vector<AdasumTensor>& 
       theirs_[i] = left ? Range{mine_[i].hi, whole[i].hi} : Range{whole[i].lo, mine_[i].lo};
     }
     uint8_t* unused = nullptr;
-    Status s = Swap(mpi, rank ^ level, tensors, mine_, theirs_, sizeof(T), true, &unused);
+    Status s = Swap(transport, rank ^ level, tensors, mine_, theirs_, sizeof(T), true, &unused);
     if (!s.ok()) return s;
     mine_ = whole;
   }
@@ -126,7 +126,7 @@ void AdasumReducer::Combine(const std::vector<AdasumTensor>& tensors, const T* t
   }
 }
 
-Status AdasumReducer::Swap(MpiCollectives& mpi, int peer, const std::vector<AdasumTensor>& tensors,
+Status AdasumReducer::Swap(Transport& transport, int peer, const std::vector<AdasumTensor>& tensors,
                            const std::vector<Range>& give, const std::vector<Range>& take,
                            size_t elem, bool in_place, uint8_t** received) {
   auto bytes_of = [&](const std::vector<Range>& pieces, int* sole) {
@@ -169,7 +169,7 @@ Status AdasumReducer::Swap(MpiCollectives& mpi, int peer, const std::vector<Adas
     if (recv == nullptr) return OutOfMemory(recv_bytes);
   }
   if (send_bytes > 0 || recv_bytes > 0) {
-    Status s = mpi.SendRecv(send, send_bytes, recv, recv_bytes, peer, kPieceTag);
+    Status s = transport.SendRecv(send, send_bytes, recv, recv_bytes, peer, kPieceTag);
     if (!s.ok()) return s;
     wire_bytes_ += send_bytes;
   }
@@ -185,14 +185,14 @@ Status AdasumReducer::Swap(MpiCollectives& mpi, int peer, const std::vector<Adas
   return Status::OK();
 }
 
-Status AdasumReducer::SumOverGroup(MpiCollectives& mpi, int level) {
+Status AdasumReducer::SumOverGroup(Transport& transport, int level) {
   // Butterfly over the ranks that differ from this one in bits 0..log2(level):
   // both partners add the same two numbers, so every rank of the group ends
   // with bitwise the same sums, in an order that does not depend on fusion.
   peer_sums_.resize(sums_.size());
   const int64_t bytes = static_cast<int64_t>(sums_.size() * sizeof(double));
   for (int bit = 1; bit <= level; bit <<= 1) {
-    Status s = mpi.SendRecv(sums_.data(), bytes, peer_sums_.data(), bytes, mpi.rank() ^ bit, kSumsTag);
+    Status s = transport.SendRecv(sums_.data(), bytes, peer_sums_.data(), bytes, transport.rank() ^ bit, kSumsTag);
     if (!s.ok()) return s;
     wire_bytes_ += bytes;
     for (size_t i = 0; i < sums_.size(); ++i) sums_[i] += peer_sums_[i];

@@ -25,7 +25,7 @@
 #include "../common.h"
 #include "../fusion_buffer.h"
 #include "../status.h"
-#include "mpi_collectives.h"
+#include "../transport.h"
 
 namespace hvdlite {
 
@@ -40,10 +40,10 @@ struct AdasumTensor {
 
 class AdasumReducer {
  public:
-  // Replaces every tensor, in place, with its Adasum over the ranks of `mpi`
+  // Replaces every tensor, in place, with its Adasum over the ranks of `transport`
   // (a power-of-2 number of them). `type` is kFloat32 or kFloat64: callers
   // widen 16-bit floats first. Dot products and norms are summed in double.
-  Status Allreduce(MpiCollectives& mpi, DataType type, const std::vector<AdasumTensor>& tensors);
+  Status Allreduce(Transport& transport, DataType type, const std::vector<AdasumTensor>& tensors);
   // Bytes this rank sent in the last Allreduce.
   int64_t wire_bytes() const { return wire_bytes_; }
 
@@ -56,17 +56,17 @@ class AdasumReducer {
   };
 
   template <typename T>
-  Status Run(MpiCollectives& mpi, const std::vector<AdasumTensor>& tensors);
+  Status Run(Transport& transport, const std::vector<AdasumTensor>& tensors);
   template <typename T>
   void Combine(const std::vector<AdasumTensor>& tensors, const T* theirs, bool left);
   // Sends the `give` pieces of the tensors to `peer` and receives as many
   // elements as the `take` pieces hold: into those pieces when `in_place`,
   // else contiguously into `*received` (scratch). A single piece is sent or
   // received where it lies; several are packed.
-  Status Swap(MpiCollectives& mpi, int peer, const std::vector<AdasumTensor>& tensors,
+  Status Swap(Transport& transport, int peer, const std::vector<AdasumTensor>& tensors,
               const std::vector<Range>& give, const std::vector<Range>& take, size_t elem,
               bool in_place, uint8_t** received);
-  Status SumOverGroup(MpiCollectives& mpi, int level);
+  Status SumOverGroup(Transport& transport, int level);
 
   FusionBuffer scratch_;            // kSend: packed outgoing pieces; kGather: incoming
   std::vector<Range> mine_, theirs_;  // per tensor: this rank's piece, its peer's

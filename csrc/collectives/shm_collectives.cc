@@ -12,9 +12,9 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
-#include <type_traits>
 
-#include "../compressors/fp16.h"
+#include "../reduce_kernels.h"
+#include "../transport.h"
 
 
 namespace hvdlite {
@@ -68,113 +68,6 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-// Integer sums and products wrap, as MPI's do, without signed overflow.
-template <typename T>
-T WrapAdd(T a, T b) {
-  if constexpr (std::is_integral_v<T>) {
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
-  } else {
-    return a + b;
-  }
-}
-
-template <typename T>
-T WrapMul(T a, T b) {
-  if constexpr (std::is_integral_v<T>) {
-    using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
-    return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
-  } else {
-    return a * b;
-  }
-}
-
-// out = post(src[0] op src[1] op ...), in rank order, so every rank computes
-// the same bits; `post` is the caller's scale (Average), folded into the last
-// pass instead of a pass of its own.
-template <typename T, typename F, typename Post>
-void ReduceSlots(const std::vector<const uint8_t*>& src, void* out_bytes, int64_t n, F f, Post post) {
-  T* __restrict out = static_cast<T*>(out_bytes);
-  const T* __restrict a = reinterpret_cast<const T*>(src[0]);
-  const T* __restrict b = reinterpret_cast<const T*>(src[1]);
-  if (src.size() == 2) {
-    for (int64_t i = 0; i < n; ++i) out[i] = post(f(a[i], b[i]));
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
-  for (size_t k = 2; k + 1 < src.size(); ++k) {
-    const T* __restrict c = reinterpret_cast<const T*>(src[k]);
-    for (int64_t i = 0; i < n; ++i) out[i] = f(out[i], c[i]);
-  }
-  const T* __restrict last = reinterpret_cast<const T*>(src.back());
-  for (int64_t i = 0; i < n; ++i) out[i] = post(f(out[i], last[i]));
-}
-
-// The same arithmetic as CopyScaled (scale.cc), so both wires give the same bits.
-template <typename T>
-T Scaled(T x, double factor) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x * static_cast<float>(factor);
-  } else {
-    return static_cast<T>(static_cast<double>(x) * factor);
-  }
-}
-
-template <typename T, typename F>
-void ReduceWithScale(const std::vector<const uint8_t*>& src, void* out, int64_t n, F f, double scale) {
-  if (scale == 1.0) {
-    ReduceSlots<T>(src, out, n, f, [](T x) { return x; });
-  } else {
-    ReduceSlots<T>(src, out, n, f, [scale](T x) { return Scaled(x, scale); });
-  }
-}
-
-template <typename T>
-void ReduceAs(const std::vector<const uint8_t*>& src, void* out, int64_t n, ReduceOp op, double scale) {
-  switch (op) {
-    case ReduceOp::kMin:
-      ReduceWithScale<T>(src, out, n, [](T x, T y) { return y < x ? y : x; }, scale);
-      break;
-    case ReduceOp::kMax:
-      ReduceWithScale<T>(src, out, n, [](T x, T y) { return x < y ? y : x; }, scale);
-      break;
-    case ReduceOp::kProduct:
-      ReduceWithScale<T>(src, out, n, [](T x, T y) { return WrapMul(x, y); }, scale);
-      break;
-    case ReduceOp::kSum:
-    case ReduceOp::kAverage:
-      ReduceWithScale<T>(src, out, n, [](T x, T y) { return WrapAdd(x, y); }, scale);
-      break;
-    case ReduceOp::kAdasum:  // refused by Supports()
-      break;
-  }
-}
-
-// fp16 compression's wire: halves summed as its MPI op sums them (in float32,
-// rounded once per addition), in rank order.
-void SumHalves(const std::vector<const uint8_t*>& src, void* out, int64_t n) {
-  auto* acc = static_cast<uint16_t*>(out);
-  std::memcpy(acc, src[0], static_cast<size_t>(n) * sizeof(uint16_t));
-  const auto& kernels = BestFp16Kernels();
-  for (size_t k = 1; k < src.size(); ++k) kernels.sum(reinterpret_cast<const uint16_t*>(src[k]), acc, n);
-}
-
-void Reduce(const std::vector<const uint8_t*>& src, void* out, int64_t n, DataType dtype, ReduceOp op,
-            double scale) {
-  switch (dtype) {
-    case DataType::kFloat16: SumHalves(src, out, n); break;
-    case DataType::kUInt8: ReduceAs<uint8_t>(src, out, n, op, scale); break;
-    case DataType::kInt8: ReduceAs<int8_t>(src, out, n, op, scale); break;
-    case DataType::kUInt16: ReduceAs<uint16_t>(src, out, n, op, scale); break;
-    case DataType::kInt16: ReduceAs<int16_t>(src, out, n, op, scale); break;
-    case DataType::kInt32: ReduceAs<int32_t>(src, out, n, op, scale); break;
-    case DataType::kInt64: ReduceAs<int64_t>(src, out, n, op, scale); break;
-    case DataType::kFloat32: ReduceAs<float>(src, out, n, op, scale); break;
-    case DataType::kFloat64: ReduceAs<double>(src, out, n, op, scale); break;
-    default: break;  // refused by Supports()
-  }
-}
-
 bool AllAgree(MPI_Comm comm, bool mine) {
   int v = mine ? 1 : 0;
   if (MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_LAND, comm) != MPI_SUCCESS) return false;
@@ -183,25 +76,7 @@ bool AllAgree(MPI_Comm comm, bool mine) {
 
 }  // namespace
 
-bool ShmCollectives::Supports(DataType dtype, ReduceOp op) {
-  // Adasum needs dot products over whole tensors, not an element-wise sum.
-  if (op == ReduceOp::kAdasum) return false;
-  switch (dtype) {
-    case DataType::kFloat16:  // the fp16 compressor's wire: sums only
-      return op == ReduceOp::kSum;
-    case DataType::kUInt8:
-    case DataType::kInt8:
-    case DataType::kUInt16:
-    case DataType::kInt16:
-    case DataType::kInt32:
-    case DataType::kInt64:
-    case DataType::kFloat32:
-    case DataType::kFloat64:
-      return true;
-    default:
-      return false;
-  }
-}
+bool ShmCollectives::Supports(DataType dtype, ReduceOp op) { return ElementwiseReducible(dtype, op); }
 
 std::unique_ptr<ShmCollectives> ShmCollectives::Create(MPI_Comm comm, bool want,
                                                    const EngineOptions& options,
@@ -380,11 +255,18 @@ Status ShmCollectives::BitwiseAnd(uint64_t* words, int count) {
   return Status::OK();
 }
 
+void ShmCollectives::PartOfChunk(int64_t n, int64_t elem, int p, int64_t* lo, int64_t* hi) const {
+  const int64_t align = std::max<int64_t>(1, static_cast<int64_t>(kCacheLine) / elem);
+  const int64_t each = ((n + size_ - 1) / size_ + align - 1) / align * align;
+  *lo = std::min(n, each * p);
+  *hi = std::min(n, each * (p + 1));
+}
+
 Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
                                  double scale) {
   const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
   const int64_t per_chunk = chunk_bytes_ / elem;
-  const auto* in = static_cast<const uint8_t*>(send == MPI_IN_PLACE ? recv : send);
+  const auto* in = static_cast<const uint8_t*>(send == Transport::kInPlace ? recv : send);
   auto* out = static_cast<uint8_t*>(recv);
   const int64_t chunks = (count + per_chunk - 1) / per_chunk;
   const uint64_t base = seq_;
@@ -393,11 +275,7 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
   // that part, in rank order, and the others copy the result, so every rank
   // ends with the same bits.
   auto part = [&](int64_t chunk, int p, int64_t* lo, int64_t* hi) {
-    const int64_t n = std::min(per_chunk, count - chunk * per_chunk);
-    const int64_t align = std::max<int64_t>(1, static_cast<int64_t>(kCacheLine) / elem);
-    const int64_t each = ((n + size_ - 1) / size_ + align - 1) / align * align;
-    *lo = std::min(n, each * p);
-    *hi = std::min(n, each * (p + 1));
+    PartOfChunk(std::min(per_chunk, count - chunk * per_chunk), elem, p, lo, hi);
   };
   // Chunks [0, copied) have their parts for the other ranks in this rank's
   // ring, [0, reduced) have this rank's part summed, [0, gathered) are done.
@@ -433,7 +311,7 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
       // Summed into the shared result first, then copied out: the output
       // may be the input this rank just read from.
       uint8_t* result = result_slot(rank_, seq) + lo * elem;
-      Reduce(sources_, result, hi - lo, dtype, op, scale);
+      ReduceSources(sources_, result, hi - lo, dtype, op, scale);
       control(rank_)->reduced.store(seq, std::memory_order_release);
       Signal();
       std::memcpy(out + (reduced * per_chunk + lo) * elem, result, static_cast<size_t>((hi - lo) * elem));

@@ -58,11 +58,10 @@ class ShmCollectives {
   ShmCollectives(const ShmCollectives&) = delete;
   ShmCollectives& operator=(const ShmCollectives&) = delete;
 
-  // Whether Allreduce handles this element type and op: integers and
-  // float32/64 with every op; float16 (fp16 compression's wire) summed only,
-  // as its MPI op sums (in float32, rounded to half after each addition).
+  // Whether Allreduce handles this element type and op (the kernels of
+  // reduce_kernels.h: every numeric type with Sum, Min, Max, Product).
   static bool Supports(DataType dtype, ReduceOp op);
-  // `send` may be MPI_IN_PLACE (then `recv` holds the input). Blocks until
+  // `send` may be Transport::kInPlace (then `recv` holds the input). Blocks until
   // this rank's result is complete; peers finish the same call at about the
   // same time. Average is a Sum; `scale` multiplies the result on the way out
   // (as CopyScaled would in a pass of its own).
@@ -84,6 +83,8 @@ class ShmCollectives {
   Header* header() const;
   Control* control(int rank) const;
   BoardRow* board_row(int rank) const;
+  // Elements [lo, hi) of an `n`-element chunk are rank p's to sum.
+  void PartOfChunk(int64_t n, int64_t elem, int p, int64_t* lo, int64_t* hi) const;
   // A ring position holds a chunk's input (the parts other ranks sum) and,
   // after it, the part this rank summed.
   uint8_t* slot(int rank, uint64_t seq) const;

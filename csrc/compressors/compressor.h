@@ -8,14 +8,14 @@
 // scratch buffers between calls and is not safe to share across threads.
 #pragma once
 
-#include <mpi.h>
-
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "../engine_stats.h"
 #include "../message.h"
 
 namespace hvdlite {
@@ -47,17 +47,44 @@ class Compressor {
   virtual void Decompress(const uint8_t* in, const std::vector<Segment>& segs, float* out) = 0;
   // out += dense decompression (used for kAllgather: summing every rank's part).
   virtual void DecompressAdd(const uint8_t* in, const std::vector<Segment>& segs, float* out) = 0;
-  // kAllreduce only: the MPI datatype/op that sums wire forms (created lazily, MPI must be initialised).
-  virtual MPI_Datatype WireType() const { return MPI_DATATYPE_NULL; }
-  virtual MPI_Op WireSumOp() const { return MPI_OP_NULL; }
+  // kAllreduce only: the element type of the wire form; the transport sums
+  // wire forms as that type (ReduceOp::kSum).
+  virtual DataType wire_dtype() const { return DataType::kUInt8; }
   // Forget carried state (error-feedback residuals).
   virtual void Reset() {}
 };
 
-// none -> nullptr; fp16 -> FP16Compressor; topk -> TopKCompressor, wrapped in
-// ErrorFeedback when spec.error_feedback. An invalid spec (unknown type, top-k
-// ratio outside (0, 1]) also yields nullptr: callers validate before this.
+// The registered kind's compressor for `spec` (registry.h); nullptr for
+// none, an unknown code or arguments its own checks refuse (callers validate
+// first, with CheckCompression).
 std::unique_ptr<Compressor> CreateCompressor(const CompressionSpec& spec);
+
+// Whether `value` is the code of a registered compressor.
+bool IsValidCompression(int32_t value);
+// The code of the compressor called `name`, -1 if none is (the C API's
+// hvd_compression_code, for Python).
+int32_t CompressionCode(const std::string& name);
+// What follows the name in descriptions: its arguments, "" if it has none.
+std::string CompressionArguments(const CompressionSpec& spec);
+// The compressor's own checks of its arguments for a tensor of `elements`
+// of `dtype`: the error for the user, "" when fine.
+std::string CheckCompression(const CompressionSpec& spec, DataType dtype, int64_t elements);
+// The counter of the bytes that compression puts on the wire (engine_stats()'s
+// "wire_bytes_<name>").
+std::atomic<int64_t>& WireBytes(EngineStats* stats, CompressionType type);
+
+// One compressor per spec, kept across rounds: error feedback carries state
+// from one step to the next.
+class CompressorCache {
+ public:
+  // nullptr for CompressionType::kNone.
+  Compressor* For(const CompressionSpec& spec);
+  // Forget every compressor's carried state (hvdlite.reset_compression_state()).
+  void Reset();
+
+ private:
+  std::map<std::string, std::unique_ptr<Compressor>> by_spec_;
+};
 
 // Sum of the segments' counts (the element count of a wire form for dense compressors).
 int64_t TotalCount(const std::vector<Segment>& segs);

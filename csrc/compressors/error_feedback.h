@@ -31,8 +31,7 @@ class ErrorFeedback : public Compressor {
   void DecompressAdd(const uint8_t* in, const std::vector<Segment>& segs, float* out) override {
     inner_->DecompressAdd(in, segs, out);
   }
-  MPI_Datatype WireType() const override { return inner_->WireType(); }
-  MPI_Op WireSumOp() const override { return inner_->WireSumOp(); }
+  DataType wire_dtype() const override { return inner_->wire_dtype(); }
   void Reset() override;
 
   Compressor* inner() const { return inner_.get(); }

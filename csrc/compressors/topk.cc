@@ -6,6 +6,10 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <string>
+
+#include "error_feedback.h"
+#include "registry.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -312,5 +316,42 @@ void TopKCompressor::DecompressAdd(const uint8_t* in, const std::vector<Segment>
     pos += 8 * static_cast<size_t>(k);
   }
 }
+
+namespace {
+
+std::string CheckArguments(const CompressionSpec& spec, DataType dtype, int64_t elements) {
+  if (!(spec.topk_ratio > 0.0 && spec.topk_ratio <= 1.0)) {
+    return "top-k ratio must be in (0, 1], got " + std::to_string(spec.topk_ratio);
+  }
+  if (dtype != DataType::kFloat32) {
+    return std::string("top-k compression needs float32 tensors, not ") + DataTypeName(dtype) +
+           "; cast to float32 or use Compression.none / fp16";
+  }
+  if (std::ceil(spec.topk_ratio * static_cast<double>(elements)) * 8 > INT32_MAX) {
+    // The k (value, index) pairs go out in one allgather whose count is an int.
+    return "top-k would put more than 2^31-1 bytes on the wire for this tensor; lower the ratio "
+           "or split the tensor";
+  }
+  return "";
+}
+
+std::string Arguments(const CompressionSpec& spec) {
+  char ratio[32];
+  std::snprintf(ratio, sizeof(ratio), "%g", spec.topk_ratio);
+  return std::string("(ratio=") + ratio + ", error_feedback=" + (spec.error_feedback ? "True" : "False") + ")";
+}
+
+std::unique_ptr<Compressor> Make(const CompressionSpec& spec) {
+  if (!(spec.topk_ratio > 0.0 && spec.topk_ratio <= 1.0)) return nullptr;
+  std::unique_ptr<Compressor> topk = std::make_unique<TopKCompressor>(
+      spec.topk_ratio, TopKCompressor::kDefaultSampleSize, TopKCompressor::kEngineSendWholeBelow);
+  if (spec.error_feedback) return std::make_unique<ErrorFeedback>(std::move(topk));
+  return topk;
+}
+
+const bool kRegistered =
+    RegisterCompressor({CompressionType::kTopK, "topk", Make, CheckArguments, Arguments});
+
+}  // namespace
 
 }  // namespace hvdlite

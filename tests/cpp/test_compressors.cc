@@ -1,6 +1,7 @@
 // Checks of csrc/compressors: half conversions against an independent
 // reference, vectorised == scalar, the MPI sum op, top-k exactness against a
 // full sort, DecompressAdd, and that error feedback loses nothing.
+// (The element-wise reductions themselves: test_reduce_kernels.cc.)
 // A plain program: prints each failed check, exits non-zero if any failed.
 // Built and run by tests/test_compressors_cpp.py (tests/cpp_build.py).
 #include <mpi.h>
@@ -18,6 +19,8 @@
 #include "compressors/compressor.h"
 #include "compressors/error_feedback.h"
 #include "compressors/fp16.h"
+#include "collectives/mpi_transport.h"
+#include "compressors/registry.h"
 #include "compressors/topk.h"
 #include "half.h"
 
@@ -257,10 +260,12 @@ void TestIndependentOfMxcsr() {
 
 void TestMpiSumOp() {
   FP16Compressor c;
-  CHECK(c.WireType() == MPI_UINT16_T, "wire type");
-  MPI_Op op = c.WireSumOp();
-  CHECK(op != MPI_OP_NULL, "op created");
-  CHECK(c.WireSumOp() == op, "op created once");
+  CHECK(c.wire_dtype() == DataType::kFloat16, "wire type");
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Op op = MPI_OP_NULL, again = MPI_OP_NULL;
+  CHECK(MpiReduction(c.wire_dtype(), ReduceOp::kSum, &type, &op), "MPI reduction of the wire");
+  CHECK(type == MPI_UINT16_T && op != MPI_OP_NULL, "op created");
+  CHECK(MpiReduction(c.wire_dtype(), ReduceOp::kSum, &type, &again) && again == op, "op created once");
   for (int64_t n : {0, 1, 13, 64, 1000003}) {
     std::vector<float> a = RandomFloats(static_cast<size_t>(n), 300 + n, false);
     std::vector<float> b = RandomFloats(static_cast<size_t>(n), 400 + n, false);
@@ -270,7 +275,7 @@ void TestMpiSumOp() {
     std::vector<uint16_t> want(n);
     for (int64_t i = 0; i < n; ++i) want[i] = FloatToHalf(HalfToFloat(ha[i]) + HalfToFloat(hb[i]));
     std::vector<uint16_t> got(hb);
-    MPI_Reduce_local(ha.data(), got.data(), static_cast<int>(n), c.WireType(), op);
+    MPI_Reduce_local(ha.data(), got.data(), static_cast<int>(n), type, op);
     CHECK(got == want, "MPI_Reduce_local fp16 sum n=%lld", static_cast<long long>(n));
     // Also through a contiguous type of halves (counts elements via its size).
     if (n % 4 == 0 && n > 0) {
@@ -554,13 +559,12 @@ void TestRegistry() {
   fp16.type = CompressionType::kFP16;
   auto f = CreateCompressor(fp16);
   CHECK(f && f->Describe() == "fp16" && f->wire() == Compressor::Wire::kAllreduce, "fp16");
-  CHECK(f && f->WireType() == MPI_UINT16_T && f->WireSumOp() != MPI_OP_NULL, "fp16 wire op");
+  CHECK(f && f->wire_dtype() == DataType::kFloat16, "fp16 wire type");
   CompressionSpec topk;
   topk.type = CompressionType::kTopK;
   topk.topk_ratio = 0.01;
   auto t = CreateCompressor(topk);
   CHECK(t && t->Describe() == "topk(0.01)" && t->wire() == Compressor::Wire::kAllgather, "topk");
-  CHECK(t && t->WireType() == MPI_DATATYPE_NULL && t->WireSumOp() == MPI_OP_NULL, "topk no op");
   topk.error_feedback = true;
   auto te = CreateCompressor(topk);
   CHECK(te && te->Describe() == "topk(0.01)+ef" && te->wire() == Compressor::Wire::kAllgather, "topk+ef");
@@ -574,6 +578,46 @@ void TestRegistry() {
   CompressionSpec weird;
   weird.type = static_cast<CompressionType>(99);
   CHECK(CreateCompressor(weird) == nullptr, "unknown type -> nullptr");
+  CHECK(!IsValidCompression(99) && !CheckCompression(weird, DataType::kFloat32, 1).empty(), "unknown code");
+  CHECK(CompressionCode("fp16") == 1 && CompressionCode("topk") == 2 && CompressionCode("none") == 0,
+        "codes by name");
+  CHECK(CompressionCode("zstd") == -1, "unknown name");
+  topk.topk_ratio = 0.25;
+  CHECK(topk.ToString() == "topk(ratio=0.25, error_feedback=True)", "%s", topk.ToString().c_str());
+  CHECK(CheckCompression(topk, DataType::kFloat64, 10).find("float32") != std::string::npos, "topk dtype");
+  CHECK(CheckCompression(topk, DataType::kFloat32, 10).empty(), "topk ok");
+}
+
+// A compressor that this program alone defines: the one registration line
+// below is all the engine needs to build it, check its arguments, name it and
+// count its wire bytes.
+class HalvingCompressor : public FP16Compressor {
+ public:
+  std::string Describe() const override { return "test_halving"; }
+};
+
+std::string RefuseFloat64(const CompressionSpec&, DataType dtype, int64_t) {
+  return dtype == DataType::kFloat64 ? "test_halving needs float32" : "";
+}
+
+const bool kHalvingRegistered = RegisterCompressor(
+    {static_cast<CompressionType>(9), "test_halving",
+     [](const CompressionSpec&) -> std::unique_ptr<Compressor> { return std::make_unique<HalvingCompressor>(); },
+     RefuseFloat64});
+
+void TestRegisteredElsewhere() {
+  CHECK(kHalvingRegistered && IsValidCompression(9) && CompressionCode("test_halving") == 9, "registered");
+  CompressionSpec spec;
+  spec.type = static_cast<CompressionType>(9);
+  auto c = CreateCompressor(spec);
+  CHECK(c && c->Describe() == "test_halving", "built through the registry");
+  CHECK(spec.ToString() == "test_halving", "%s", spec.ToString().c_str());
+  CHECK(CheckCompression(spec, DataType::kFloat64, 4) == "test_halving needs float32", "its own check");
+  EngineStats stats;
+  stats.Add(WireBytes(&stats, spec.type), 12);
+  CHECK(stats.wire_bytes[9].load() == 12 && stats.wire_bytes[1].load() == 0, "its own wire counter");
+  CompressorCache cache;
+  CHECK(cache.For(spec) == cache.For(spec) && cache.For(spec) != nullptr, "cached per spec");
 }
 
 }  // namespace
@@ -598,6 +642,7 @@ int main(int argc, char** argv) {
       {"error feedback: fp16, normal",
        [] { TestErrorFeedbackConserves(std::make_unique<FP16Compressor>(), false, 1e-4); }},
       {"registry", TestRegistry},
+      {"registry: a compressor registered by one line", TestRegisteredElsewhere},
   });
   MPI_Finalize();
   return status;

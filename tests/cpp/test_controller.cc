@@ -22,7 +22,7 @@ namespace hvdlite {
 class ControllerTest {
  public:
   explicit ControllerTest(EngineOptions options = EngineOptions())
-      : controller_(nullptr, nullptr, options, &stats_) {}
+      : controller_(nullptr, options, &stats_) {}
 
   // One round: what each rank sent (index = rank).
   ResponseList Round(const std::vector<std::vector<Request>>& by_rank,
@@ -74,13 +74,12 @@ void TestReadyWhenEveryRankSubmitted() {
   CHECK(out.responses.size() == 2, "%zu responses, want 2", out.responses.size());
   if (out.responses.size() != 2) return;
   const Response& a = out.responses[0];
-  CHECK(a.names == std::vector<std::string>{"a"} && out.responses[1].names[0] == "b",
-        "in the order they became ready");
-  CHECK(a.kind == Response::Kind::kCollective && a.op == OpType::kAllreduce &&
-            a.dtype == DataType::kFloat32 && a.cacheable,
+  CHECK(a.name() == "a" && out.responses[1].name() == "b", "in the order they became ready");
+  CHECK(a.kind == Response::Kind::kCollective && a.op() == OpType::kAllreduce &&
+            a.request.dtype == DataType::kFloat32 && a.cacheable,
         "a plain allreduce");
-  CHECK(a.tmpl.name == "a" && a.tmpl.rank == 0 && a.tmpl.shape == std::vector<int64_t>({4, 3}),
-        "the template is the lowest rank's request");
+  CHECK(a.request.rank == 0 && a.request.shape == std::vector<int64_t>({4, 3}),
+        "the request is the lowest rank's");
   out = c.Round({{Q("a")}, {Q("a")}, {Q("a")}});
   CHECK(out.responses.size() == 1, "a name is decided again once it has completed");
 }
@@ -91,11 +90,11 @@ void TestSizesPerOp() {
                               {Q("g", OpType::kAllgather, {5, 3})},
                               {Q("g", OpType::kAllgather, {0, 3})}});
   CHECK(out.responses.size() == 1 && out.responses[0].kind == Response::Kind::kCollective &&
-            out.responses[0].sizes == std::vector<int64_t>({2, 5, 0}),
+            out.responses[0].rows_per_rank == std::vector<int64_t>({2, 5, 0}),
         "allgather: every rank's first dimension");
   out = c.Round({{Q("s", OpType::kAllgather, {})}, {Q("s", OpType::kAllgather, {})},
                  {Q("s", OpType::kAllgather, {})}});
-  CHECK(out.responses.size() == 1 && out.responses[0].sizes == std::vector<int64_t>({1, 1, 1}),
+  CHECK(out.responses.size() == 1 && out.responses[0].rows_per_rank == std::vector<int64_t>({1, 1, 1}),
         "allgather of 0-d tensors: one row each");
   std::vector<std::vector<Request>> a2a(3);
   for (int r = 0; r < 3; ++r) {
@@ -105,17 +104,21 @@ void TestSizesPerOp() {
   }
   out = c.Round(a2a);
   CHECK(out.responses.size() == 1 &&
-            out.responses[0].sizes == std::vector<int64_t>({0, 0, 0, 1, 1, 1, 2, 2, 2}),
+            out.responses[0].splits_matrix == std::vector<int64_t>({0, 0, 0, 1, 1, 1, 2, 2, 2}),
         "alltoall: the splits matrix, one row per sender");
   out = c.Round({{Q("rs", OpType::kReducescatter, {7, 2})}, {Q("rs", OpType::kReducescatter, {7, 2})},
                  {Q("rs", OpType::kReducescatter, {7, 2})}});
-  CHECK(out.responses.size() == 1 && out.responses[0].sizes == std::vector<int64_t>({3, 2, 2}),
+  CHECK(out.responses.size() == 1 && out.responses[0].rows_per_rank == std::vector<int64_t>({3, 2, 2}),
         "reducescatter: rows per rank, the first ranks one more");
   Request add = Q("ps", OpType::kAddProcessSet, {});
-  add.splits = {0, 2};
+  add.set_ranks = {0, 2};
   out = c.Round({{add}, {add}, {add}});
-  CHECK(out.responses.size() == 1 && out.responses[0].sizes == std::vector<int64_t>({0, 2}),
+  CHECK(out.responses.size() == 1 && out.responses[0].request.set_ranks == std::vector<int32_t>({0, 2}),
         "add_process_set: the set's ranks");
+  for (const auto& r : out.responses) {
+    CHECK(r.rows_per_rank.empty() && r.splits_matrix.empty() && r.last_joined_rank == -1,
+          "no other operation's fields");
+  }
 }
 
 struct MismatchCase {
@@ -131,7 +134,9 @@ void TestMismatchMessages() {
   Request gather = Q("t", OpType::kAllgather);
   Request reduce = Q("t");
   Request add = Q("t", OpType::kAddProcessSet, {});
-  add.splits = {0, 1};
+  add.set_ranks = {0, 1};
+  Request remove = Q("t", OpType::kRemoveProcessSet, {});
+  remove.target_set = 3;
   std::vector<MismatchCase> cases = {
       {"operation", reduce, [](Request& q) { q.op = OpType::kAllgather; }, "allreduce", "allgather"},
       {"dtype", reduce, [](Request& q) { q.dtype = DataType::kInt16; }, "float32", "int16"},
@@ -146,7 +151,8 @@ void TestMismatchMessages() {
       {"compression", reduce, [](Request& q) { q.compression.type = CompressionType::kFP16; },
        "none", "fp16"},
       {"root rank", bcast, [](Request& q) { q.root_rank = 2; }, "0", "2"},
-      {"process set ranks", add, [](Request& q) { q.splits = {0, 2}; }, "[0, 1]", "[0, 2]"},
+      {"process set ranks", add, [](Request& q) { q.set_ranks = {0, 2}; }, "[0, 1]", "[0, 2]"},
+      {"process set", remove, [](Request& q) { q.target_set = 4; }, "3", "4"},
   };
   for (const auto& m : cases) {
     ControllerTest c;
@@ -191,7 +197,7 @@ void TestJoin() {
   ControllerTest c;
   Request join = Q("join.0", OpType::kJoin, {});
   ResponseList out = c.Round({{Q("g")}, {Q("g"), Q("h", OpType::kAllgather)}, {join}});
-  CHECK(out.responses.size() == 1 && out.responses[0].names[0] == "g",
+  CHECK(out.responses.size() == 1 && out.responses[0].name() == "g",
         "an allreduce waiting only on a joined rank is ready");
   if (!out.responses.empty()) {
     CHECK(out.responses[0].kind == Response::Kind::kCollective && !out.responses[0].cacheable,
@@ -200,7 +206,7 @@ void TestJoin() {
   out = c.Round({{Q("h", OpType::kAllgather), Q("b", OpType::kBarrier, {})}, {Q("b", OpType::kBarrier, {})}, {}});
   CHECK(out.responses.size() == 2, "%zu responses", out.responses.size());
   for (const auto& p : out.responses) {
-    if (p.names[0] == "h") {
+    if (p.name() == "h") {
       CHECK(p.kind == Response::Kind::kError &&
                 p.error == "allgather of 'h' is not supported (only allreduce is; as in Horovod) "
                            "while ranks [2] have joined; issue it before join()",
@@ -212,9 +218,9 @@ void TestJoin() {
   out = c.Round({{join}, {}, {}});
   CHECK(out.responses.empty(), "not every rank has joined");
   out = c.Round({{}, {join}, {}});
-  CHECK(out.responses.size() == 1 && out.responses[0].op == OpType::kJoin &&
-            out.responses[0].names[0] == "join.0" &&
-            out.responses[0].sizes == std::vector<int64_t>({1}) && !out.responses[0].cacheable,
+  CHECK(out.responses.size() == 1 && out.responses[0].op() == OpType::kJoin &&
+            out.responses[0].name() == "join.0" && out.responses[0].last_joined_rank == 1 &&
+            !out.responses[0].cacheable,
         "every rank joined: the join completes with the last rank to join");
   out = c.Round({{Q("z")}, {}, {Q("z")}});
   CHECK(out.responses.empty(), "after the join every rank takes part again");
@@ -224,10 +230,10 @@ void TestCachedNamesInvalidated() {
   ControllerTest c;
   std::string evicted;
   Response cached;
-  cached.names = {"c"};
+  cached.request.name = "c";
   c.cache().Put(cached, Q("c"), 1, &evicted);
   Response other = cached;
-  other.names = {"d"};
+  other.request.name = "d";
   c.cache().Put(other, Q("d"), 1, &evicted);
   ResponseList out = c.Round({{Q("c")}, {}, {}});
   CHECK(out.invalidated == std::vector<std::string>({"c"}),

@@ -23,18 +23,20 @@ namespace {
 bool SameBits(double a, double b) { return std::memcmp(&a, &b, sizeof(double)) == 0; }
 
 bool SameRequest(const Request& a, const Request& b) {
-  return a.rank == b.rank && a.op == b.op && a.name == b.name && a.dtype == b.dtype &&
-         a.shape == b.shape && a.reduce_op == b.reduce_op && SameBits(a.prescale, b.prescale) &&
-         SameBits(a.postscale, b.postscale) && a.root_rank == b.root_rank && a.splits == b.splits &&
+  return a.rank == b.rank && a.op == b.op && a.name == b.name && a.auto_named == b.auto_named &&
+         a.dtype == b.dtype && a.shape == b.shape && a.reduce_op == b.reduce_op &&
+         SameBits(a.prescale, b.prescale) && SameBits(a.postscale, b.postscale) &&
+         a.root_rank == b.root_rank && a.splits == b.splits && a.set_ranks == b.set_ranks &&
+         a.target_set == b.target_set &&
          a.compression.type == b.compression.type &&
          SameBits(a.compression.topk_ratio, b.compression.topk_ratio) &&
          a.compression.error_feedback == b.compression.error_feedback;
 }
 
 bool SameResponse(const Response& a, const Response& b) {
-  return a.kind == b.kind && a.op == b.op && a.names == b.names && a.error == b.error &&
-         a.dtype == b.dtype && a.sizes == b.sizes && SameRequest(a.tmpl, b.tmpl) &&
-         a.cacheable == b.cacheable;
+  return a.kind == b.kind && SameRequest(a.request, b.request) && a.error == b.error &&
+         a.rows_per_rank == b.rows_per_rank && a.splits_matrix == b.splits_matrix &&
+         a.last_joined_rank == b.last_joined_rank && a.cacheable == b.cacheable;
 }
 
 std::vector<Request> OddRequests() {
@@ -44,6 +46,7 @@ std::vector<Request> OddRequests() {
   a.rank = 7;
   a.op = OpType::kAlltoall;
   a.name = "grad.layer1/weight:0";
+  a.auto_named = true;
   a.dtype = DataType::kBFloat16;
   a.shape = {3, 0, big};
   a.reduce_op = ReduceOp::kProduct;
@@ -67,8 +70,12 @@ std::vector<Request> OddRequests() {
   Request d;
   d.name = std::string(100000, 'x');  // longer than any small-buffer optimisation
   d.op = OpType::kAddProcessSet;
-  d.splits = {0, 2, 4};
+  d.set_ranks = {0, 2, std::numeric_limits<int32_t>::max()};
   all.push_back(d);
+  Request e;
+  e.op = OpType::kRemoveProcessSet;
+  e.target_set = std::numeric_limits<int32_t>::min();
+  all.push_back(e);
   return all;
 }
 
@@ -83,17 +90,16 @@ RequestList OddRequestList() {
 ResponseList OddResponseList() {
   ResponseList list;
   Response ok;
-  ok.op = OpType::kAllgather;
-  ok.names = {"a", "", "c"};
-  ok.dtype = DataType::kInt16;
-  ok.sizes = {1, 0, 4};
-  ok.tmpl = OddRequests()[0];
+  ok.request = OddRequests()[0];
+  ok.rows_per_rank = {1, 0, 4};
+  ok.splits_matrix = {0, -1, std::numeric_limits<int64_t>::max()};
+  ok.last_joined_rank = 5;
   ok.cacheable = false;
   list.responses.push_back(ok);
   Response error;
   error.kind = Response::Kind::kError;
-  error.op = OpType::kBroadcast;
-  error.names = {"b"};
+  error.request.op = OpType::kBroadcast;
+  error.request.name = "b";
   error.error = "Mismatched root rank for tensor 'b': 0 on rank 0; 1 on rank 1.";
   list.responses.push_back(error);
   list.responses.emplace_back();  // all defaults

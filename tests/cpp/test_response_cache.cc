@@ -33,10 +33,7 @@ Request MakeRequest(const std::string& name) {
 
 Response ResponseFor(const Request& q) {
   Response p;
-  p.op = q.op;
-  p.dtype = q.dtype;
-  p.names = {q.name};
-  p.tmpl = q;
+  p.request = q;
   return p;
 }
 
@@ -66,7 +63,7 @@ void TestLookupComparesEveryField() {
   CHECK(slot == 0 && evicted.empty(), "slot %d", slot);
   CHECK(cache.Lookup(q) == 0, "the same request is found");
   CHECK(cache.SlotOf("grad") == 0 && cache.SlotOf("other") == -1, "SlotOf");
-  CHECK(cache.response(0).names.at(0) == "grad", "the response is kept");
+  CHECK(cache.response(0).name() == "grad", "the response is kept");
   // Each field, changed alone, is a different request.
   std::vector<std::pair<const char*, std::function<void(Request&)>>> changes = {
       {"op", [](Request& r) { r.op = OpType::kAllgather; }},
@@ -78,6 +75,8 @@ void TestLookupComparesEveryField() {
       {"postscale", [](Request& r) { r.postscale = 2.0; }},
       {"root_rank", [](Request& r) { r.root_rank = 0; }},
       {"splits", [](Request& r) { r.splits = {2, 1}; }},
+      {"set ranks", [](Request& r) { r.set_ranks = {0, 1}; }},
+      {"target set", [](Request& r) { r.target_set = 2; }},
       {"compression type", [](Request& r) { r.compression.type = CompressionType::kFP16; }},
       {"top-k ratio", [](Request& r) { r.compression.topk_ratio = 0.5; }},
       {"error feedback", [](Request& r) { r.compression.error_feedback = true; }},

@@ -1,9 +1,13 @@
-#include "mpi_collectives.h"
+#include "mpi_transport.h"
 
 #include <algorithm>
 #include <climits>
+#include <mutex>
 #include <string>
 
+#include "../reduce_kernels.h"
+#include "../scale.h"
+#include "../timeline_names.h"
 #include "waiter.h"
 
 namespace hvdlite {
@@ -14,20 +18,6 @@ namespace {
 constexpr int64_t kMaxChunk = int64_t{1} << 30;
 
 }  // namespace
-
-MPI_Op MpiReduceOp(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kMin: return MPI_MIN;
-    case ReduceOp::kMax: return MPI_MAX;
-    case ReduceOp::kProduct: return MPI_PROD;
-    case ReduceOp::kSum:
-    case ReduceOp::kAverage:
-      return MPI_SUM;
-    case ReduceOp::kAdasum:  // not element-wise: collectives/adasum.h
-      return MPI_OP_NULL;
-  }
-  return MPI_SUM;
-}
 
 namespace {
 
@@ -57,28 +47,9 @@ Status TooLarge(const char* what) {
 
 }  // namespace
 
-MPI_Datatype MpiReductionType(DataType dtype) {
-  switch (dtype) {
-    case DataType::kUInt8: return MPI_UINT8_T;
-    case DataType::kInt8: return MPI_INT8_T;
-    case DataType::kUInt16: return MPI_UINT16_T;
-    case DataType::kInt16: return MPI_INT16_T;
-    case DataType::kInt32: return MPI_INT32_T;
-    case DataType::kInt64: return MPI_INT64_T;
-    case DataType::kFloat32: return MPI_FLOAT;
-    case DataType::kFloat64: return MPI_DOUBLE;
-    default: return MPI_DATATYPE_NULL;  // 16-bit floats are widened first
-  }
-}
+namespace {
 
-MpiCollectives::MpiCollectives(MPI_Comm comm, const WaitPolicy& wait,
-                               const std::atomic<bool>* abort)
-    : comm_(comm), wait_(wait), abort_(abort) {
-  MPI_Comm_rank(comm_, &rank_);
-  MPI_Comm_size(comm_, &size_);
-}
-
-Status MpiCollectives::Check(int rc, const char* what) {
+Status Check(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return Status::OK();
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
@@ -86,7 +57,143 @@ Status MpiCollectives::Check(int rc, const char* what) {
   return Status::Error(ErrorKind::kMpi, std::string(what) + " failed: " + std::string(text, len));
 }
 
-Status MpiCollectives::Wait(MPI_Request* request, const char* what) {
+MPI_Op BuiltinOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kProduct: return MPI_PROD;
+    default: return MPI_SUM;  // Sum and Average (a Sum plus a scale)
+  }
+}
+
+// MPI user function for 16-bit floats: MPI may hand it any chunk of the
+// buffer, possibly as a contiguous type of halves.
+template <DataType kType, ReduceOp kOp>
+void Reduce16Function(void* in, void* inout, int* len, MPI_Datatype* datatype) {
+  int64_t n = *len;
+  if (*datatype != MPI_UINT16_T) {
+    int bytes = 0;
+    MPI_Type_size(*datatype, &bytes);
+    n = n * bytes / static_cast<int64_t>(sizeof(uint16_t));
+  }
+  ReduceInto(in, inout, n, kType, kOp);
+}
+
+template <DataType kType>
+MPI_User_function* Reduce16For(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMin: return &Reduce16Function<kType, ReduceOp::kMin>;
+    case ReduceOp::kMax: return &Reduce16Function<kType, ReduceOp::kMax>;
+    case ReduceOp::kProduct: return &Reduce16Function<kType, ReduceOp::kProduct>;
+    default: return &Reduce16Function<kType, ReduceOp::kSum>;
+  }
+}
+
+// User ops are created once (under a lock: several engines may share the
+// process in tests) and never freed: MPI_Finalize releases them.
+MPI_Op Reduce16Op(DataType dtype, ReduceOp op) {
+  static std::mutex mu;
+  static MPI_Op ops[2][4] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
+                             {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
+  const int t = dtype == DataType::kFloat16 ? 0 : 1;
+  const int o = op == ReduceOp::kMin ? 1 : op == ReduceOp::kMax ? 2 : op == ReduceOp::kProduct ? 3 : 0;
+  std::lock_guard<std::mutex> lock(mu);
+  if (ops[t][o] != MPI_OP_NULL) return ops[t][o];
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return MPI_OP_NULL;
+  MPI_User_function* f = t == 0 ? Reduce16For<DataType::kFloat16>(op) : Reduce16For<DataType::kBFloat16>(op);
+  if (MPI_Op_create(f, /*commute=*/1, &ops[t][o]) != MPI_SUCCESS) ops[t][o] = MPI_OP_NULL;
+  return ops[t][o];
+}
+
+// A started nonblocking call; Wait applies the scale the caller asked for.
+class MpiWork : public TransportWork {
+ public:
+  MpiWork(MpiTransport* transport, const char* activity, void* recv, int64_t count, DataType dtype,
+          double scale)
+      : transport_(transport), activity_(activity), recv_(recv), count_(count), dtype_(dtype),
+        scale_(scale) {}
+  MPI_Request* request() { return &request_; }
+  Status Wait() override {
+    Status s = transport_->Wait(&request_, activity_);
+    if (s.ok() && scale_ != 1.0) CopyScaled(recv_, recv_, count_, dtype_, scale_);
+    return s;
+  }
+  void Progress() override {
+    if (request_ == MPI_REQUEST_NULL) return;
+    int done = 0;
+    MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
+  }
+
+ private:
+  MpiTransport* transport_;
+  const char* activity_;
+  void* recv_;
+  int64_t count_;
+  DataType dtype_;
+  double scale_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+};
+
+const void* MpiSend(const void* send) { return send == Transport::kInPlace ? MPI_IN_PLACE : send; }
+
+}  // namespace
+
+bool MpiReduction(DataType dtype, ReduceOp op, MPI_Datatype* type, MPI_Op* mpi_op) {
+  if (!ElementwiseReducible(dtype, op)) return false;
+  switch (dtype) {
+    case DataType::kUInt8: *type = MPI_UINT8_T; break;
+    case DataType::kInt8: *type = MPI_INT8_T; break;
+    case DataType::kUInt16: *type = MPI_UINT16_T; break;
+    case DataType::kInt16: *type = MPI_INT16_T; break;
+    case DataType::kInt32: *type = MPI_INT32_T; break;
+    case DataType::kInt64: *type = MPI_INT64_T; break;
+    case DataType::kFloat32: *type = MPI_FLOAT; break;
+    case DataType::kFloat64: *type = MPI_DOUBLE; break;
+    case DataType::kFloat16:
+    case DataType::kBFloat16:
+      *type = MPI_UINT16_T;
+      *mpi_op = Reduce16Op(dtype, op);
+      return *mpi_op != MPI_OP_NULL;
+    default: return false;
+  }
+  *mpi_op = BuiltinOp(op);
+  return true;
+}
+
+bool MpiTransport::Supports(DataType dtype, ReduceOp op) const { return ElementwiseReducible(dtype, op); }
+
+const char* MpiTransport::Activity(OpType op, DataType, ReduceOp reduce) const {
+  switch (op) {
+    case OpType::kAllreduce:
+      return reduce == ReduceOp::kAdasum ? activity::kMpiAdasumAllreduce : activity::kMpiAllreduce;
+    case OpType::kAllgather: return activity::kMpiAllgather;
+    case OpType::kBroadcast: return activity::kMpiBcast;
+    case OpType::kAlltoall: return activity::kMpiAlltoall;
+    case OpType::kReducescatter: return activity::kMpiReducescatter;
+    default: return "MPI";
+  }
+}
+
+namespace {
+
+Status NoReduction(DataType dtype, ReduceOp op) {
+  return Status::Error(ErrorKind::kInternal, std::string("no MPI reduction of ") + DataTypeName(dtype) +
+                                                 " with " + ReduceOpName(op));
+}
+
+}  // namespace
+
+MpiTransport::MpiTransport(MPI_Comm comm, const WaitPolicy& wait,
+                           const std::atomic<bool>* abort)
+    : comm_(comm), wait_(wait), abort_(abort) {
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+Status MpiTransport::Wait(MPI_Request* request, const char* what) {
   return WaitUntil(wait_, abort_, what, [&](Status* error) {
     int done = 0;
     *error = Check(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
@@ -94,7 +201,7 @@ Status MpiCollectives::Wait(MPI_Request* request, const char* what) {
   });
 }
 
-Status MpiCollectives::WaitAll(std::vector<MPI_Request>* requests, const char* what) {
+Status MpiTransport::WaitAll(std::vector<MPI_Request>* requests, const char* what) {
   return WaitUntil(wait_, abort_, what, [&](Status* error) {
     int done = 0;
     *error = Check(MPI_Testall(static_cast<int>(requests->size()), requests->data(), &done,
@@ -104,19 +211,16 @@ Status MpiCollectives::WaitAll(std::vector<MPI_Request>* requests, const char* w
   });
 }
 
-Status MpiCollectives::Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op) {
-  MPI_Datatype type = MpiReductionType(dtype);
-  if (type == MPI_DATATYPE_NULL) {
-    return Status::Error(ErrorKind::kInternal,
-                         std::string("no MPI reduction for ") + DataTypeName(dtype));
-  }
+Status MpiTransport::Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op) {
+  MPI_Datatype type;
+  MPI_Op mpi_op;
+  if (!MpiReduction(dtype, op, &type, &mpi_op)) return NoReduction(dtype, op);
   const size_t elem = DataTypeSize(dtype);
   auto* bytes = static_cast<uint8_t*>(data);
   for (int64_t offset = 0; offset < count; offset += kMaxChunk) {
     int n = static_cast<int>(std::min(kMaxChunk, count - offset));
     MPI_Request req;
-    Status s = Check(MPI_Iallreduce(MPI_IN_PLACE, bytes + offset * elem, n, type, MpiReduceOp(op), comm_,
-                                    &req),
+    Status s = Check(MPI_Iallreduce(MPI_IN_PLACE, bytes + offset * elem, n, type, mpi_op, comm_, &req),
                      "MPI_Iallreduce");
     if (s.ok()) s = Wait(&req, "MPI_Iallreduce");
     if (!s.ok()) return s;
@@ -124,7 +228,7 @@ Status MpiCollectives::Allreduce(void* data, int64_t count, DataType dtype, Redu
   return Status::OK();
 }
 
-Status MpiCollectives::Broadcast(void* data, int64_t bytes, int root) {
+Status MpiTransport::Broadcast(void* data, int64_t bytes, int root) {
   auto* p = static_cast<uint8_t*>(data);
   for (int64_t offset = 0; offset < bytes; offset += kMaxChunk) {
     int n = static_cast<int>(std::min(kMaxChunk, bytes - offset));
@@ -136,7 +240,7 @@ Status MpiCollectives::Broadcast(void* data, int64_t bytes, int root) {
   return Status::OK();
 }
 
-Status MpiCollectives::Allgatherv(const void* input, int64_t input_bytes, void* output,
+Status MpiTransport::Allgatherv(const void* input, int64_t input_bytes, void* output,
                                   const std::vector<int64_t>& bytes_per_rank) {
   MPI_Request req;
   Status s;
@@ -166,7 +270,7 @@ Status MpiCollectives::Allgatherv(const void* input, int64_t input_bytes, void* 
   return s;
 }
 
-Status MpiCollectives::Alltoallv(const void* input, const std::vector<int64_t>& send_bytes,
+Status MpiTransport::Alltoallv(const void* input, const std::vector<int64_t>& send_bytes,
                                  void* output, const std::vector<int64_t>& recv_bytes) {
   MPI_Request req;
   Status s;
@@ -205,24 +309,21 @@ Status MpiCollectives::Alltoallv(const void* input, const std::vector<int64_t>& 
   return s;
 }
 
-Status MpiCollectives::ReduceScatter(const void* input, void* output,
-                                     const std::vector<int64_t>& counts, DataType dtype,
-                                     ReduceOp op) {
-  MPI_Datatype type = MpiReductionType(dtype);
-  if (type == MPI_DATATYPE_NULL) {
-    return Status::Error(ErrorKind::kInternal,
-                         std::string("no MPI reduction for ") + DataTypeName(dtype));
-  }
+Status MpiTransport::ReduceScatter(const void* input, void* output,
+                                   const std::vector<int64_t>& counts, DataType dtype, ReduceOp op) {
+  MPI_Datatype type;
+  MPI_Op mpi_op;
+  if (!MpiReduction(dtype, op, &type, &mpi_op)) return NoReduction(dtype, op);
   MPI_Request req;
   Status s;
   if (FitsInt(counts)) {
     auto c = ToInt(counts);
-    s = Check(MPI_Ireduce_scatter(input, output, c.data(), type, MpiReduceOp(op), comm_, &req),
+    s = Check(MPI_Ireduce_scatter(input, output, c.data(), type, mpi_op, comm_, &req),
               "MPI_Ireduce_scatter");
   } else {
 #if MPI_VERSION >= 4
     std::vector<MPI_Count> c(counts.begin(), counts.end());
-    s = Check(MPI_Ireduce_scatter_c(input, output, c.data(), type, MpiReduceOp(op), comm_, &req),
+    s = Check(MPI_Ireduce_scatter_c(input, output, c.data(), type, mpi_op, comm_, &req),
               "MPI_Ireduce_scatter_c");
 #else
     return TooLarge("reducescatter");
@@ -232,26 +333,14 @@ Status MpiCollectives::ReduceScatter(const void* input, void* output,
   return s;
 }
 
-Status MpiCollectives::ReduceScatter(const void* input, void* output,
-                                     const std::vector<int64_t>& counts, MPI_Datatype type,
-                                     MPI_Op op) {
-  if (!FitsInt(counts)) return TooLarge("compressed reducescatter");
-  auto c = ToInt(counts);
-  MPI_Request req;
-  Status s = Check(MPI_Ireduce_scatter(input, output, c.data(), type, op, comm_, &req),
-                   "MPI_Ireduce_scatter");
-  if (s.ok()) s = Wait(&req, "MPI_Ireduce_scatter");
-  return s;
-}
-
-Status MpiCollectives::Barrier() {
+Status MpiTransport::Barrier() {
   MPI_Request req;
   Status s = Check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
   if (s.ok()) s = Wait(&req, "MPI_Ibarrier");
   return s;
 }
 
-Status MpiCollectives::SendRecv(const void* send, int64_t send_bytes, void* recv,
+Status MpiTransport::SendRecv(const void* send, int64_t send_bytes, void* recv,
                                 int64_t recv_bytes, int peer, int tag) {
   // Chunks of at most kMaxChunk bytes, all posted at once: the peer posts the
   // same chunks in the same order, which MPI matches in order.
@@ -276,30 +365,34 @@ Status MpiCollectives::SendRecv(const void* send, int64_t send_bytes, void* recv
   return WaitAll(&requests, what.c_str());
 }
 
-Status MpiCollectives::StartAllreduce(const void* send, void* recv, int64_t count,
-                                      MPI_Datatype type, MPI_Op op, MPI_Request* request) {
+Status MpiTransport::StartAllreduce(const void* send, void* recv, int64_t count, DataType dtype,
+                                    ReduceOp op, double scale, std::unique_ptr<TransportWork>* work) {
   // Callers keep buckets within one call; this guards against a silent
   // truncation of the count should that ever change.
   if (count > INT_MAX) return TooLarge("allreduce bucket");
-  return Check(MPI_Iallreduce(send, recv, static_cast<int>(count), type, op, comm_, request),
-               "MPI_Iallreduce");
+  MPI_Datatype type;
+  MPI_Op mpi_op;
+  if (!MpiReduction(dtype, op, &type, &mpi_op)) return NoReduction(dtype, op);
+  auto w = std::make_unique<MpiWork>(this, activity::kMpiAllreduce, recv, count, dtype, scale);
+  Status s = Check(MPI_Iallreduce(MpiSend(send), recv, static_cast<int>(count), type, mpi_op, comm_,
+                                  w->request()),
+                   "MPI_Iallreduce");
+  if (s.ok()) *work = std::move(w);
+  return s;
 }
 
-Status MpiCollectives::StartAllgather(const void* send, int64_t bytes, void* recv,
-                                      MPI_Request* request) {
+Status MpiTransport::StartAllgather(const void* send, int64_t bytes, void* recv,
+                                    std::unique_ptr<TransportWork>* work) {
   if (bytes > INT_MAX) return TooLarge("allgather of a compressed bucket");
-  return Check(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv,
-                              static_cast<int>(bytes), MPI_BYTE, comm_, request),
-               "MPI_Iallgather");
+  auto w = std::make_unique<MpiWork>(this, activity::kMpiAllgather, recv, 0, DataType::kUInt8, 1.0);
+  Status s = Check(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv,
+                                  static_cast<int>(bytes), MPI_BYTE, comm_, w->request()),
+                   "MPI_Iallgather");
+  if (s.ok()) *work = std::move(w);
+  return s;
 }
 
-void MpiCollectives::Progress(MPI_Request* request) {
-  if (*request == MPI_REQUEST_NULL) return;
-  int done = 0;
-  MPI_Test(request, &done, MPI_STATUS_IGNORE);
-}
-
-Status MpiCollectives::BitwiseAnd(uint64_t* words, int count) {
+Status MpiTransport::BitwiseAnd(uint64_t* words, int count) {
   MPI_Request req;
   Status s = Check(MPI_Iallreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, MPI_BAND, comm_, &req),
                    "MPI_Iallreduce(negotiation)");
@@ -307,7 +400,7 @@ Status MpiCollectives::BitwiseAnd(uint64_t* words, int count) {
   return s;
 }
 
-Status MpiCollectives::GatherBytes(const std::vector<uint8_t>& mine, int root,
+Status MpiTransport::GatherBytes(const std::vector<uint8_t>& mine, int root,
                                    std::vector<std::vector<uint8_t>>* all) {
   int my_size = static_cast<int>(mine.size());
   std::vector<int> sizes(rank_ == root ? size_ : 0);
@@ -339,7 +432,7 @@ Status MpiCollectives::GatherBytes(const std::vector<uint8_t>& mine, int root,
   return s;
 }
 
-Status MpiCollectives::BroadcastBytes(std::vector<uint8_t>* bytes, int root) {
+Status MpiTransport::BroadcastBytes(std::vector<uint8_t>* bytes, int root) {
   uint64_t n = bytes->size();
   MPI_Request req;
   Status s = Check(MPI_Ibcast(&n, 1, MPI_UINT64_T, root, comm_, &req), "MPI_Ibcast(negotiation)");

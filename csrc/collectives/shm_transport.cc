@@ -1,0 +1,58 @@
+#include "shm_transport.h"
+
+#include <climits>
+
+#include "../timeline_names.h"
+
+namespace hvdlite {
+
+namespace {
+
+// Shared memory reduces synchronously: by the time Start returns, the result
+// is there, and Wait only reports how it went.
+class DoneWork : public TransportWork {
+ public:
+  explicit DoneWork(Status status) : status_(std::move(status)) {}
+  Status Wait() override { return status_; }
+  bool done() const override { return true; }
+
+ private:
+  Status status_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> ShmTransport::Create(std::unique_ptr<MpiTransport> mpi, bool want,
+                                                const EngineOptions& options, EngineStats* stats,
+                                                const std::atomic<bool>* abort) {
+  auto shm = ShmCollectives::Create(mpi->comm(), want, options, abort);
+  if (!shm) return mpi;
+  return std::unique_ptr<Transport>(new ShmTransport(std::move(mpi), std::move(shm), stats));
+}
+
+const char* ShmTransport::Activity(OpType op, DataType dtype, ReduceOp reduce) const {
+  if (op == OpType::kAllreduce && ShmCollectives::Supports(dtype, reduce)) return activity::kShmAllreduce;
+  return mpi_->Activity(op, dtype, reduce);
+}
+
+Status ShmTransport::StartAllreduce(const void* send, void* recv, int64_t count, DataType dtype,
+                                    ReduceOp op, double scale, std::unique_ptr<TransportWork>* work) {
+  if (!ShmCollectives::Supports(dtype, op)) {
+    return mpi_->StartAllreduce(send, recv, count, dtype, op, scale, work);
+  }
+  stats_->Add(stats_->shm_collectives, 1);
+  *work = std::make_unique<DoneWork>(shm_->Allreduce(send, recv, count, dtype, op, scale));
+  return Status::OK();
+}
+
+Status ShmTransport::Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op) {
+  if (!ShmCollectives::Supports(dtype, op)) return mpi_->Allreduce(data, count, dtype, op);
+  stats_->Add(stats_->shm_collectives, 1);
+  return shm_->Allreduce(Transport::kInPlace, data, count, dtype, op, 1.0);
+}
+
+Status ShmTransport::BitwiseAnd(uint64_t* words, int count) {
+  return shm_->FitsBoard(count) ? shm_->BitwiseAnd(words, count) : mpi_->BitwiseAnd(words, count);
+}
+
+}  // namespace hvdlite
