@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/mpi_transport.h"
 #include "compressors/compressor.h"
 #include "compressors/error_feedback.h"
 #include "compressors/fp16.h"
@@ -126,9 +127,11 @@ int main(int argc, char** argv) {
                                            to_half.cpu_best + to_float.cpu_best});
   Row("fp16 decompress-add (float += half)", Time([&] { k.add_to_float(h.data(), y.data(), kN); }));
   k.to_half(x.data(), h2.data(), kN);
-  MPI_Op op = Fp16SumOp();
+  MPI_Datatype half_type;
+  MPI_Op op;
+  MpiReduction(DataType::kFloat16, ReduceOp::kSum, &half_type, &op);
   Row("fp16 MPI sum op (MPI_Reduce_local)", Time([&] {
-        MPI_Reduce_local(h.data(), h2.data(), static_cast<int>(kN), MPI_UINT16_T, op);
+        MPI_Reduce_local(h.data(), h2.data(), static_cast<int>(kN), half_type, op);
       }));
   Row("  scalar fallback: compress", Time([&] { s.to_half(x.data(), h.data(), kN); }, 1));
   Row("  scalar fallback: decompress", Time([&] { s.to_float(h.data(), y.data(), kN); }, 1));

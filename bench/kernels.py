@@ -6,8 +6,9 @@ into a cache directory keyed by the sources' hash, runs it ``runs`` times and
 parses its table. Rows are aggregated over runs: median of the medians, best
 of the bests, best of the per-thread CPU times.
 """
-import hashlib
+import ast
 import glob
+import hashlib
 import os
 import re
 import shutil
@@ -20,10 +21,15 @@ ROW = re.compile(r"^(\S.*?|\s+\S.*?)\s{2,}(-?[\d.]+)\s+(-?[\d.]+)\s+(-?[\d.]+)\s
 
 
 def sources():
+    """The bench and the engine's sources less the C API (build_engine.py's
+    ENGINE_SOURCES, read from the file: importing it writes _build_info.py),
+    so the compressors link with whatever they use."""
     csrc = os.path.join(REPO, "csrc")
+    tree = ast.parse(open(os.path.join(REPO, "build_engine.py")).read())
+    listed = next(ast.literal_eval(node.value) for node in tree.body
+                  if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "ENGINE_SOURCES")
     files = [os.path.join(BENCH, "compressors_bench.cc")]
-    files += sorted(glob.glob(os.path.join(csrc, "compressors", "*.cc")))
-    files += [os.path.join(csrc, "common.cc"), os.path.join(csrc, "message.cc")]
+    files += [os.path.join(csrc, f) for f in listed if f != "c_api.cc"]
     headers = sorted(glob.glob(os.path.join(csrc, "**", "*.h"), recursive=True))
     return files, headers
 

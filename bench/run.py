@@ -294,6 +294,9 @@ def load_fixture():
     path = os.path.join(REPO, "tests", "hosts_fixture.py")
     if not os.path.exists(path):
         return None, "tests/hosts_fixture.py not found (run from a checkout)"
+    tests = os.path.dirname(path)
+    if tests not in sys.path:
+        sys.path.insert(0, tests)  # the fixture imports its neighbours (checks.py)
     spec = importlib.util.spec_from_file_location("hvdlite_bench_hosts_fixture", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
