@@ -11,9 +11,13 @@ ProcessSet::ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, bo
   if (comm_ != MPI_COMM_NULL) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     // The wire is chosen once, here: shared memory when every member is on
-    // this host (and it is not turned off), MPI otherwise.
+    // this host (and it is not turned off), MPI otherwise; large allreduces
+    // between hosts around the ring.
     transport_ = ShmTransport::Create(std::make_unique<MpiTransport>(comm_, options.wait, abort),
                                       one_host && options.shm_allreduce, options, stats, abort);
+    const bool ring = options.ring == EngineOptions::Ring::kOn ||
+                      (options.ring == EngineOptions::Ring::kAuto && !one_host);
+    transport_ = RingTransport::Create(std::move(transport_), comm_, ring, options, stats, abort);
     controller_ = std::make_unique<Controller>(transport_.get(), options, stats);
   }
 }

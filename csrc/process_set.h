@@ -11,6 +11,7 @@
 #include <mutex>
 #include <vector>
 
+#include "collectives/ring_transport.h"
 #include "collectives/shm_transport.h"
 #include "controller.h"
 #include "tensor_queue.h"

@@ -342,15 +342,21 @@ def test_process_sets(rank, size):
 
 
 def test_wire_is_the_one_asked_for(rank, size):
-    """Shared memory on one host unless HVDLITE_SHM_ALLREDUCE=0, MPI then."""
+    """Shared memory on one host unless HVDLITE_SHM_ALLREDUCE=0, MPI then; the
+    ring only when it is asked for (on one host it is off by default)."""
     for count in (5, 40000):
         got = hvd.allreduce(np.full(count, rank + 1, np.float32), op=hvd.Sum, name=f"wire.{count}")
         check_equal(got, np.full(count, size * (size + 1) / 2, np.float32), f"allreduce of {count}")
-    shm = hvd.engine_stats()["shm_collectives"]
+    stats = hvd.engine_stats()
+    shm, ring = stats["shm_collectives"], stats["ring_collectives"]
     if os.environ.get("HVDLITE_SHM_ALLREDUCE") == "0":
         assert shm == 0, f"{shm} reductions went through shared memory with it turned off"
     else:
         assert shm > 0, "no reduction went through shared memory on one host"
+    if os.environ.get("HVDLITE_RING_ALLREDUCE") == "1":
+        assert ring > 0, "no reduction went around the ring with HVDLITE_RING_ALLREDUCE=1"
+    else:
+        assert ring == 0, f"{ring} reductions went around the ring on one host"
 
 
 def test_shutdown_then_init_again(rank, size):
