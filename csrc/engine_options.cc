@@ -121,6 +121,7 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
   if (!(s = ReadInt("RING_THRESHOLD", 0, &o.ring_threshold_bytes)).ok()) return s;
   if (!(s = ReadInt("RING_CHUNK_BYTES", 1024, &o.ring_chunk_bytes)).ok()) return s;
   if (!(s = ReadInt("RING_WINDOW", 1, &o.ring_window)).ok()) return s;
+  if (!(s = ReadBool("HIERARCHICAL_ALLREDUCE", &o.hierarchical_allreduce)).ok()) return s;
   std::string name;
   // "DYNAMIC" (Horovod's value) means: no file now, start_timeline() later.
   if (const char* path = Lookup("TIMELINE", &name)) {

@@ -61,6 +61,10 @@ struct EngineOptions {
   int64_t ring_threshold_bytes = 1024 * 1024;
   int64_t ring_chunk_bytes = 512 * 1024;
   int64_t ring_window = 4;  // chunks in flight each way
+  // Several ranks per host: reduce inside the host first, ring between hosts
+  // (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE). Off by default until it
+  // beats MPI there: through MPI inside the host it did not (2 x 2 ranks).
+  bool hierarchical_allreduce = false;
   std::string timeline_path;
   bool timeline_mark_cycles = false;
   bool stall_check_enabled = true;

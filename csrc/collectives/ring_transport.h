@@ -14,6 +14,11 @@
 // each segment's sum and the allgather copies it, so every rank gets the
 // same bits.
 //
+// Where several ranks share each host, the host's ranks first reduce-scatter
+// among themselves and the ring joins one rank per host
+// (HierarchicalAllreduceWork); HVDLITE_HIERARCHICAL_ALLREDUCE=0 keeps one ring
+// through every rank.
+//
 // Large allreduces (at least ring_threshold_bytes) of element-wise
 // reductions take the ring; everything else goes to the inner transport.
 #pragma once
@@ -22,6 +27,7 @@
 
 #include <atomic>
 #include <memory>
+#include <vector>
 
 #include "../engine_options.h"
 #include "../engine_stats.h"
@@ -34,7 +40,10 @@ class RingTransport : public ForwardingTransport {
   // Collective over `comm` (the set's communicator, which `inner` uses):
   // returns `inner` itself unless every rank wants the ring; otherwise the
   // ring gets a duplicate of `comm` so its messages never match anyone else's.
-  static std::unique_ptr<Transport> Create(std::unique_ptr<Transport> inner, MPI_Comm comm, bool want,
+  // `hosts`: the host of each rank of `comm`. With several ranks on each of
+  // several hosts (the same number on each) the allreduce is hierarchical.
+  static std::unique_ptr<Transport> Create(std::unique_ptr<Transport> inner, MPI_Comm comm,
+                                           const std::vector<int>& hosts, bool want,
                                            const EngineOptions& options, EngineStats* stats,
                                            const std::atomic<bool>* abort);
   ~RingTransport() override;
@@ -45,11 +54,13 @@ class RingTransport : public ForwardingTransport {
   Status Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op) override;
 
  private:
-  RingTransport(std::unique_ptr<Transport> inner, MPI_Comm ring_comm, const EngineOptions& options,
-                EngineStats* stats, const std::atomic<bool>* abort);
+  RingTransport(std::unique_ptr<Transport> inner, MPI_Comm ring, MPI_Comm local,
+                const EngineOptions& options, EngineStats* stats, const std::atomic<bool>* abort);
   bool Takes(int64_t count, DataType dtype, ReduceOp op) const;
 
-  MPI_Comm comm_;
+  MPI_Comm ring_;   // the ranks around the ring (hierarchical: one per host)
+  MPI_Comm local_;  // hierarchical: this host's ranks; else MPI_COMM_NULL
+  int ring_rank_ = 0, ring_size_ = 1;
   int64_t threshold_bytes_;
   int64_t chunk_bytes_;
   int window_;
