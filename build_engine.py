@@ -123,6 +123,7 @@ ENGINE_SOURCES = [
     "work.cc",
     "collectives/adasum.cc",
     "collectives/mpi_transport.cc",
+    "collectives/ring_transport.cc",
     "collectives/shm_collectives.cc",
     "collectives/shm_transport.cc",
     "compressors/error_feedback.cc",

@@ -128,7 +128,7 @@ Status Engine::Setup() {
 
   std::vector<int32_t> all(topology_.size);
   for (int r = 0; r < topology_.size; ++r) all[r] = r;
-  sets_.Add(std::make_shared<ProcessSet>(sets_.NextId(), all, comm_, topology_.OneHost(all), options_,
+  sets_.Add(std::make_shared<ProcessSet>(sets_.NextId(), all, comm_, topology_.HostsOf(all), options_,
                                          &stats_, &abort_));
   Status local = options_status_;
   if (local.ok() && !options_.timeline_path.empty()) local = StartTimeline(options_.timeline_path, options_.timeline_mark_cycles);
@@ -291,7 +291,7 @@ Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {
       return s;
     }
     const int32_t id = sets_.NextId();
-    sets_.Add(std::make_shared<ProcessSet>(id, ranks, comm, topology_.OneHost(ranks), options_, &stats_,
+    sets_.Add(std::make_shared<ProcessSet>(id, ranks, comm, topology_.HostsOf(ranks), options_, &stats_,
                                            &abort_));
     entry.work->value = id;
   } else {

@@ -54,6 +54,17 @@ struct EngineOptions {
   // Chunks in each rank's ring: how far a rank may run ahead of a peer that
   // is not scheduled (its core busy with backward) before it has to wait.
   int64_t shm_slots = 16;
+  // Between hosts: large allreduces take a pipelined ring over MPI
+  // point-to-point (collectives/ring_transport.h). kAuto: when a process set
+  // spans more than one host.
+  enum class Ring { kAuto, kOn, kOff } ring = Ring::kAuto;
+  int64_t ring_threshold_bytes = 1024 * 1024;
+  int64_t ring_chunk_bytes = 512 * 1024;
+  int64_t ring_window = 4;  // chunks in flight each way
+  // Several ranks per host: reduce inside the host first, ring between hosts
+  // (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE). Off by default until it
+  // beats MPI there: through MPI inside the host it did not (2 x 2 ranks).
+  bool hierarchical_allreduce = false;
   std::string timeline_path;
   bool timeline_mark_cycles = false;
   bool stall_check_enabled = true;

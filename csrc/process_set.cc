@@ -4,16 +4,21 @@
 
 namespace hvdlite {
 
-ProcessSet::ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, bool one_host,
+ProcessSet::ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, const std::vector<int>& hosts,
                        const EngineOptions& options, EngineStats* stats,
                        const std::atomic<bool>* abort)
     : id_(id), ranks_(std::move(ranks)), comm_(comm) {
   if (comm_ != MPI_COMM_NULL) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    const bool one_host = std::all_of(hosts.begin(), hosts.end(), [&](int h) { return h == hosts[0]; });
     // The wire is chosen once, here: shared memory when every member is on
-    // this host (and it is not turned off), MPI otherwise.
+    // this host (and it is not turned off), MPI otherwise; large allreduces
+    // between hosts around the ring.
     transport_ = ShmTransport::Create(std::make_unique<MpiTransport>(comm_, options.wait, abort),
                                       one_host && options.shm_allreduce, options, stats, abort);
+    const bool ring = options.ring == EngineOptions::Ring::kOn ||
+                      (options.ring == EngineOptions::Ring::kAuto && !one_host);
+    transport_ = RingTransport::Create(std::move(transport_), comm_, hosts, ring, options, stats, abort);
     controller_ = std::make_unique<Controller>(transport_.get(), options, stats);
   }
 }

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <vector>
 
+#include "collectives/ring_transport.h"
 #include "collectives/shm_transport.h"
 #include "controller.h"
 #include "tensor_queue.h"
@@ -25,8 +26,8 @@ class ProcessSet {
  public:
   // `comm` is MPI_COMM_NULL on ranks that are not members; it is owned here.
   // Collective over `comm` (members set up the shared-memory path together).
-  // `one_host`: every member runs on this host (shared memory is possible).
-  ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, bool one_host,
+  // `hosts`: the host of each member, in `ranks` order (Topology::HostsOf).
+  ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, const std::vector<int>& hosts,
              const EngineOptions& options, EngineStats* stats, const std::atomic<bool>* abort);
   ~ProcessSet();
   ProcessSet(const ProcessSet&) = delete;

@@ -14,6 +14,12 @@ bool Topology::OneHost(const std::vector<int32_t>& ranks) const {
   return true;
 }
 
+std::vector<int> Topology::HostsOf(const std::vector<int32_t>& ranks) const {
+  std::vector<int> hosts;
+  for (int32_t r : ranks) hosts.push_back(host_of_rank.at(static_cast<size_t>(r)));
+  return hosts;
+}
+
 Status DiscoverTopology(MPI_Comm comm, Topology* out) {
   Topology t;
   MPI_Comm_rank(comm, &t.rank);

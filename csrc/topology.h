@@ -20,6 +20,8 @@ struct Topology {
 
   // Whether all these ranks run on one host (shared memory can join them).
   bool OneHost(const std::vector<int32_t>& ranks) const;
+  // The host index of each of these ranks, in their order.
+  std::vector<int> HostsOf(const std::vector<int32_t>& ranks) const;
 };
 
 // Collective over `comm`: allgathers every rank's processor name.

@@ -430,6 +430,22 @@ class NetnsHosts:
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def hosts_or_skip(count=2):
+    """``count`` hosts, up; skips where they cannot be made (not root, no
+    network namespaces) unless HVDLITE_TEST_REQUIRE_ALL=1, and fails when a
+    tool is missing, naming the command that installs it."""
+    import pytest
+    reasons = missing_requirements()
+    if reasons:
+        msg = "cannot make SSH test hosts: %s" % "; ".join(reasons)
+        skippable = all(r == "not root" or r.startswith("cannot create network namespaces")
+                        for r in reasons)
+        if skippable and not REQUIRE_ALL:
+            pytest.skip(msg)
+        pytest.fail("%s (install with: %s)" % (msg, INSTALL_HINT))
+    return NetnsHosts(count).up()
+
+
 def hvdrun_argv():
     """(argv prefix that runs hvdrun, extra environment).
 

@@ -238,16 +238,21 @@ def _stop_hung_job(proc, directory, ranks):
             pass
 
 
-def launch(tests, ranks, cases, env=None, timeout=600, case_timeout=300):
-    """Runs ``cases`` of ``tests`` on ``ranks`` ranks; returns a RankRun."""
+def launch(tests, ranks, cases, env=None, timeout=600, case_timeout=300, launcher=None):
+    """Runs ``cases`` of ``tests`` on ``ranks`` ranks; returns a RankRun.
+    ``launcher(ranks, argv) -> (command, environment)`` starts the ranks some
+    other way than mpiexec on this host (hvdrun across test hosts); the
+    environment it gets is the ranks' (rank_env with ``env``)."""
     directory = tempfile.mkdtemp(prefix="hvdlite-ranks-")
     try:
         selected = [c for c in tests.cases if c != JOB_EXIT]
         targets = [tests.path] if cases == selected else [f"{tests.path}::{c}" for c in cases]
-        cmd = [_mpiexec_or_fail(), "-n", str(ranks), *_pytest_argv(*targets)]
         extra = dict(env or {}, **{rank_plugin.REPORT_DIR_VAR: directory,
                                    rank_plugin.CASE_TIMEOUT_VAR: case_timeout})
-        proc = subprocess.Popen(cmd, env=rank_env(extra), stdout=subprocess.PIPE,
+        cmd, job_env = [_mpiexec_or_fail(), "-n", str(ranks), *_pytest_argv(*targets)], rank_env(extra)
+        if launcher is not None:
+            cmd, job_env = launcher(ranks, _pytest_argv(*targets), job_env)
+        proc = subprocess.Popen(cmd, env=job_env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, cwd=TESTS,
                                 start_new_session=True)
         timed_out = None
@@ -288,10 +293,10 @@ def rank_launch(request, _rank_runs):
     """``rank_launch(tests, ranks, env=None, timeout=600, cases=None)``: the
     RankRun of this configuration, launched on first use. ``cases`` defaults
     to the ones this session selects through the calling test function."""
-    def get(tests, ranks, env=None, timeout=600, cases=None, case_timeout=300):
+    def get(tests, ranks, env=None, timeout=600, cases=None, case_timeout=300, launcher=None):
         cases = list(cases) if cases is not None else selected_cases(request.node, tests)
-        key = (tests.path, ranks, tuple(sorted((env or {}).items())), tuple(cases))
+        key = (tests.path, ranks, tuple(sorted((env or {}).items())), tuple(cases), launcher)
         if key not in _rank_runs:
-            _rank_runs[key] = launch(tests, ranks, cases, env, timeout, case_timeout)
+            _rank_runs[key] = launch(tests, ranks, cases, env, timeout, case_timeout, launcher)
         return _rank_runs[key]
     return get

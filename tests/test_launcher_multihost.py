@@ -18,8 +18,7 @@ import uuid
 import pytest
 
 from checks import require
-from hosts_fixture import (INSTALL_HINT, REPO, REQUIRE_ALL, NetnsHosts, hvdrun_argv,
-                           missing_requirements, wait_until_gone)
+from hosts_fixture import REPO, hosts_or_skip, hvdrun_argv, wait_until_gone
 
 SCRIPTS = os.path.join(REPO, "tests", "scripts")
 RANK = os.path.join(SCRIPTS, "launcher_rank.py")
@@ -35,15 +34,7 @@ FAILURE_LIMIT_S = 10.0
 
 @pytest.fixture(scope="module")
 def hosts():
-    reasons = missing_requirements()
-    if reasons:
-        msg = "cannot make SSH test hosts: %s" % "; ".join(reasons)
-        skippable = all(r == "not root" or r.startswith("cannot create network namespaces")
-                        for r in reasons)
-        if skippable and not REQUIRE_ALL:
-            pytest.skip(msg)
-        pytest.fail("%s (install with: %s)" % (msg, INSTALL_HINT))
-    h = NetnsHosts(2).up()
+    h = hosts_or_skip(2)
     yield h
     h.down()
 

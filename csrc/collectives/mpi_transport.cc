@@ -47,15 +47,15 @@ Status TooLarge(const char* what) {
 
 }  // namespace
 
-namespace {
-
-Status Check(int rc, const char* what) {
+Status MpiCheck(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return Status::OK();
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, text, &len);
   return Status::Error(ErrorKind::kMpi, std::string(what) + " failed: " + std::string(text, len));
 }
+
+namespace {
 
 MPI_Op BuiltinOp(ReduceOp op) {
   switch (op) {
@@ -196,7 +196,7 @@ MpiTransport::MpiTransport(MPI_Comm comm, const WaitPolicy& wait,
 Status MpiTransport::Wait(MPI_Request* request, const char* what) {
   return WaitUntil(wait_, abort_, what, [&](Status* error) {
     int done = 0;
-    *error = Check(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
+    *error = MpiCheck(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
     return !error->ok() || done != 0;
   });
 }
@@ -204,7 +204,7 @@ Status MpiTransport::Wait(MPI_Request* request, const char* what) {
 Status MpiTransport::WaitAll(std::vector<MPI_Request>* requests, const char* what) {
   return WaitUntil(wait_, abort_, what, [&](Status* error) {
     int done = 0;
-    *error = Check(MPI_Testall(static_cast<int>(requests->size()), requests->data(), &done,
+    *error = MpiCheck(MPI_Testall(static_cast<int>(requests->size()), requests->data(), &done,
                                MPI_STATUSES_IGNORE),
                    what);
     return !error->ok() || done != 0;
@@ -220,7 +220,7 @@ Status MpiTransport::Allreduce(void* data, int64_t count, DataType dtype, Reduce
   for (int64_t offset = 0; offset < count; offset += kMaxChunk) {
     int n = static_cast<int>(std::min(kMaxChunk, count - offset));
     MPI_Request req;
-    Status s = Check(MPI_Iallreduce(MPI_IN_PLACE, bytes + offset * elem, n, type, mpi_op, comm_, &req),
+    Status s = MpiCheck(MPI_Iallreduce(MPI_IN_PLACE, bytes + offset * elem, n, type, mpi_op, comm_, &req),
                      "MPI_Iallreduce");
     if (s.ok()) s = Wait(&req, "MPI_Iallreduce");
     if (!s.ok()) return s;
@@ -233,7 +233,7 @@ Status MpiTransport::Broadcast(void* data, int64_t bytes, int root) {
   for (int64_t offset = 0; offset < bytes; offset += kMaxChunk) {
     int n = static_cast<int>(std::min(kMaxChunk, bytes - offset));
     MPI_Request req;
-    Status s = Check(MPI_Ibcast(p + offset, n, MPI_BYTE, root, comm_, &req), "MPI_Ibcast");
+    Status s = MpiCheck(MPI_Ibcast(p + offset, n, MPI_BYTE, root, comm_, &req), "MPI_Ibcast");
     if (s.ok()) s = Wait(&req, "MPI_Ibcast");
     if (!s.ok()) return s;
   }
@@ -247,7 +247,7 @@ Status MpiTransport::Allgatherv(const void* input, int64_t input_bytes, void* ou
   if (FitsInt(bytes_per_rank)) {
     auto counts = ToInt(bytes_per_rank);
     auto displs = Displacements(bytes_per_rank);
-    s = Check(MPI_Iallgatherv(input, static_cast<int>(input_bytes), MPI_BYTE, output,
+    s = MpiCheck(MPI_Iallgatherv(input, static_cast<int>(input_bytes), MPI_BYTE, output,
                               counts.data(), displs.data(), MPI_BYTE, comm_, &req),
               "MPI_Iallgatherv");
   } else {
@@ -259,7 +259,7 @@ Status MpiTransport::Allgatherv(const void* input, int64_t input_bytes, void* ou
       displs[i] = offset;
       offset += counts[i];
     }
-    s = Check(MPI_Iallgatherv_c(input, input_bytes, MPI_BYTE, output, counts.data(),
+    s = MpiCheck(MPI_Iallgatherv_c(input, input_bytes, MPI_BYTE, output, counts.data(),
                                 displs.data(), MPI_BYTE, comm_, &req),
               "MPI_Iallgatherv_c");
 #else
@@ -279,7 +279,7 @@ Status MpiTransport::Alltoallv(const void* input, const std::vector<int64_t>& se
     auto sdispls = Displacements(send_bytes);
     auto rcounts = ToInt(recv_bytes);
     auto rdispls = Displacements(recv_bytes);
-    s = Check(MPI_Ialltoallv(input, scounts.data(), sdispls.data(), MPI_BYTE, output,
+    s = MpiCheck(MPI_Ialltoallv(input, scounts.data(), sdispls.data(), MPI_BYTE, output,
                              rcounts.data(), rdispls.data(), MPI_BYTE, comm_, &req),
               "MPI_Ialltoallv");
   } else {
@@ -298,7 +298,7 @@ Status MpiTransport::Alltoallv(const void* input, const std::vector<int64_t>& se
     std::vector<MPI_Aint> sd, rd;
     to_c(send_bytes, &sc, &sd);
     to_c(recv_bytes, &rc, &rd);
-    s = Check(MPI_Ialltoallv_c(input, sc.data(), sd.data(), MPI_BYTE, output, rc.data(),
+    s = MpiCheck(MPI_Ialltoallv_c(input, sc.data(), sd.data(), MPI_BYTE, output, rc.data(),
                                rd.data(), MPI_BYTE, comm_, &req),
               "MPI_Ialltoallv_c");
 #else
@@ -318,12 +318,12 @@ Status MpiTransport::ReduceScatter(const void* input, void* output,
   Status s;
   if (FitsInt(counts)) {
     auto c = ToInt(counts);
-    s = Check(MPI_Ireduce_scatter(input, output, c.data(), type, mpi_op, comm_, &req),
+    s = MpiCheck(MPI_Ireduce_scatter(input, output, c.data(), type, mpi_op, comm_, &req),
               "MPI_Ireduce_scatter");
   } else {
 #if MPI_VERSION >= 4
     std::vector<MPI_Count> c(counts.begin(), counts.end());
-    s = Check(MPI_Ireduce_scatter_c(input, output, c.data(), type, mpi_op, comm_, &req),
+    s = MpiCheck(MPI_Ireduce_scatter_c(input, output, c.data(), type, mpi_op, comm_, &req),
               "MPI_Ireduce_scatter_c");
 #else
     return TooLarge("reducescatter");
@@ -335,7 +335,7 @@ Status MpiTransport::ReduceScatter(const void* input, void* output,
 
 Status MpiTransport::Barrier() {
   MPI_Request req;
-  Status s = Check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
+  Status s = MpiCheck(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
   if (s.ok()) s = Wait(&req, "MPI_Ibarrier");
   return s;
 }
@@ -348,14 +348,14 @@ Status MpiTransport::SendRecv(const void* send, int64_t send_bytes, void* recv,
   Status s;
   for (int64_t offset = 0; offset < recv_bytes && s.ok(); offset += kMaxChunk) {
     requests.emplace_back();
-    s = Check(MPI_Irecv(static_cast<uint8_t*>(recv) + offset,
+    s = MpiCheck(MPI_Irecv(static_cast<uint8_t*>(recv) + offset,
                         static_cast<int>(std::min(kMaxChunk, recv_bytes - offset)), MPI_BYTE, peer,
                         tag, comm_, &requests.back()),
               "MPI_Irecv");
   }
   for (int64_t offset = 0; offset < send_bytes && s.ok(); offset += kMaxChunk) {
     requests.emplace_back();
-    s = Check(MPI_Isend(static_cast<const uint8_t*>(send) + offset,
+    s = MpiCheck(MPI_Isend(static_cast<const uint8_t*>(send) + offset,
                         static_cast<int>(std::min(kMaxChunk, send_bytes - offset)), MPI_BYTE, peer,
                         tag, comm_, &requests.back()),
               "MPI_Isend");
@@ -374,7 +374,7 @@ Status MpiTransport::StartAllreduce(const void* send, void* recv, int64_t count,
   MPI_Op mpi_op;
   if (!MpiReduction(dtype, op, &type, &mpi_op)) return NoReduction(dtype, op);
   auto w = std::make_unique<MpiWork>(this, activity::kMpiAllreduce, recv, count, dtype, scale);
-  Status s = Check(MPI_Iallreduce(MpiSend(send), recv, static_cast<int>(count), type, mpi_op, comm_,
+  Status s = MpiCheck(MPI_Iallreduce(MpiSend(send), recv, static_cast<int>(count), type, mpi_op, comm_,
                                   w->request()),
                    "MPI_Iallreduce");
   if (s.ok()) *work = std::move(w);
@@ -385,7 +385,7 @@ Status MpiTransport::StartAllgather(const void* send, int64_t bytes, void* recv,
                                     std::unique_ptr<TransportWork>* work) {
   if (bytes > INT_MAX) return TooLarge("allgather of a compressed bucket");
   auto w = std::make_unique<MpiWork>(this, activity::kMpiAllgather, recv, 0, DataType::kUInt8, 1.0);
-  Status s = Check(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv,
+  Status s = MpiCheck(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv,
                                   static_cast<int>(bytes), MPI_BYTE, comm_, w->request()),
                    "MPI_Iallgather");
   if (s.ok()) *work = std::move(w);
@@ -394,7 +394,7 @@ Status MpiTransport::StartAllgather(const void* send, int64_t bytes, void* recv,
 
 Status MpiTransport::BitwiseAnd(uint64_t* words, int count) {
   MPI_Request req;
-  Status s = Check(MPI_Iallreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, MPI_BAND, comm_, &req),
+  Status s = MpiCheck(MPI_Iallreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, MPI_BAND, comm_, &req),
                    "MPI_Iallreduce(negotiation)");
   if (s.ok()) s = Wait(&req, "MPI_Iallreduce(negotiation)");
   return s;
@@ -405,7 +405,7 @@ Status MpiTransport::GatherBytes(const std::vector<uint8_t>& mine, int root,
   int my_size = static_cast<int>(mine.size());
   std::vector<int> sizes(rank_ == root ? size_ : 0);
   MPI_Request req;
-  Status s = Check(MPI_Igather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, root, comm_, &req),
+  Status s = MpiCheck(MPI_Igather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, root, comm_, &req),
                    "MPI_Igather(negotiation)");
   if (s.ok()) s = Wait(&req, "MPI_Igather(negotiation)");
   if (!s.ok()) return s;
@@ -420,7 +420,7 @@ Status MpiTransport::GatherBytes(const std::vector<uint8_t>& mine, int root,
     }
     joined.resize(static_cast<size_t>(total));
   }
-  s = Check(MPI_Igatherv(mine.data(), my_size, MPI_BYTE, joined.data(), sizes.data(),
+  s = MpiCheck(MPI_Igatherv(mine.data(), my_size, MPI_BYTE, joined.data(), sizes.data(),
                          displs.data(), MPI_BYTE, root, comm_, &req),
             "MPI_Igatherv(negotiation)");
   if (s.ok()) s = Wait(&req, "MPI_Igatherv(negotiation)");
@@ -435,7 +435,7 @@ Status MpiTransport::GatherBytes(const std::vector<uint8_t>& mine, int root,
 Status MpiTransport::BroadcastBytes(std::vector<uint8_t>* bytes, int root) {
   uint64_t n = bytes->size();
   MPI_Request req;
-  Status s = Check(MPI_Ibcast(&n, 1, MPI_UINT64_T, root, comm_, &req), "MPI_Ibcast(negotiation)");
+  Status s = MpiCheck(MPI_Ibcast(&n, 1, MPI_UINT64_T, root, comm_, &req), "MPI_Ibcast(negotiation)");
   if (s.ok()) s = Wait(&req, "MPI_Ibcast(negotiation)");
   if (!s.ok()) return s;
   bytes->resize(n);

@@ -59,6 +59,9 @@ class MpiTransport : public Transport {
   const std::atomic<bool>* abort_;
 };
 
+// OK for MPI_SUCCESS, else an MPI error naming `what` and MPI's message.
+Status MpiCheck(int rc, const char* what);
+
 // The MPI element type and op that reduce `dtype` with `op` (Average: Sum);
 // for 16-bit floats a 16-bit type and a user op, created on first use.
 // Returns false when there is none (bool, Adasum, MPI not initialised).

@@ -42,11 +42,19 @@ def test_not_initialised_before_init():
 
 
 def test_init_starts_one_engine_thread(rank, size):
-    assert hvd.is_homogeneous(), "one host, every rank on it: homogeneous"
     tasks = engine_threads()
     assert len(tasks) == 1, f"expected one native engine thread, found {tasks}"
     assert hvd.mpi_threads_supported()
-    assert hvd.local_size() == size and hvd.local_rank() == rank and hvd.cross_size() == 1 and hvd.cross_rank() == 0
+    # The layout, from MPI's processor names (one per host), hosts in order of first rank.
+    from mpi4py import MPI
+    names = MPI.COMM_WORLD.allgather(MPI.Get_processor_name())
+    hosts = list(dict.fromkeys(names))
+    mine = [r for r in range(size) if names[r] == names[rank]]
+    per_host = {h: names.count(h) for h in hosts}
+    assert hvd.is_homogeneous() == (len(set(per_host.values())) == 1)
+    assert (hvd.local_size(), hvd.local_rank()) == (len(mine), mine.index(rank))
+    if hvd.is_homogeneous():
+        assert (hvd.cross_size(), hvd.cross_rank()) == (len(hosts), hosts.index(names[rank]))
     hvd.init()  # a second init with the same communicator is a no-op
     assert engine_threads() == tasks
 
@@ -342,15 +350,25 @@ def test_process_sets(rank, size):
 
 
 def test_wire_is_the_one_asked_for(rank, size):
-    """Shared memory on one host unless HVDLITE_SHM_ALLREDUCE=0, MPI then."""
+    """Shared memory on one host unless HVDLITE_SHM_ALLREDUCE=0, MPI then.
+    The ring when asked for, and between hosts with one rank on each or
+    hierarchical allreduce turned on; never by default on one host."""
     for count in (5, 40000):
         got = hvd.allreduce(np.full(count, rank + 1, np.float32), op=hvd.Sum, name=f"wire.{count}")
         check_equal(got, np.full(count, size * (size + 1) / 2, np.float32), f"allreduce of {count}")
-    shm = hvd.engine_stats()["shm_collectives"]
-    if os.environ.get("HVDLITE_SHM_ALLREDUCE") == "0":
-        assert shm == 0, f"{shm} reductions went through shared memory with it turned off"
+    stats = hvd.engine_stats()
+    shm, ring = stats["shm_collectives"], stats["ring_collectives"]
+    hosts = hvd.cross_size() if hvd.is_homogeneous() else 2
+    if os.environ.get("HVDLITE_SHM_ALLREDUCE") == "0" or hosts > 1:
+        assert shm == 0, f"{shm} reductions went through shared memory (turned off, or several hosts)"
     else:
         assert shm > 0, "no reduction went through shared memory on one host"
+    ring_expected = os.environ.get("HVDLITE_RING_ALLREDUCE") == "1" or (
+        hosts > 1 and (hvd.local_size() == 1 or os.environ.get("HVDLITE_HIERARCHICAL_ALLREDUCE") == "1"))
+    if ring_expected:
+        assert ring > 0, "no reduction went around the ring"
+    else:
+        assert ring == 0, f"{ring} reductions went around the ring"
 
 
 def test_shutdown_then_init_again(rank, size):

@@ -1,0 +1,51 @@
+"""Collectives between hosts: every check of tests/scripts/engine_collectives.py
+on ranks spread over network-namespace hosts with their own sshd
+(tests/hosts_fixture.py), started by hvdrun, MPI over TCP. One rank per host
+takes the ring between hosts; two per host take it hierarchically (reduce in
+the host, ring between hosts). The thresholds are lowered so that most
+reductions take the ring, in many chunks.
+
+Needs root and network namespaces, as tests/test_launcher_multihost.py.
+"""
+import os
+
+import pytest
+
+from hosts_fixture import hosts_or_skip, hvdrun_argv
+from mpi_harness import RankTests
+
+COLLECTIVES = RankTests("scripts/engine_collectives.py")
+RING_SMALL = {"HVDLITE_RING_THRESHOLD": "1024", "HVDLITE_RING_CHUNK_BYTES": "4096"}
+LAYOUTS = {"2x1": (2, 1, {}), "2x2 hierarchical": (2, 2, {"HVDLITE_HIERARCHICAL_ALLREDUCE": "1"})}
+_launchers = {}
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    h = hosts_or_skip(2)
+    yield h
+    h.down()
+
+
+def launcher_for(hosts, per_host):
+    """hvdrun on the first host, `per_host` ranks on each (the same object per
+    layout, so rank_launch starts each layout once)."""
+    if per_host not in _launchers:
+        def launch(ranks, argv, env):
+            prefix, extra = hvdrun_argv()
+            env = dict(env, **extra)
+            env.update(PATH=hosts.bin_dir + os.pathsep + env["PATH"], UCX_TLS="tcp,self")
+            env.pop("HVDLITE_MPIEXEC", None)
+            spec = ",".join(f"{name}:{per_host}" for name in hosts.names)
+            cmd = prefix + ["-np", str(ranks), "-H", spec, "-i", hosts.key] + argv
+            return hosts.on_host(1, cmd, cwd=os.path.dirname(os.path.abspath(__file__))), env
+        _launchers[per_host] = launch
+    return _launchers[per_host]
+
+
+@pytest.mark.parametrize("case", COLLECTIVES.cases)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_collectives_between_hosts(layout, case, hosts, rank_launch):
+    host_count, per_host, env = LAYOUTS[layout]
+    rank_launch(COLLECTIVES, host_count * per_host, env=dict(RING_SMALL, **env),
+                launcher=launcher_for(hosts, per_host)).check(case)
