@@ -62,6 +62,7 @@ def test_digits_identical_and_matches_single_process(ranks, epochs):
 
 @pytest.mark.parametrize("case", DIGITS_ACCURACY.cases)
 def test_digits_compression_accuracy(case, rank_launch):
+    require("sklearn", import_module=False)  # the ranks skip the module without it
     reports = rank_launch(DIGITS_ACCURACY, 2).check(case)
     if case != JOB_EXIT:
         print(reports[0]["stdout"])
