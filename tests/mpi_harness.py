@@ -21,6 +21,7 @@ doing and the tail of the job's output. ``RankTests.cases`` ends with
 
 ``run_ranks(script, np_)`` runs a plain script that prints ``RANK <r> OK``.
 """
+import ast
 import json
 import os
 import re
@@ -110,14 +111,35 @@ def _pytest_argv(*args):
 
 
 class RankTests:
-    """A rank-side test module. ``cases``: its case names as pytest collects
-    them (in a subprocess, without MPI, when the outer module is imported),
-    then JOB_EXIT."""
+    """A rank-side test module. ``cases``: its case names, then JOB_EXIT.
+
+    The names are read from the module's source when its cases are plain
+    top-level test functions (no decorators): importing TensorFlow to collect
+    them would cost seconds per module each time the outer module is imported.
+    Otherwise pytest collects them, in a subprocess without MPI. A module
+    read from its source must not skip itself on import (the outer test
+    requires what it needs), or its cases fail as never run."""
 
     def __init__(self, script):
         self.script = script
         self.path = os.path.join(TESTS, script)
-        self.cases = self._collect() + [JOB_EXIT]
+        self.cases = (self._read_source() or self._collect()) + [JOB_EXIT]
+
+    def _read_source(self):
+        """The top-level test functions in source order, or None where only
+        pytest can tell: decorated ones (parametrize), test classes, test
+        functions defined or imported elsewhere than at the top level."""
+        with open(self.path) as f:
+            tree = ast.parse(f.read(), self.path)
+        top = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test")]
+        anywhere = [node for node in ast.walk(tree)
+                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test")]
+        imported = [alias for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                    for alias in node.names if (alias.asname or alias.name).startswith("test")]
+        classes = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name.startswith("Test")]
+        if len(top) != len(anywhere) or imported or classes or any(node.decorator_list for node in top):
+            return None
+        return [node.name for node in top]
 
     def _collect(self):
         proc = subprocess.run(_pytest_argv("--collect-only", self.path), env=rank_env(),

@@ -1,44 +1,38 @@
-"""Fusion, response cache, compression, timeline, stall inspector (multi-rank)."""
+"""Fusion, response cache, compression, timeline, stall inspector (multi-rank).
+
+Each case of tests/scripts/engine_features.py is a case here; the ranks are
+launched once per configuration."""
 import json
-import os
-import signal
 import subprocess
 import sys
 
 import pytest
 
-from mpi_harness import mpiexec, rank_env, run_ranks
+from mpi_harness import RankTests, mpiexec, rank_env
+
+FEATURES = RankTests("scripts/engine_features.py")
 
 
-def test_features_two_ranks(tmp_path):
-    proc = run_ranks("scripts/engine_features.py", 2,
-                     args=[tmp_path, "fusion_matches_unfused,cache,fp16,topk,timeline,horovod_layout,stall,"
-                                     "priority"])
-    assert "stall inspector" in proc.stderr and "stalled.tensor" in proc.stderr
-    assert "not by ranks [1]" in proc.stderr
+def cases_without(*prefixes):
+    return [c for c in FEATURES.cases if not c.startswith(prefixes)]
 
 
-def test_features_four_ranks(tmp_path):
-    run_ranks("scripts/engine_features.py", 4,
-              args=[tmp_path, "fusion_matches_unfused,cache,fp16,topk,priority"])
+@pytest.mark.parametrize("case", FEATURES.cases)
+def test_features_two_ranks(case, rank_launch):
+    rank_launch(FEATURES, 2).check(case)
 
 
-def test_features_over_mpi(tmp_path):
+@pytest.mark.parametrize("case", cases_without("test_timeline", "test_stall"))
+def test_features_four_ranks(case, rank_launch):
+    rank_launch(FEATURES, 4).check(case)
+
+
+@pytest.mark.parametrize("case", cases_without("test_stall", "test_engine_priority"))
+def test_features_over_mpi(case, rank_launch):
     """The same checks with shared memory turned off: MPI carries fused and
-    compressed buckets (one host uses shared memory otherwise)."""
-    run_ranks("scripts/engine_features.py", 2,
-              args=[tmp_path, "fusion_matches_unfused,cache,fp16,topk,timeline,horovod_layout"],
-              env={"HVDLITE_SHM_ALLREDUCE": "0"})
-
-
-def test_timeline_merge(tmp_path):
-    run_ranks("scripts/engine_features.py", 2, args=[tmp_path, "timeline"])
-    out = tmp_path / "merged.json"
-    subprocess.run([sys.executable, "-m", "hvdlite.timeline", "merge", "-o", str(out),
-                    str(tmp_path / "timeline-0.json"), str(tmp_path / "timeline-1.json")], check=True)
-    merged = json.loads(out.read_text())
-    pids = {e["pid"] for e in merged["traceEvents"] if "pid" in e}
-    assert pids == {0, 1}
+    compressed buckets (one host uses shared memory otherwise); every case
+    fails if anything went through shared memory."""
+    rank_launch(FEATURES, 2, env={"HVDLITE_SHM_ALLREDUCE": "0"}).check(case)
 
 
 KILLED_SCRIPT = """

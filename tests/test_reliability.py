@@ -298,9 +298,14 @@ def test_full_dev_shm_falls_back_to_mpi(tmp_path):
     assert proc.returncode == 0 and out.count("OK") == 2, out[-4000:]
 
 
-def test_concurrent_threads_data_integrity():
-    proc = run_ranks("scripts/reliability_threads.py", 2, args=[4, 300])
-    print("\n" + "\n".join(l for l in proc.stdout.splitlines() if "checked" in l))
+THREADS = RankTests("scripts/reliability_threads.py")
+
+
+@pytest.mark.parametrize("case", THREADS.cases)
+def test_concurrent_threads_data_integrity(case, rank_launch):
+    reports = rank_launch(THREADS, 2).check(case)
+    for report in (reports or {}).values():
+        print(report["stdout"], end="")
 
 
 def test_soak_short(tmp_path):

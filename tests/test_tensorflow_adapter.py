@@ -1,7 +1,9 @@
 """hvdlite.tensorflow / hvdlite.tensorflow.keras on 2 real ranks (TF 2.x, Keras 3 and tf_keras).
 
-Each test is one mpiexec launch running many checks (TF start-up costs a few
-seconds per rank); the scripts live in tests/scripts/tf_*.py."""
+Each case of the rank-side modules tests/scripts/tf_*.py is a case here; the
+ranks are launched once per module (TF start-up costs a few seconds per
+rank). Their case names are read from their source, so importing this module
+does not import TensorFlow."""
 import os
 import subprocess
 import sys
@@ -9,7 +11,25 @@ import sys
 import pytest
 
 from checks import require, unavailable
-from mpi_harness import run_ranks
+from mpi_harness import JOB_EXIT, RankTests
+
+OPS = RankTests("scripts/tf_ops.py")
+GRAPH = RankTests("scripts/tf_graph.py")
+KERAS_FIT = RankTests("scripts/tf_keras_fit.py")
+KERAS2 = RankTests("scripts/tf_keras2.py")
+KERAS2_GRAPH = RankTests("scripts/tf_keras2_graph.py")
+V1_OPTIMIZER = RankTests("scripts/tf_v1_optimizer.py")
+V1_EAGER_OFF = [c for c in V1_OPTIMIZER.cases if c.startswith("test_eager_off")]
+ELASTIC = RankTests("scripts/tf_elastic.py")
+COMPRESSION = RankTests("scripts/tf_compression.py")
+EXAMPLES = RankTests("scripts/tf_examples.py")
+LEGACY_KERAS = {"TF_USE_LEGACY_KERAS": "1"}
+
+
+def print_stdout(reports):
+    """Rank 0's output of a passed case (the figures it reports)."""
+    if reports:
+        print(reports[0]["stdout"], end="")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,72 +72,83 @@ def test_op_library_built_on_first_import(tmp_path):
     assert all(out.split()[-1] == "1.0" for out, _ in results), results  # one-rank allreduce ran
 
 
-def test_collectives_tape_and_bad_input():
+@pytest.mark.parametrize("case", OPS.cases)
+def test_collectives_tape_and_bad_input(case, rank_launch):
     """Collectives eager and in tf.function, broadcast helpers, DistributedGradientTape
     (reference equality, None grads, persistent, nested, IndexedSlices), clear errors."""
-    run_ranks("scripts/tf_ops.py", 2, timeout=600)
+    rank_launch(OPS, 2).check(case)
 
 
-def test_graph_mode_gradients_and_errors():
+@pytest.mark.parametrize("case", GRAPH.cases)
+def test_graph_mode_gradients_and_errors(case, rank_launch):
     """The op library: tf.compat.v1 sessions running many independent collectives on one
     inter-op thread, gradients of every collective (tf.gradients, GradientTape, tf.function),
     TensorFlow error classes in both modes, IndexedSlices rules, objects and variables in
     graphs, local sources, join."""
-    run_ranks("scripts/tf_graph.py", 2, timeout=600)
+    rank_launch(GRAPH, 2).check(case)
 
 
-def test_keras_fit():
+@pytest.mark.parametrize("case", KERAS_FIT.cases)
+def test_keras_fit(case, rank_launch):
     """model.fit equals the single-process run (compiled, eager, steps_per_execution,
     gradient accumulation), mixed_float16, XLA, accuracy >= 95 %, averaged metrics,
     wrapping/config, save -> load_model -> fit, learning-rate callbacks, Horovod's
     custom-loop API and local variables, BestModelCheckpoint, a tf_keras model."""
-    run_ranks("scripts/tf_keras_fit.py", 2, timeout=600)
+    print_stdout(rank_launch(KERAS_FIT, 2).check(case))
 
 
-def test_tf_keras_keras2():
+@pytest.mark.parametrize("case", KERAS2.cases)
+def test_tf_keras_keras2(case, rank_launch):
     """tf_keras (Keras 2) through tf.keras with TF_USE_LEGACY_KERAS=1: fit equals one process
     (tf_keras and legacy optimizers, backward_passes_per_step), Horovod's custom-loop semantics
     (local variables, aggregation, sparse, user compressor), errors, config, callbacks incl.
-    momentum correction, load_model, KerasState, mixed precision; Keras 3 never imported.
-    Then the same in a TF1 graph (eager execution off): fit equals one process, KerasState."""
+    momentum correction, load_model, KerasState, mixed precision; Keras 3 never imported."""
     require("tf_keras", import_module=False)
-    run_ranks("scripts/tf_keras2.py", 2, env={"TF_USE_LEGACY_KERAS": "1"}, timeout=600)
-    run_ranks("scripts/tf_keras2_graph.py", 2, env={"TF_USE_LEGACY_KERAS": "1"}, timeout=300)
+    rank_launch(KERAS2, 2, env=LEGACY_KERAS).check(case)
 
 
-def test_tf1_optimizer():
+@pytest.mark.parametrize("case", KERAS2_GRAPH.cases)
+def test_tf_keras_keras2_graph(case, rank_launch):
+    """tf_keras in a TF1 graph (eager execution off): fit equals one process, KerasState."""
+    require("tf_keras", import_module=False)
+    rank_launch(KERAS2_GRAPH, 2, env=LEGACY_KERAS).check(case)
+
+
+@pytest.mark.parametrize("case", [c for c in V1_OPTIMIZER.cases if c not in V1_EAGER_OFF])
+def test_tf1_optimizer(case, rank_launch):
     """hvd.DistributedOptimizer(tf.compat.v1.train.*Optimizer) on 2 ranks with different data:
     weights equal on every rank and to NumPy averaged-gradient SGD/Momentum/Adam (eagerly and in
     tf.compat.v1 sessions; Sum, predivide, fp16), backward_passes_per_step (global_step counts
     every step), sparse gradients with and without sparse_as_dense, local variables, op=Adasum
     (delta optimizer), delegation, argument errors."""
-    run_ranks("scripts/tf_v1_optimizer.py", 2, args=["main"], timeout=600)
+    rank_launch(V1_OPTIMIZER, 2).check(case)
 
 
-def test_tf1_optimizer_eager_off_process_set():
+@pytest.mark.parametrize("case", V1_EAGER_OFF + [JOB_EXIT])
+def test_tf1_optimizer_eager_off_process_set(case, rank_launch):
     """Eager execution disabled, 3 ranks: MonitoredTrainingSession with
     BroadcastGlobalVariablesHook, StopAtStepHook and backward_passes_per_step equals NumPy;
     a process set of ranks 0 and 2 averages over itself while rank 1 keeps its own gradients."""
-    run_ranks("scripts/tf_v1_optimizer.py", 3, args=["eager_off"], timeout=600)
+    rank_launch(V1_OPTIMIZER, 3).check(case)
 
 
-def test_elastic_state():
+@pytest.mark.parametrize("case", ELASTIC.cases)
+def test_elastic_state(case, rank_launch):
     """TensorFlowState (eager and TF1 graph), KerasState with its callbacks, ObjectState, run()."""
-    run_ranks("scripts/tf_elastic.py", 2, timeout=600)
+    rank_launch(ELASTIC, 2).check(case)
 
 
-def test_compression_wire_bytes_and_accuracy():
+@pytest.mark.parametrize("case", COMPRESSION.cases)
+def test_compression_wire_bytes_and_accuracy(case, rank_launch):
     """fp16 and top-k(1 %)+error feedback through the tape and the optimizer:
     engine wire bytes and accuracy margins against the uncompressed run."""
     import hvdlite
     if not hasattr(hvdlite, "engine_stats"):
         unavailable("hvdlite.engine_stats() is missing from this engine build")
-    proc = run_ranks("scripts/tf_compression.py", 2, timeout=600)
-    for line in proc.stdout.splitlines():
-        if line.startswith("ACCURACY"):
-            print(line)
+    print_stdout(rank_launch(COMPRESSION, 2).check(case))
 
 
-def test_examples():
+@pytest.mark.parametrize("case", EXAMPLES.cases)
+def test_examples(case, rank_launch):
     """keras_digits.py, tensorflow2_digits.py --check and the synthetic benchmark, short runs."""
-    run_ranks("scripts/tf_examples.py", 2, timeout=600)
+    print_stdout(rank_launch(EXAMPLES, 2).check(case))

@@ -1,12 +1,16 @@
 """hvdlite.torch on real ranks: every collective against a local reference,
-DistributedOptimizer against single-process training, overlap, misuse."""
+DistributedOptimizer against single-process training, overlap, join, misuse."""
 import pytest
 
 from checks import require
-from mpi_harness import RankTests, run_ranks
+from mpi_harness import JOB_EXIT, RankTests, run_ranks
 
 COLLECTIVES = RankTests("scripts/torch_collectives.py")
 OPTIMIZER = RankTests("scripts/torch_optimizer.py")
+ADASUM = RankTests("scripts/torch_adasum.py")
+SINGLE_RANK = RankTests("scripts/torch_single_rank.py")
+DIGITS_ACCURACY = RankTests("scripts/torch_digits_accuracy.py")
+ELASTIC = RankTests("scripts/torch_elastic.py")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -25,16 +29,19 @@ def test_distributed_optimizer(case, rank_launch):
     rank_launch(OPTIMIZER, 2).check(case)
 
 
+@pytest.mark.parametrize("case", ADASUM.cases)
 @pytest.mark.parametrize("ranks", [2, 4])
-def test_adasum_allreduce_and_delta_optimizer(ranks):
+def test_adasum_allreduce_and_delta_optimizer(ranks, case, rank_launch):
     """op=Adasum on torch tensors and DistributedOptimizer(op=Adasum) against a
     NumPy reference; the digits example trains with --op adasum."""
-    proc = run_ranks("scripts/torch_adasum.py", ranks, timeout=600)
-    print(proc.stdout)
+    reports = rank_launch(ADASUM, ranks).check(case)
+    if case != JOB_EXIT:
+        print(reports[0]["stdout"])
 
 
-def test_single_rank_is_plain_torch():
-    run_ranks("scripts/torch_single_rank.py", 1)
+@pytest.mark.parametrize("case", SINGLE_RANK.cases)
+def test_single_rank_is_plain_torch(case, rank_launch):
+    rank_launch(SINGLE_RANK, 1).check(case)
 
 
 def _digits(ranks, *args):
@@ -53,9 +60,12 @@ def test_digits_identical_and_matches_single_process(ranks, epochs):
     assert "parameters bitwise identical on all ranks" in out, out
 
 
-def test_digits_compression_accuracy():
-    proc = run_ranks("scripts/torch_digits_accuracy.py", 2)
-    print(proc.stdout)
+@pytest.mark.parametrize("case", DIGITS_ACCURACY.cases)
+def test_digits_compression_accuracy(case, rank_launch):
+    require("sklearn", import_module=False)  # the ranks skip the module without it
+    reports = rank_launch(DIGITS_ACCURACY, 2).check(case)
+    if case != JOB_EXIT:
+        print(reports[0]["stdout"])
 
 
 def test_synthetic_benchmark_runs():
@@ -66,10 +76,7 @@ def test_synthetic_benchmark_runs():
     assert "Total img/sec on 2 CPU(s)" in proc.stdout, proc.stdout
 
 
-def test_elastic_state():
+@pytest.mark.parametrize("case", ELASTIC.cases)
+def test_elastic_state(case, rank_launch):
     """TorchState / ObjectState sync, commit, restore and run() on 3 ranks."""
-    run_ranks("scripts/torch_elastic.py", 3)
-
-
-def test_join_with_distributed_optimizer():
-    run_ranks("scripts/torch_join.py", 2)
+    rank_launch(ELASTIC, 3).check(case)

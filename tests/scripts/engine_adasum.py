@@ -1,29 +1,23 @@
 """op=Adasum against a NumPy reference of Horovod's definition, on every rank.
 
-Each rank rebuilds every rank's input from (salt, rank), so the reference
-runs locally: the binary tree over ranks in rank order (pairs first: with 4,
-adasum(adasum(g0, g1), adasum(g2, g3))), per tensor, in float64.
-
-    argv[1]: a directory for timeline files
-    argv[2]: "main" (2 or 4 ranks) or "errors" (a non-power-of-2 launch)
+A rank-side test module (see tests/rank_plugin.py); tests/test_adasum.py runs
+its power-of-2 cases at 2 ranks over MPI and 4 ranks with shared memory on,
+and its test_non_power_of_two_* cases at 3 ranks. Each rank rebuilds every
+rank's input from (salt, rank), so the reference runs locally: the binary tree
+over ranks in rank order (pairs first: with 4, adasum(adasum(g0, g1),
+adasum(g2, g3))), per tensor, in float64. Each case prints the largest
+relative error it saw per dtype.
 """
-import os
-import sys
-
 import numpy as np
+import pytest
 
 import hvdlite as hvd
 from adasum_reference import adasum_tree
+from checks import REQUIRE_ALL, expect, installed, require
 from hvdlite import timeline
 
-try:
-    import ml_dtypes
-except ImportError:
-    if os.environ.get("HVDLITE_TEST_REQUIRE_ALL") == "1":
-        raise
-    ml_dtypes = None
-
-TMP, MODE = sys.argv[1], sys.argv[2]
+# bfloat16 inputs; without ml_dtypes the other dtypes still run (CI requires it).
+ml_dtypes = require("ml_dtypes") if REQUIRE_ALL or installed("ml_dtypes") else None
 FLOATS = [np.float16, np.float32, np.float64] + ([ml_dtypes.bfloat16] if ml_dtypes else [])
 # max |got - want| / max |want|: float32 and float64 round once per tree
 # level; 16-bit floats are reduced in float32 and rounded once at the end
@@ -31,10 +25,16 @@ FLOATS = [np.float16, np.float32, np.float64] + ([ml_dtypes.bfloat16] if ml_dtyp
 TOL = {np.dtype(np.float64): 1e-13, np.dtype(np.float32): 1e-6, np.dtype(np.float16): 1e-3}
 if ml_dtypes:
     TOL[np.dtype(ml_dtypes.bfloat16)] = 8e-3
-WORST = {}  # dtype name -> largest relative error seen
+WORST = {}  # dtype name -> largest relative error seen in this case
 
 
-# ---- helpers ----
+@pytest.fixture(autouse=True)
+def worst_error():
+    WORST.clear()
+    yield
+    if WORST:
+        print("MAX RELATIVE ERROR " + " ".join(f"{k}={v:.3g}" for k, v in sorted(WORST.items())))
+
 
 def data(rank, dtype, shape, salt, kind="random"):
     """kind "random": independent normals, nearly orthogonal in many dimensions
@@ -58,7 +58,8 @@ def rel_error(got, want):
     return float(np.max(np.abs(got - want))) / scale if want.size else 0.0
 
 
-def check_close(got, want, dtype, what):
+def check_adasum(got, want, dtype, what):
+    """``got`` has ``dtype`` and is within TOL[dtype] of ``want`` relative to its largest value."""
     dt = np.dtype(dtype)
     assert got.dtype == dt, f"{what}: dtype {got.dtype} != {dt}"
     err = rel_error(got, want.astype(np.float64))
@@ -71,16 +72,6 @@ def same_on_every_rank(x, what, process_set=None):
     assert all(np.array_equal(row, everyone[0]) for row in everyone), f"{what}: ranks disagree"
 
 
-def expect(exc_type, fn, *words):
-    try:
-        fn()
-    except exc_type as e:
-        for w in words:
-            assert w in str(e), f"message {str(e)!r} lacks {w!r}"
-        return e
-    raise AssertionError(f"{fn} did not raise {exc_type.__name__}")
-
-
 def reduced(inputs_of, r, n, dtype, what, **kw):
     """allreduce(op=Adasum) of rank r's input; checked against the reference."""
     inputs = [inputs_of(k) for k in range(n)]
@@ -88,16 +79,26 @@ def reduced(inputs_of, r, n, dtype, what, **kw):
     pre, post = kw.get("prescale_factor", 1.0), kw.get("postscale_factor", 1.0)
     want = adasum_tree([x.astype(np.float64) * pre for x in inputs]) * post
     assert got.shape == inputs[r].shape
-    check_close(got, want, dtype, what)
+    check_adasum(got, want, dtype, what)
     return got
 
 
-# ---- checks ----
+def power_of_two(size):
+    return size & (size - 1) == 0
 
-def test_reference_catches_mistakes(r, n):
+
+@pytest.fixture
+def pow2(rank, size):
+    """(rank, size) of a power-of-2 launch: the cases using it need one."""
+    assert power_of_two(size), f"this case needs a power-of-2 number of ranks, not {size}"
+    return rank, size
+
+
+def test_reference_catches_mistakes(pow2):
     """On the "mixed" inputs the checker rejects plausible wrong answers, so a
     passing run means something: a plain sum, an average, coefficients without
     the 1/2, and (with 4 ranks) the tree paired the other way round."""
+    r, n = pow2
     xs = [data(k, np.float64, 1000, 1, "mixed") for k in range(n)]
     right = adasum_tree(xs)
     wrong = {"sum": np.sum(xs, 0), "average": np.mean(xs, 0)}
@@ -117,61 +118,95 @@ def test_reference_catches_mistakes(r, n):
             assert err > 2 * TOL[np.dtype(dtype)], f"the reference cannot tell adasum from {label} ({err:.3g})"
 
 
-def test_random(r, n):
-    salt = 100
+RANDOM_SHAPES = [(1,), (2,), (3,), (17,), (1000,), (4099,), (3, 5), (), (0,)]
+MIXED_SHAPES = [(1,), (3,), (17,), (1000,), (4, 33)]
+
+
+def salts(dtype):
+    """Distinct salts per (dtype, shape): random shapes first, then mixed ones."""
+    first = 101 + FLOATS.index(dtype) * (len(RANDOM_SHAPES) + len(MIXED_SHAPES))
+    return first, first + len(RANDOM_SHAPES)
+
+
+def test_random_inputs(pow2):
+    """Independent normals of every float dtype and many shapes, 0-d and empty
+    included; every rank gets the same bits."""
+    r, n = pow2
     for dtype in FLOATS:
-        for shape in [(1,), (2,), (3,), (17,), (1000,), (4099,), (3, 5), (), (0,)]:
-            salt += 1
+        for salt, shape in enumerate(RANDOM_SHAPES, start=salts(dtype)[0]):
             got = reduced(lambda k: data(k, dtype, shape, salt), r, n, dtype,
                           f"random {np.dtype(dtype).name} {shape}", name=f"rand.{salt}")
             if got.size:
                 same_on_every_rank(got, f"random {np.dtype(dtype).name} {shape}")
-        for shape in [(1,), (3,), (17,), (1000,), (4, 33)]:
-            salt += 1
+
+
+def test_mixed_inputs(pow2):
+    """Inputs sharing a direction, scaled by rank: coefficients far from 1."""
+    r, n = pow2
+    for dtype in FLOATS:
+        for salt, shape in enumerate(MIXED_SHAPES, start=salts(dtype)[1]):
             reduced(lambda k: data(k, dtype, shape, salt, "mixed"), r, n, dtype,
                     f"mixed {np.dtype(dtype).name} {shape}", name=f"mixed.{salt}")
 
 
-def test_geometry(r, n):
+def test_orthogonal_vectors_sum(pow2):
+    """Rank k owns column k of an orthonormal basis: the sum; disjoint
+    supports are exactly orthogonal: exactly the sum."""
+    r, n = pow2
     for dtype in FLOATS:
         name = np.dtype(dtype).name
-        # Orthogonal vectors (rank k owns column k of an orthonormal basis): the sum.
         q, _ = np.linalg.qr(np.random.default_rng(5).standard_normal((37, n)))
         q = q.astype(dtype)
         got = hvd.allreduce(np.ascontiguousarray(q[:, r]), op=hvd.Adasum)
-        check_close(got, q.astype(np.float64).sum(axis=1), dtype, f"orthogonal {name}")
-        # Disjoint supports are exactly orthogonal: exactly the sum.
+        check_adasum(got, q.astype(np.float64).sum(axis=1), dtype, f"orthogonal {name}")
         onehot = np.zeros(8 * n, dtype)
         onehot[8 * r: 8 * r + 8] = r + 1
         got = hvd.allreduce(onehot, op=hvd.Adasum)
         assert np.array_equal(got, np.repeat(np.arange(1, n + 1), 8).astype(dtype)), f"disjoint {name}: {got}"
-        # Identical vectors: the vector itself.
+
+
+# Positive multiples of one vector per rank.
+PARALLEL = np.array([0.5, 1.0, 2.0, 4.0, 1.5, 3.0, 0.25, 2.5])
+
+
+def test_identical_and_parallel_vectors(pow2):
+    """Identical vectors give the vector itself; positive multiples average
+    pairwise, so the mean, also at tiny magnitudes (Horovod's stability case:
+    not a zero-norm fallback)."""
+    r, n = pow2
+    for dtype in FLOATS:
+        name = np.dtype(dtype).name
         v = data(0, dtype, 50, 9)
         got = hvd.allreduce(v, op=hvd.Adasum)
-        check_close(got, v.astype(np.float64), dtype, f"identical {name}")
-        # Parallel vectors (positive multiples): each pair averages, so the mean.
-        c = np.array([0.5, 1.0, 2.0, 4.0, 1.5, 3.0, 0.25, 2.5])[:n]
+        check_adasum(got, v.astype(np.float64), dtype, f"identical {name}")
+        c = PARALLEL[:n]
         v = data(0, np.float64, 29, 11)
         xs = [(c[k] * v).astype(dtype) for k in range(n)]
         got = hvd.allreduce(xs[r], op=hvd.Adasum)
-        check_close(got, np.mean([x.astype(np.float64) for x in xs], 0), dtype, f"parallel {name}")
-        # Tiny magnitudes (Horovod's stability case): still the mean, not a zero-norm fallback.
+        check_adasum(got, np.mean([x.astype(np.float64) for x in xs], 0), dtype, f"parallel {name}")
         tiny = float(np.finfo(np.float32).tiny) * 1e6 if np.dtype(dtype).itemsize >= 4 else 1e-3
         xs = [(c[k] * tiny * v).astype(dtype) for k in range(n)]
         got = hvd.allreduce(xs[r], op=hvd.Adasum)
-        check_close(got, np.mean([x.astype(np.float64) for x in xs], 0), dtype, f"tiny parallel {name}")
-        # Zero vectors: all zero gives zero; a zero rank is neutral.
+        check_adasum(got, np.mean([x.astype(np.float64) for x in xs], 0), dtype, f"tiny parallel {name}")
+
+
+def test_zero_vectors(pow2):
+    """All zero gives zero; a zero rank is neutral."""
+    r, n = pow2
+    for dtype in FLOATS:
+        name = np.dtype(dtype).name
         got = hvd.allreduce(np.zeros(7, dtype), op=hvd.Adasum)
         assert not np.any(got.astype(np.float64)), f"zeros {name}: {got}"
         reduced(lambda k: data(k, dtype, 23, 13) if k % 2 == 0 else np.zeros(23, dtype), r, n, dtype,
                 f"odd ranks zero {name}")
 
 
-def test_fused_equals_unfused(r, n):
+def test_fused_equals_unfused(pow2):
     """Several tensors in one round share a bucket yet keep their own
     coefficients: results are bitwise those of one tensor at a time. One of
     them is all zeros and one is 1000x larger, which a bucket-wide dot
-    product would smear over the others."""
+    product would smear over the others. Never through shared memory."""
+    r, n = pow2
     fused_before = hvd.engine_stats()["tensors_fused"]
     for dtype in FLOATS:
         name = np.dtype(dtype).name
@@ -191,11 +226,16 @@ def test_fused_equals_unfused(r, n):
                 f"fused != unfused for {name} tensor {i}:\n{a}\n{b}"
         everyone = [inputs(k) for k in range(n)]
         for i, got in enumerate(fused):
-            check_close(got, adasum_tree([x[i] for x in everyone]), dtype, f"fused {name} tensor {i}")
+            check_adasum(got, adasum_tree([x[i] for x in everyone]), dtype, f"fused {name} tensor {i}")
         assert stats["shm_collectives"] == before["shm_collectives"], "Adasum went through shared memory"
     # Which tensors share a round depends on timing; that some did is the premise.
-    assert n == 1 or hvd.engine_stats()["tensors_fused"] > fused_before, "grouped tensors were never fused"
-    # Buckets larger than the fusion threshold (4 MB) split and still agree.
+    assert hvd.engine_stats()["tensors_fused"] > fused_before, "grouped tensors were never fused"
+
+
+def test_buckets_above_fusion_threshold(pow2):
+    """Tensors larger together than the fusion threshold (4 MB) split into
+    buckets and still agree with one tensor at a time."""
+    r, n = pow2
     big = [data(r, np.float32, 600_000 + i, 300 + i) for i in range(3)]
     hs = [hvd.allreduce_async(x, op=hvd.Adasum, name=f"big.{i}") for i, x in enumerate(big)]
     fused = [hvd.synchronize(h) for h in hs]
@@ -203,30 +243,38 @@ def test_fused_equals_unfused(r, n):
         alone = hvd.allreduce(x, op=hvd.Adasum, name=f"big.alone.{i}")
         assert np.array_equal(fused[i], alone), f"big tensor {i}: fused != alone"
         want = adasum_tree([data(k, np.float32, 600_000 + i, 300 + i) for k in range(n)])
-        check_close(alone, want, np.float32, f"big tensor {i}")
+        check_adasum(alone, want, np.float32, f"big tensor {i}")
 
 
-def test_scaling_and_forms(r, n):
+def test_prescale_and_postscale(pow2):
+    r, n = pow2
     for dtype in FLOATS:
         name = np.dtype(dtype).name
         reduced(lambda k: data(k, dtype, 33, 400), r, n, dtype, f"scaled {name}",
                 prescale_factor=0.5, postscale_factor=3.0)
-    # Async, in place, out=.
+
+
+def test_async_in_place_and_cached_name(pow2):
+    """Async, in place (out= the input), and the same name every step (the
+    response cache) keep giving the right answer."""
+    r, n = pow2
     x = data(r, np.float32, 21, 401)
     want = adasum_tree([data(k, np.float32, 21, 401) for k in range(n)])
     got = hvd.synchronize(hvd.allreduce_async(x.copy(), op=hvd.Adasum))
-    check_close(got, want, np.float32, "async")
+    check_adasum(got, want, np.float32, "async")
     y = x.copy()
     res = hvd.allreduce(y, op=hvd.Adasum, out=y)
     assert res is y
-    check_close(y, want, np.float32, "in place")
-    # The same name every step (response cache) keeps giving the right answer.
+    check_adasum(y, want, np.float32, "in place")
     for step in range(5):
         reduced(lambda k: data(k, np.float64, 40, 500 + step), r, n, np.float64, "cached", name="cached")
 
 
-def test_process_sets(r, n):
-    # Any power-of-2 set works: the tree runs over the set's ranks in order.
+def test_process_sets(pow2):
+    """Any power-of-2 set works: the tree runs over the set's ranks in order
+    (with 4 ranks: evens and odds; a set of 3 is refused); a set of one rank
+    returns its input times the factors."""
+    r, n = pow2
     if n >= 4:
         halves = [hvd.add_process_set(list(range(parity, n, 2))) for parity in (0, 1)]  # evens, odds
         three = hvd.add_process_set([0, 1, 2])
@@ -235,7 +283,7 @@ def test_process_sets(r, n):
         for dtype in FLOATS:
             xs = {k: data(k, dtype, 19, 600) for k in range(n)}
             got = hvd.allreduce(xs[r], op=hvd.Adasum, process_set=mine)
-            check_close(got, adasum_tree([xs[k] for k in mine.ranks]), dtype, f"set {mine.ranks}")
+            check_adasum(got, adasum_tree([xs[k] for k in mine.ranks]), dtype, f"set {mine.ranks}")
             same_on_every_rank(got, "process set", process_set=mine)
         if r in three.ranks:
             expect(hvd.InvalidArgumentError,
@@ -243,7 +291,6 @@ def test_process_sets(r, n):
                    "power-of-2", "has 3", "Horovod")
         for s in sets:
             hvd.remove_process_set(s)
-    # A set of one rank returns its input times the factors.
     solo = hvd.add_process_set([n - 1])
     if r == n - 1:
         x = data(r, np.float64, 9, 601)
@@ -255,22 +302,23 @@ def test_process_sets(r, n):
     hvd.remove_process_set(solo)
 
 
-def test_join(r, n):
+def test_join(pow2):
     """A joined rank contributes zeros, which Adasum passes through: the others
     get the tree with that rank's vector zero."""
-    if n < 2:
-        return
+    r, n = pow2
     last = n - 1
     if r == last:
         hvd.join()
     else:
         xs = [data(k, np.float32, 31, 700) if k != last else np.zeros(31, np.float32) for k in range(n)]
         got = hvd.allreduce(xs[r], op=hvd.Adasum, name="joined")
-        check_close(got, adasum_tree(xs), np.float32, "with a joined rank")
+        check_adasum(got, adasum_tree(xs), np.float32, "with a joined rank")
         hvd.join()
 
 
-def test_errors(r, n):
+def test_refused_arguments(pow2):
+    """Integers, compression, reducescatter and an unknown op value: errors that say what to do."""
+    r, n = pow2
     f32 = np.ones(8, np.float32)
     for dtype in [np.int32, np.int64, np.uint8, np.int16]:
         expect(hvd.InvalidArgumentError, lambda: hvd.allreduce(np.ones(4, dtype), op=hvd.Adasum),
@@ -281,17 +329,22 @@ def test_errors(r, n):
     expect(hvd.InvalidArgumentError, lambda: hvd.reducescatter(np.ones((n, 2), np.float32), op=hvd.Adasum),
            "reducescatter", "Adasum", "allreduce", "Sum or Average")
     expect(hvd.InvalidArgumentError, lambda: hvd.allreduce(f32, op=6), "Adasum")
-    # Ranks that disagree on the op get a mismatch error, and go on.
-    if n > 1:
-        expect(hvd.TensorMismatchError,
-               lambda: hvd.allreduce(f32, op=hvd.Adasum if r == 0 else hvd.Sum, name="mixed.op"),
-               "reduce op", "Adasum", "Sum")
+
+
+def test_ranks_disagreeing_on_the_op(pow2):
+    """A mismatch error, and the ranks go on."""
+    r, n = pow2
+    f32 = np.ones(8, np.float32)
+    expect(hvd.TensorMismatchError,
+           lambda: hvd.allreduce(f32, op=hvd.Adasum if r == 0 else hvd.Sum, name="mixed.op"),
+           "reduce op", "Adasum", "Sum")
     got = hvd.allreduce(f32, op=hvd.Adasum, name="after.errors")
     assert np.array_equal(got, f32), got  # identical vectors: the vector
 
 
-def test_timeline(r, n):
-    path = os.path.join(TMP, "adasum-%r.json")
+def test_timeline(pow2, tmp_path):
+    r, n = pow2
+    path = str(tmp_path / "adasum-%r.json")
     hvd.start_timeline(path)
     hvd.grouped_allreduce([np.ones(10, np.float32), np.ones(3, np.float32)], op=hvd.Adasum, name="tl.adasum")
     hvd.stop_timeline()
@@ -305,34 +358,32 @@ def test_timeline(r, n):
     assert rows == {"allreduce.tl.adasum.0", "allreduce.tl.adasum.1"}, rows
 
 
-def main():
-    hvd.init()
-    r, n = hvd.rank(), hvd.size()
-    if MODE == "errors":
-        # Not a power of 2: refused on every rank, with what to do; others go on.
-        expect(hvd.InvalidArgumentError, lambda: hvd.allreduce(np.ones(4, np.float32), op=hvd.Adasum),
-               "power-of-2", f"has {n}", "Horovod has the same limit", "op=Average")
-        expect(hvd.InvalidArgumentError,
-               lambda: hvd.synchronize(hvd.allreduce_async(np.ones(4, np.float64), op=hvd.Adasum)), "power-of-2")
-        expect(hvd.InvalidArgumentError,
-               lambda: hvd.grouped_allreduce([np.ones(4, np.float16)], op=hvd.Adasum), "power-of-2")
-        pair = hvd.add_process_set([0, 1])
-        if r in pair.ranks:
-            x = data(r, np.float32, 11, 800)
-            got = hvd.allreduce(x, op=hvd.Adasum, process_set=pair)
-            check_close(got, adasum_tree([data(k, np.float32, 11, 800) for k in pair.ranks]), np.float32,
-                        "a power-of-2 set inside a 3-rank job")
-        hvd.remove_process_set(pair)
-        assert np.array_equal(hvd.allreduce(np.ones(2, np.float32), op=hvd.Sum), np.full(2, n, np.float32))
-    else:
-        for test in [test_reference_catches_mistakes, test_random, test_geometry, test_fused_equals_unfused,
-                     test_scaling_and_forms, test_process_sets, test_join, test_errors, test_timeline]:
-            test(r, n)
-            hvd.barrier()
-        if r == 0:
-            print("MAX RELATIVE ERROR " + " ".join(f"{k}={v:.3g}" for k, v in sorted(WORST.items())), flush=True)
-    print(f"RANK {r} OK", flush=True)
+# ---------------------------------------------------------------- a launch of 3 ranks
+
+@pytest.fixture
+def not_pow2(rank, size):
+    assert not power_of_two(size), f"this case needs a number of ranks that is not a power of 2, not {size}"
+    return rank, size
 
 
-if __name__ == "__main__":
-    main()
+def test_non_power_of_two_job_refused(not_pow2):
+    """Refused on every rank, with what to do; the others go on."""
+    r, n = not_pow2
+    expect(hvd.InvalidArgumentError, lambda: hvd.allreduce(np.ones(4, np.float32), op=hvd.Adasum),
+           "power-of-2", f"has {n}", "Horovod has the same limit", "op=Average")
+    expect(hvd.InvalidArgumentError,
+           lambda: hvd.synchronize(hvd.allreduce_async(np.ones(4, np.float64), op=hvd.Adasum)), "power-of-2")
+    expect(hvd.InvalidArgumentError,
+           lambda: hvd.grouped_allreduce([np.ones(4, np.float16)], op=hvd.Adasum), "power-of-2")
+    assert np.array_equal(hvd.allreduce(np.ones(2, np.float32), op=hvd.Sum), np.full(2, n, np.float32))
+
+
+def test_non_power_of_two_job_power_of_two_set(not_pow2):
+    r, n = not_pow2
+    pair = hvd.add_process_set([0, 1])
+    if r in pair.ranks:
+        x = data(r, np.float32, 11, 800)
+        got = hvd.allreduce(x, op=hvd.Adasum, process_set=pair)
+        check_adasum(got, adasum_tree([data(k, np.float32, 11, 800) for k in pair.ranks]), np.float32,
+                     "a power-of-2 set inside a 3-rank job")
+    hvd.remove_process_set(pair)

@@ -1,29 +1,94 @@
-"""Fusion, response cache, compression, timeline and stall inspector on real
-ranks. Engine settings are read at init(), so each part re-initialises the
-engine with its own HVDLITE_* variables."""
+"""Fusion, response cache, compression, timeline, stall inspector and engine
+priority on real ranks.
+
+A rank-side test module (see tests/rank_plugin.py); tests/test_engine_features.py
+runs it at 2 and 4 ranks through shared memory and at 2 ranks through MPI.
+Engine settings are read at init(), so each case starts its own engine with
+its HVDLITE_* settings (the ``engine`` fixture). The wire is the launch's
+choice: HVDLITE_SHM_ALLREDUCE stays as the launch set it for every engine.
+"""
+import json
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
+import pytest
 
 import hvdlite as hvd
+from checks import expect
 from hvdlite import timeline
 
-TMP = sys.argv[1]
+# Launched with HVDLITE_SHM_ALLREDUCE=0: every reduction must go through MPI.
+SHM_OFF = os.environ.get("HVDLITE_SHM_ALLREDUCE") == "0"
+# The launch's settings that every engine of the module keeps (the wire) and
+# the harness's own variables; other HVDLITE_*/HOROVOD_* settings from the
+# environment are removed so each case runs with defaults plus its own.
+KEEP = ("HVDLITE_SHM_ALLREDUCE", "HVDLITE_RANK_REPORT", "HVDLITE_TEST_")
+# The wire phase of a sum in the timeline.
+WIRE = "MPI_ALLREDUCE" if SHM_OFF else "SHM_ALLREDUCE"
 
 
-def reinit(**env):
-    hvd.shutdown()
-    for key in [k for k in os.environ if k.startswith(("HVDLITE_", "HOROVOD_"))]:
-        del os.environ[key]
-    os.environ.update({k: str(v) for k, v in env.items()})
-    hvd.init()
+@pytest.fixture
+def engine(monkeypatch):
+    """``engine(**settings)`` shuts down any running engine, starts one with
+    these settings and returns (rank, size). After the case: with
+    HVDLITE_SHM_ALLREDUCE=0, no engine the case started reduced anything
+    through shared memory; the engine is shut down, so the next case starts
+    with its own settings."""
+    shm_used = []
+
+    def start(**settings):
+        if hvd.is_initialized():
+            shm_used.append(hvd.engine_stats()["shm_collectives"])
+            hvd.shutdown()
+        for key in [k for k in os.environ if k.startswith(("HVDLITE_", "HOROVOD_")) and not k.startswith(KEEP)]:
+            monkeypatch.delenv(key)
+        for key, value in settings.items():
+            monkeypatch.setenv(key, str(value))
+        hvd.init()
+        return hvd.rank(), hvd.size()
+
+    yield start
+    if hvd.is_initialized():
+        shm_used.append(hvd.engine_stats()["shm_collectives"])
+        hvd.shutdown()
+    if SHM_OFF:
+        assert not any(shm_used), f"HVDLITE_SHM_ALLREDUCE=0, yet shared-memory collectives ran: {shm_used}"
+
+
+@pytest.fixture
+def shared_dir(rank):
+    """A directory every rank of this host sees (rank 0's, broadcast), removed after the case."""
+    from mpi4py import MPI
+    path = MPI.COMM_WORLD.bcast(tempfile.mkdtemp(prefix="hvdlite-features-") if rank == 0 else None, root=0)
+    yield path
+    MPI.COMM_WORLD.barrier()
+    if rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def delta(before, after, key):
     return after[key] - before[key]
 
+
+def test_init_accepts_dynamic_process_sets():
+    """The first case: init(process_sets="dynamic") is Horovod's spelling (sets can be added any time)."""
+    hvd.init(process_sets="dynamic")
+    r, n = hvd.rank(), hvd.size()
+    first = hvd.add_process_set([0])
+    if r == 0:
+        assert np.array_equal(hvd.allreduce(np.full(2, 5, np.int64), op=hvd.Sum, process_set=first),
+                              np.full(2, 5, np.int64))
+    hvd.remove_process_set(first)
+    got = hvd.allreduce(np.full(2, r, np.int64), op=hvd.Sum)
+    assert np.array_equal(got, np.full(2, n * (n - 1) // 2, np.int64)), got
+
+
+# ---------------------------------------------------------------- fusion
 
 def mixed_inputs(r, steps_salt):
     rng = np.random.default_rng(10 * r + steps_salt)
@@ -44,10 +109,10 @@ def run_mixed(r, op):
     return [hvd.synchronize(h) for h in handles]
 
 
-def test_fusion_matches_unfused(r, n):
+def test_fusion_matches_unfused(engine):
     results = {}
     for label, threshold in [("unfused", 0), ("fused", 64 * 1024)]:
-        reinit(HVDLITE_FUSION_THRESHOLD=threshold)
+        r, n = engine(HVDLITE_FUSION_THRESHOLD=threshold)
         before = hvd.engine_stats()
         results[label] = {op: run_mixed(r, op) for op in (hvd.Sum, hvd.Average)}
         stats = hvd.engine_stats()
@@ -74,52 +139,69 @@ def test_fusion_matches_unfused(r, n):
         np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol)
 
 
-def test_cache(r, n):
-    # Steady state: the same 50 tensors every step hit the cache.
-    reinit(HVDLITE_CACHE_CAPACITY=1024)
-    shapes = [(i % 7 + 1, 3) for i in range(50)]
+# ---------------------------------------------------------------- response cache
+
+SHAPES = [(i % 7 + 1, 3) for i in range(50)]
+
+
+def steady_steps(r, n, steps):
+    """The same 50 named tensors every step; returns the cache hits they made."""
     before = hvd.engine_stats()
-    for step in range(20):
-        xs = [np.full(s, r + step + i, np.float32) for i, s in enumerate(shapes)]
+    for step in range(steps):
+        xs = [np.full(s, r + step + i, np.float32) for i, s in enumerate(SHAPES)]
         hs = [hvd.allreduce_async(x, op=hvd.Sum, name=f"steady.{i}") for i, x in enumerate(xs)]
         for i, h in enumerate(hs):
-            want = np.full(shapes[i], sum(k + step + i for k in range(n)), np.float32)
+            want = np.full(SHAPES[i], sum(k + step + i for k in range(n)), np.float32)
             assert np.array_equal(hvd.synchronize(h), want), f"step {step} tensor {i}"
-    after = hvd.engine_stats()
-    hits = delta(before, after, "cache_hits")
+    return delta(before, hvd.engine_stats(), "cache_hits")
+
+
+def test_cache_steady_state_hits(engine):
+    r, n = engine(HVDLITE_CACHE_CAPACITY=1024)
+    hits = steady_steps(r, n, 20)
     assert hits >= 50 * 17, f"expected the steady loop to hit the cache, hits={hits}"
+
+
+def test_cache_shape_change_of_a_cached_name(engine):
+    r, n = engine(HVDLITE_CACHE_CAPACITY=1024)
+    steady_steps(r, n, 3)  # the names are in the cache
     # A shape change under the same name, on every rank, stays right.
     for step in range(3):
         shape = (4 + step,)
         got = hvd.allreduce(np.full(shape, r, np.int64), op=hvd.Sum, name="steady.3")
         assert np.array_equal(got, np.full(shape, n * (n - 1) // 2, np.int64))
     # A shape change on one rank only is a mismatch error, and the cache recovers.
-    try:
-        hvd.allreduce(np.ones(3 + (r == 1), np.float32), name="steady.4")
-        raise AssertionError("expected a mismatch")
-    except hvd.TensorMismatchError as e:
-        assert "steady.4" in str(e)
+    expect(hvd.TensorMismatchError, lambda: hvd.allreduce(np.ones(3 + (r == 1), np.float32), name="steady.4"),
+           "steady.4")
     assert np.array_equal(hvd.allreduce(np.ones(2, np.float32), op=hvd.Sum, name="steady.4"),
                           np.full(2, n, np.float32))
-    # Capacity overflow and eviction: 50 names through 16 slots.
-    reinit(HVDLITE_CACHE_CAPACITY=16)
+
+
+def test_cache_eviction_over_capacity(engine):
+    """50 names through 16 slots, in a different order on every rank."""
+    r, n = engine(HVDLITE_CACHE_CAPACITY=16)
     before = hvd.engine_stats()
     for step in range(6):
         order = np.random.default_rng(step * 10 + r).permutation(50)  # ranks differ in order
-        hs = {i: hvd.allreduce_async(np.full(shapes[i], step * i + r, np.int32), op=hvd.Sum, name=f"evict.{i}")
+        hs = {i: hvd.allreduce_async(np.full(SHAPES[i], step * i + r, np.int32), op=hvd.Sum, name=f"evict.{i}")
               for i in order}
         for i, h in hs.items():
-            assert np.array_equal(hvd.synchronize(h), np.full(shapes[i], n * step * i + n * (n - 1) // 2, np.int32))
+            assert np.array_equal(hvd.synchronize(h), np.full(SHAPES[i], n * step * i + n * (n - 1) // 2, np.int32))
     after = hvd.engine_stats()
     assert delta(before, after, "cache_hits") > 0
-    # Disabled cache: no hits, still right.
-    reinit(HVDLITE_CACHE_CAPACITY=0)
+
+
+def test_cache_disabled(engine):
+    """Capacity 0: no hits, still right."""
+    r, n = engine(HVDLITE_CACHE_CAPACITY=0)
     before = hvd.engine_stats()
     for step in range(3):
         got = hvd.allreduce(np.full(5, r, np.float64), op=hvd.Sum, name="nocache")
         assert np.array_equal(got, np.full(5, n * (n - 1) / 2))
     assert delta(before, hvd.engine_stats(), "cache_hits") == 0
 
+
+# ---------------------------------------------------------------- compression
 
 def grad(r, step, size=20000, salt=0):
     return np.random.default_rng(1000 * r + step + salt).standard_normal(size).astype(np.float32)
@@ -141,13 +223,13 @@ def topk_dense(x, ratio):
     return out
 
 
-def test_fp16(r, n):
-    reinit()
+def test_fp16_allreduce_wire_bytes_and_rounding(engine):
+    r, n = engine()
     x = grad(r, 0)
     before = hvd.engine_stats()
     got = hvd.allreduce(x, op=hvd.Average, compression=hvd.Compression.fp16, name="fp16.one")
     mid = hvd.engine_stats()
-    plain = hvd.allreduce(x, op=hvd.Average, name="fp32.one")
+    hvd.allreduce(x, op=hvd.Average, name="fp32.one")
     after = hvd.engine_stats()
     xs = [grad(k, 0).astype(np.float64) for k in range(n)]
     ref = sum(xs) / n
@@ -161,26 +243,33 @@ def test_fp16(r, n):
     # One host: the halves go through shared memory unless it is turned off,
     # and either wire sums them as the MPI op does (float32, rounded once per
     # addition): at 2 ranks that is exactly half(half(x0) + half(x1)).
-    shm_off = os.environ.get("HVDLITE_SHM_ALLREDUCE") == "0"
-    assert (delta(before, mid, "shm_collectives") == 0) == shm_off, delta(before, mid, "shm_collectives")
+    assert (delta(before, mid, "shm_collectives") == 0) == SHM_OFF, delta(before, mid, "shm_collectives")
     if n == 2:
         halves = [grad(k, 0).astype(np.float16).astype(np.float32) for k in range(n)]
         exact = (halves[0] + halves[1]).astype(np.float16).astype(np.float32) * np.float32(0.5)
         assert np.array_equal(got, exact), "fp16 sum differs from the MPI op's arithmetic"
-    # Several tensors fused under fp16, and reducescatter with fp16.
-    xs2 = [grad(r, 1, 1000 + 10 * i) for i in range(8)]
-    outs = hvd.grouped_allreduce(xs2, op=hvd.Sum, compression=hvd.Compression.fp16, name="fp16.group")
+
+
+def test_fp16_fused_group(engine):
+    """Several tensors fused under fp16."""
+    r, n = engine()
+    xs = [grad(r, 1, 1000 + 10 * i) for i in range(8)]
+    outs = hvd.grouped_allreduce(xs, op=hvd.Sum, compression=hvd.Compression.fp16, name="fp16.group")
     for i, got in enumerate(outs):
         ref = sum(grad(k, 1, 1000 + 10 * i).astype(np.float64) for k in range(n))
         np.testing.assert_allclose(got, ref, atol=(n + 1) * 2.0 ** -11 * 4 * n)
+
+
+def test_fp16_reducescatter(engine):
+    r, n = engine()
     m = np.ascontiguousarray(grad(r, 2, 6 * n).reshape(2 * n, 3))
     got = hvd.reducescatter(m, op=hvd.Sum, compression=hvd.Compression.fp16)
     full = sum(grad(k, 2, 6 * n).reshape(2 * n, 3).astype(np.float64) for k in range(n))
     np.testing.assert_allclose(got, full[2 * r:2 * r + 2], atol=(n + 1) * 2.0 ** -11 * 4 * n)
 
 
-def test_topk(r, n):
-    reinit()
+def test_topk_allreduce_and_wire_bytes(engine):
+    r, n = engine()
     ratio = 0.01
     x = grad(r, 3)
     before = hvd.engine_stats()
@@ -191,8 +280,12 @@ def test_topk(r, n):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     k = int(np.ceil(ratio * x.size))
     assert delta(before, after, "wire_bytes_topk") == k * 8, delta(before, after, "wire_bytes_topk")
-    # Average and several tensors fused: each tensor selects its own k, and
-    # those under TOPK_SEND_WHOLE_BELOW elements go whole.
+
+
+def test_topk_fused_average(engine):
+    """Average and several tensors fused: each tensor selects its own k, and
+    those under TOPK_SEND_WHOLE_BELOW elements go whole."""
+    r, n = engine()
     sizes = [500 + 300 * i for i in range(6)]
     xs = [grad(r, 4, size) for size in sizes]
     before = hvd.engine_stats()
@@ -203,7 +296,12 @@ def test_topk(r, n):
         want = sum(topk_dense(grad(kk, 4, size), 0.05).astype(np.float64) for kk in range(n)) / n
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     assert delta(before, after, "wire_bytes_topk") == sum(8 * topk_k(s, 0.05) for s in sizes)
-    # Error feedback: nothing is lost, the running sum converges to the true one.
+
+
+def test_topk_error_feedback_converges(engine):
+    """Nothing is lost: the running sum converges to the true one."""
+    r, n = engine()
+
     def running_error(ef, steps=40, ratio=0.1):
         hvd.reset_compression_state()
         total_got = np.zeros(2000)
@@ -220,19 +318,17 @@ def test_topk(r, n):
     without = running_error(False)
     assert with_ef[-1] < 0.5 * without[-1], (with_ef[-1], without[-1])
     assert with_ef[-1] < with_ef[4], f"error feedback should converge: {with_ef[4]} -> {with_ef[-1]}"
-    # Bad input.
-    for bad in (0.0, 1.5, -0.1):
-        try:
-            hvd.Compression.topk(bad)
-            raise AssertionError("bad ratio accepted")
-        except hvd.InvalidArgumentError as e:
-            assert "(0, 1]" in str(e)
-    try:
-        hvd.allreduce(np.ones(10, np.int32), compression=hvd.Compression.topk(0.1))
-        raise AssertionError("top-k on integers accepted")
-    except hvd.InvalidArgumentError as e:
-        assert "float32" in str(e)
 
+
+def test_topk_bad_input(engine):
+    engine()
+    for bad in (0.0, 1.5, -0.1):
+        expect(hvd.InvalidArgumentError, lambda: hvd.Compression.topk(bad), "(0, 1]")
+    expect(hvd.InvalidArgumentError,
+           lambda: hvd.allreduce(np.ones(10, np.int32), compression=hvd.Compression.topk(0.1)), "float32")
+
+
+# ---------------------------------------------------------------- timeline
 
 def check_balanced(events):
     depth = {}
@@ -246,49 +342,75 @@ def check_balanced(events):
     return depth
 
 
-def test_timeline(r, n):
-    pattern = os.path.join(TMP, "timeline-%r.json")
-    reinit(HVDLITE_TIMELINE=pattern, HVDLITE_FUSION_THRESHOLD=1 << 20)
+def write_timeline(r, pattern):
+    """An engine writing ``pattern``, running fused, compressed and gathered collectives."""
     for step in range(3):
         hvd.grouped_allreduce([np.ones(100 + i, np.float32) for i in range(4)], name="tl.group")
         hvd.allreduce(np.ones(1000, np.float32), compression=hvd.Compression.fp16, name="tl.fp16")
         hvd.allreduce(np.ones(1000, np.float32), compression=hvd.Compression.topk(0.1), name="tl.topk")
         hvd.allgather(np.ones((r + 1, 2), np.float32), name="tl.gather")
     hvd.stop_timeline()
+
+
+def test_timeline_phases_and_rows(engine, tmp_path):
+    pattern = str(tmp_path / "timeline-%r.json")
+    r, n = engine(HVDLITE_TIMELINE=pattern, HVDLITE_FUSION_THRESHOLD=1 << 20)
+    write_timeline(r, pattern)
     events = timeline.load(pattern.replace("%r", str(r)))
     names = {e.get("name") for e in events}
     # One host: sums (fp32 and fp16's halves) go through shared memory unless
     # it is turned off; top-k's allgather always through MPI.
-    wire = "SHM_ALLREDUCE" if hvd.engine_stats()["shm_collectives"] else "MPI_ALLREDUCE"
     for phase in ["NEGOTIATE_ALLREDUCE", "NEGOTIATE_ALLGATHER", "QUEUE", "ALLREDUCE",
-                  "MEMCPY_IN_FUSION_BUFFER", wire, "MEMCPY_OUT_FUSION_BUFFER", "COMPRESS", "DECOMPRESS",
+                  "MEMCPY_IN_FUSION_BUFFER", WIRE, "MEMCPY_OUT_FUSION_BUFFER", "COMPRESS", "DECOMPRESS",
                   "MPI_ALLGATHER", "ALLGATHER"]:
         assert phase in names, f"timeline lacks {phase}: {sorted(n for n in names if n)}"
     assert all(v == 0 for v in check_balanced(events).values()), "unbalanced B/E after a clean stop"
     rows = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     assert {"allreduce.tl.group.0", "allreduce.tl.fp16", "allreduce.tl.topk",
             "allgather.tl.gather"} <= rows, rows
-    # start_timeline at run time, then stop.
-    path = os.path.join(TMP, "runtime-%r.json")
+
+
+def test_timeline_merge_of_every_rank(engine, shared_dir):
+    """python -m hvdlite.timeline merge joins the ranks' files: one pid per rank."""
+    pattern = os.path.join(shared_dir, "timeline-%r.json")
+    r, n = engine(HVDLITE_TIMELINE=pattern, HVDLITE_FUSION_THRESHOLD=1 << 20)
+    write_timeline(r, pattern)
+    hvd.barrier()  # every rank's file is complete
+    if r == 0:
+        out = os.path.join(shared_dir, "merged.json")
+        subprocess.run([sys.executable, "-m", "hvdlite.timeline", "merge", "-o", out,
+                        *[pattern.replace("%r", str(k)) for k in range(n)]], check=True)
+        with open(out) as f:
+            merged = json.load(f)
+        pids = {e["pid"] for e in merged["traceEvents"] if "pid" in e}
+        assert pids == set(range(n)), pids
+
+
+def test_timeline_started_at_run_time(engine, tmp_path):
+    r, n = engine()
+    path = str(tmp_path / "runtime-%r.json")
     hvd.start_timeline(path)
     hvd.allreduce(np.ones(10, np.float32), name="tl.runtime")
     hvd.stop_timeline()
     assert "tl.runtime" in open(path.replace("%r", str(r))).read()
-    # HOROVOD_TIMELINE=DYNAMIC: no file at init, start_timeline() later.
-    os.chdir(TMP)
-    reinit(HOROVOD_TIMELINE="DYNAMIC")
+
+
+def test_timeline_dynamic(engine, tmp_path, monkeypatch):
+    """HOROVOD_TIMELINE=DYNAMIC: no file at init, start_timeline() later."""
+    monkeypatch.chdir(tmp_path)
+    r, n = engine(HOROVOD_TIMELINE="DYNAMIC")
     hvd.allreduce(np.ones(10, np.float32), name="tl.dynamic")
-    assert not os.path.exists(os.path.join(TMP, "DYNAMIC")), "a file named DYNAMIC was written"
+    assert not os.path.exists(tmp_path / "DYNAMIC"), "a file named DYNAMIC was written"
+    path = str(tmp_path / "runtime-%r.json")
     hvd.start_timeline(path)
     hvd.allreduce(np.ones(10, np.float32), name="tl.dynamic.on")
     hvd.stop_timeline()
     assert "tl.dynamic.on" in open(path.replace("%r", str(r))).read()
-    # An unwritable path is a clear error.
-    try:
-        hvd.start_timeline("/proc/no-such-dir/tl-%r.json")
-        raise AssertionError("unwritable timeline path accepted")
-    except hvd.InvalidArgumentError as e:
-        assert "no-such-dir" in str(e)
+
+
+def test_timeline_unwritable_path(engine):
+    engine()
+    expect(hvd.InvalidArgumentError, lambda: hvd.start_timeline("/proc/no-such-dir/tl-%r.json"), "no-such-dir")
 
 
 def row_spans(events):
@@ -305,14 +427,14 @@ def row_spans(events):
     return spans
 
 
-def test_horovod_layout(r, n):
+def test_timeline_horovod_layout(engine, tmp_path):
     """The timeline reads like Horovod's: a row per tensor labelled
     "<op>.<name>", NEGOTIATE_<OP> then the operation's span with its
     activities nested, times counted from start_time_since_epoch_in_micros."""
-    pattern = os.path.join(TMP, "horovod-layout-%r.json")
-    path = pattern.replace("%r", str(r))
+    pattern = str(tmp_path / "horovod-layout-%r.json")
     started_us = time.time() * 1e6
-    reinit(HOROVOD_TIMELINE=pattern, HOROVOD_TIMELINE_MARK_CYCLES=1)
+    r, n = engine(HOROVOD_TIMELINE=pattern, HOROVOD_TIMELINE_MARK_CYCLES=1)
+    path = pattern.replace("%r", str(r))
     x = np.arange(2 * n, dtype=np.float32).reshape(n, 2)
     assert np.array_equal(hvd.allreduce(x, op=hvd.Sum, name="hl.sum"), x * n)
     # Tools may read the file while the run goes on.
@@ -327,11 +449,7 @@ def test_horovod_layout(r, n):
     assert np.array_equal(received[:, 0], np.arange(n) + 2 * r), received
     assert np.array_equal(hvd.reducescatter(x, op=hvd.Sum, name="hl.rs"), x[r:r + 1] * n)
     mine = "allreduce" if r == 0 else "allgather"
-    try:
-        getattr(hvd, mine)(x, name="hl.mismatch")
-        raise AssertionError("ranks disagreeing on the op were not refused")
-    except hvd.TensorMismatchError:
-        pass
+    expect(hvd.TensorMismatchError, lambda: getattr(hvd, mine)(x, name="hl.mismatch"))
     pset = hvd.add_process_set([0])
     hvd.remove_process_set(pset)
     hvd.barrier()
@@ -345,14 +463,13 @@ def test_horovod_layout(r, n):
     assert min(ts) >= 0 and start + max(ts) <= stopped_us + 1e6, (min(ts), max(ts))
     assert "CYCLE_START" in {e.get("name") for e in events}
     spans = row_spans(events)
-    wire = "SHM_ALLREDUCE" if hvd.engine_stats()["shm_collectives"] else "MPI_ALLREDUCE"
-    expect = {"allreduce.hl.sum": ("ALLREDUCE", {"QUEUE", "MEMCPY_IN_FUSION_BUFFER", wire,
-                                                 "MEMCPY_OUT_FUSION_BUFFER"}),
-              "allgather.hl.gather": ("ALLGATHER", {"QUEUE", "MPI_ALLGATHER"}),
-              "broadcast.hl.bcast": ("BROADCAST", {"QUEUE", "MPI_BCAST"}),
-              "alltoall.hl.a2a": ("ALLTOALL", {"QUEUE", "MPI_ALLTOALL"}),
-              "reducescatter.hl.rs": ("REDUCESCATTER", {"QUEUE", "MPI_REDUCESCATTER"})}
-    for row, (op, activities) in expect.items():
+    expected = {"allreduce.hl.sum": ("ALLREDUCE", {"QUEUE", "MEMCPY_IN_FUSION_BUFFER", WIRE,
+                                                   "MEMCPY_OUT_FUSION_BUFFER"}),
+                "allgather.hl.gather": ("ALLGATHER", {"QUEUE", "MPI_ALLGATHER"}),
+                "broadcast.hl.bcast": ("BROADCAST", {"QUEUE", "MPI_BCAST"}),
+                "alltoall.hl.a2a": ("ALLTOALL", {"QUEUE", "MPI_ALLTOALL"}),
+                "reducescatter.hl.rs": ("REDUCESCATTER", {"QUEUE", "MPI_REDUCESCATTER"})}
+    for row, (op, activities) in expected.items():
         got = spans.get(row)
         assert got and got[:2] == [(0, "NEGOTIATE_" + op), (0, op)], (row, got)
         assert {name for d, name in got[2:]} == activities and all(d == 1 for d, _ in got[2:]), \
@@ -369,8 +486,12 @@ def test_horovod_layout(r, n):
     assert ends and all({"dtype", "shape"} <= set(e.get("args", {})) for e in ends), ends
 
 
-def test_stall(r, n):
-    reinit(HVDLITE_STALL_CHECK_TIME_SECONDS=1)
+# ---------------------------------------------------------------- stall inspector
+
+def test_stall_warning_names_the_missing_rank(engine, capfd):
+    """Rank 0 submits a tensor 3.5 s before the others: it still completes, and
+    the coordinator's stall inspector warns on stderr, naming the late ranks."""
+    r, n = engine(HVDLITE_STALL_CHECK_TIME_SECONDS=1)
     if r == 0:
         h = hvd.allreduce_async(np.ones(3, np.float32), op=hvd.Sum, name="stalled.tensor")
         stats_before = hvd.engine_stats()
@@ -380,24 +501,26 @@ def test_stall(r, n):
     assert np.array_equal(hvd.synchronize(h), np.full(3, n, np.float32))
     if r == 0:
         assert hvd.engine_stats()["stall_warnings"] > stats_before["stall_warnings"]
-    # With a shutdown time, the stalled tensor fails on every rank.
-    reinit(HVDLITE_STALL_CHECK_TIME_SECONDS=1, HVDLITE_STALL_SHUTDOWN_TIME_SECONDS=2)
+        err = capfd.readouterr().err
+        late = ", ".join(str(k) for k in range(1, n))
+        for words in ["stall inspector", "stalled.tensor", f"not by ranks [{late}]"]:
+            assert words in err, f"stderr lacks {words!r}:\n{err}"
+
+
+def test_stall_shutdown_fails_every_rank(engine):
+    """With a shutdown time, the stalled tensor fails on every rank."""
+    r, n = engine(HVDLITE_STALL_CHECK_TIME_SECONDS=1, HVDLITE_STALL_SHUTDOWN_TIME_SECONDS=2)
     if r == 0:
         h = hvd.allreduce_async(np.ones(3, np.float32), name="never.everywhere")
-        try:
-            hvd.synchronize(h)
-            raise AssertionError("stalled tensor did not fail")
-        except hvd.StallError as e:
-            assert "never.everywhere" in str(e) and "[1" in str(e), str(e)
+        e = expect(hvd.StallError, lambda: hvd.synchronize(h), "never.everywhere")
+        assert "[1" in str(e), str(e)
     else:
         time.sleep(0.5)  # so that rank 0's tensor is the oldest stalled one
         h = hvd.allreduce_async(np.ones(2, np.float32), name="only.here")
-        try:
-            hvd.synchronize(h)
-            raise AssertionError("stall shutdown did not reach this rank")
-        except hvd.StallError as e:
-            assert "never.everywhere" in str(e), str(e)
+        expect(hvd.StallError, lambda: hvd.synchronize(h), "never.everywhere")
 
+
+# ---------------------------------------------------------------- engine thread priority
 
 def engine_thread_policy():
     for tid in os.listdir("/proc/self/task"):
@@ -407,40 +530,21 @@ def engine_thread_policy():
     raise AssertionError("no hvdlite-engine thread in this process")
 
 
-def test_priority(r, n):
+@pytest.mark.parametrize("name,policy", [("normal", os.SCHED_OTHER), ("batch", os.SCHED_BATCH),
+                                         ("idle", os.SCHED_IDLE)])
+def test_engine_priority(engine, name, policy):
     """HVDLITE_ENGINE_PRIORITY sets the engine thread's scheduling policy (the
     training threads keep theirs) and changes nothing in the results."""
     rng = np.random.default_rng(7)
     data = [rng.standard_normal(size).astype(np.float32) * (k + 1)
             for k, size in enumerate([3, 70000, 300000])]          # fused, and above the threshold
-    policies = {"normal": os.SCHED_OTHER, "batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE}
-    for name, policy in policies.items():
-        reinit(HVDLITE_ENGINE_PRIORITY=name)
-        assert engine_thread_policy() == policy, (name, engine_thread_policy())
-        assert os.sched_getscheduler(0) == os.SCHED_OTHER
-        handles = [hvd.allreduce_async(x * (r + 1), op=hvd.Sum, name=f"prio.{name}.{k}")
-                   for k, x in enumerate(data)]
-        for x, h in zip(data, handles):
-            want = x * (n * (n + 1) // 2)   # sum over ranks of x * (r + 1)
-            np.testing.assert_allclose(hvd.synchronize(h), want, rtol=1e-6, atol=1e-6)
-        got = hvd.allgather(np.full((1, 2), r, np.int64), name=f"prio.{name}.gather")
-        assert np.array_equal(got, np.repeat(np.arange(n), 2).reshape(n, 2)), got
-    reinit()
-
-
-def main():
-    hvd.init(process_sets="dynamic")  # Horovod's spelling; sets can be added any time
-    r, n = hvd.rank(), hvd.size()
-    parts = sys.argv[2].split(",")
-    for part in parts:
-        start = time.time()
-        globals()[f"test_{part}"](r, n)
-        if r == 0:
-            print(f"part {part}: {time.time() - start:.1f} s", flush=True)
-    reinit()
-    hvd.barrier()
-    print(f"RANK {r} OK", flush=True)
-
-
-if __name__ == "__main__":
-    main()
+    r, n = engine(HVDLITE_ENGINE_PRIORITY=name)
+    assert engine_thread_policy() == policy, (name, engine_thread_policy())
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    handles = [hvd.allreduce_async(x * (r + 1), op=hvd.Sum, name=f"prio.{name}.{k}")
+               for k, x in enumerate(data)]
+    for x, h in zip(data, handles):
+        want = x * (n * (n + 1) // 2)   # sum over ranks of x * (r + 1)
+        np.testing.assert_allclose(hvd.synchronize(h), want, rtol=1e-6, atol=1e-6)
+    got = hvd.allgather(np.full((1, 2), r, np.int64), name=f"prio.{name}.gather")
+    assert np.array_equal(got, np.repeat(np.arange(n), 2).reshape(n, 2)), got

@@ -1,18 +1,21 @@
 """Several Python threads per rank submit collectives at once; every result is
 checked against a NumPy reference built from every rank's (reproducible) input.
 
-usage: reliability_threads.py THREADS STEPS
+A rank-side test module (see tests/rank_plugin.py); tests/test_reliability.py
+runs it at 2 ranks. The threads run once, for the first case that needs them.
 
 Names are unique per thread (thread t on every rank submits the same names in
 the same order, but threads interleave differently on each rank). Some names
 repeat across steps, so the response cache and fusion see concurrent work too.
 """
-import sys
 import threading
 
 import numpy as np
+import pytest
 
 import hvdlite as hvd
+
+THREADS, STEPS = 4, 300
 
 
 def values(rank, tid, step, j, shape, dtype):
@@ -79,26 +82,36 @@ def worker(r, n, tid, steps, counts, errors):
         errors.append(f"thread {tid}: {type(e).__name__}: {e}")
 
 
-def main():
-    threads_n, steps = int(sys.argv[1]), int(sys.argv[2])
-    hvd.init()
-    r, n = hvd.rank(), hvd.size()
-    counts = [0] * threads_n
-    errors = []
-    threads = [threading.Thread(target=worker, args=(r, n, t, steps, counts, errors))
-               for t in range(threads_n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
+@pytest.fixture(scope="module")
+def threaded_cache():
+    return {}
+
+
+@pytest.fixture
+def threaded(rank, size, threaded_cache):
+    """(results checked per thread, errors, engine_stats() after) of THREADS
+    threads running STEPS steps of three collectives each."""
+    if not threaded_cache:
+        counts = [0] * THREADS
+        errors = []
+        threads = [threading.Thread(target=worker, args=(rank, size, t, STEPS, counts, errors))
+                   for t in range(THREADS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+        threaded_cache["run"] = counts, errors, hvd.engine_stats()
+    return threaded_cache["run"]
+
+
+def test_every_result_matches_numpy(rank, threaded):
+    counts, errors, stats = threaded
     assert not errors, errors
-    assert sum(counts) == threads_n * steps * 3, counts
-    stats = hvd.engine_stats()
+    assert sum(counts) == THREADS * STEPS * 3, counts
+    print(f"RANK {rank} checked {sum(counts)} results from {THREADS} threads "
+          f"(cache hits {stats['cache_hits']}, fused {stats['tensors_fused']})")
+
+
+def test_concurrent_work_hits_the_cache_and_fuses(threaded):
+    _, _, stats = threaded
     assert stats["cache_hits"] > 0 and stats["tensors_fused"] > 0, stats
-    print(f"RANK {r} checked {sum(counts)} results from {threads_n} threads "
-          f"(cache hits {stats['cache_hits']}, fused {stats['tensors_fused']})", flush=True)
-    print(f"RANK {r} OK", flush=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,15 +1,20 @@
-"""hvdlite.torch.elastic on 2+ ranks: TorchState sync / commit / restore of a
-model, a DistributedOptimizer's state and Python attributes, replacing the
-tracked model, ObjectState, reset callbacks, run(). Every rank starts from
-different values; checks compare with rank 0's values or the committed copy.
-Prints RANK <r> OK."""
-import torch
+"""hvdlite.torch.elastic: TorchState sync / commit / restore of a model, a
+DistributedOptimizer's state and Python attributes, replacing the tracked
+model, ObjectState, reset callbacks, run(). Every rank starts from different
+values; checks compare with rank 0's values or the committed copy.
 
-import hvdlite.torch as hvd
+A rank-side test module (see tests/rank_plugin.py); tests/test_torch_adapter.py
+runs it at 3 ranks.
+"""
+import pytest
+
+from checks import check, expect, require
+
+torch = require("torch")
+
+import hvdlite.torch as hvd  # noqa: E402
 
 torch.set_num_threads(1)
-hvd.init()
-R, N = hvd.rank(), hvd.size()
 
 
 def make_model(seed):
@@ -35,60 +40,70 @@ def train_step(model, optimizer, scale):
     optimizer.step()
 
 
-model = make_model(seed=R)
-opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-                               named_parameters=model.named_parameters())
-if R != 0:  # only the other ranks have momentum state before the first sync
-    for p in model.parameters():
-        opt.state[p]["momentum_buffer"] = torch.full_like(p, float(R))
-state = hvd.elastic.TorchState(model, opt, epoch=R, batch=10 + R)
-state.sync()
-root_params, root_momenta = hvd.broadcast_object(snapshot(model, opt) if R == 0 else None, 0)
-assert same(snapshot(model, opt)[0], root_params), "sync: parameters are rank 0's"
-assert same(snapshot(model, opt)[1], root_momenta), "sync: optimizer state is rank 0's"
-assert (state.epoch, state.batch) == (0, 10)
-
-train_step(model, opt, 1.0)            # the reduction keeps ranks equal
-committed = snapshot(model, opt)
-state.epoch, state.batch = 1, 0
-state.commit()
-train_step(model, opt, 2.0)
-state.epoch, state.batch = 5, 7
-assert not same(snapshot(model, opt)[0], committed[0])
-state.restore()
-assert same(snapshot(model, opt)[0], committed[0]) and same(snapshot(model, opt)[1], committed[1])
-assert (state.epoch, state.batch) == (1, 0)
-everyone = hvd.allgather_object(snapshot(model, opt)[0])
-assert all(same(p, everyone[0]) for p in everyone), "ranks differ after restore"
-
-# assigning a new model tracks it (and saves it at once)
-other = make_model(seed=100)
-state.model = other
-assert state.model is other
-saved = [p.detach().clone() for p in other.parameters()]
-with torch.no_grad():
-    for p in other.parameters():
-        p.add_(1.0)
-state.restore()
-assert same([p.detach() for p in other.parameters()], saved)
-
-# ObjectState, reset callbacks, run()
-obj = hvd.elastic.ObjectState(step=R, name=f"rank{R}")
-order = []
-obj.register_reset_callbacks([lambda: order.append(1), lambda: order.append(2)])
-obj.on_reset()
-assert order == [1, 2] and obj.check_host_updates() is None
+@pytest.fixture
+def tracked(rank):
+    """(model, optimizer, TorchState) with different values on every rank, not yet synced."""
+    model = make_model(seed=rank)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    if rank != 0:  # only the other ranks have momentum state before the first sync
+        for p in model.parameters():
+            opt.state[p]["momentum_buffer"] = torch.full_like(p, float(rank))
+    return model, opt, hvd.elastic.TorchState(model, opt, epoch=rank, batch=10 + rank)
 
 
-@hvd.elastic.run
-def train(st, k):
-    return (st.step, st.name, k)
+def test_sync_takes_rank_0s_state(rank, tracked):
+    model, opt, state = tracked
+    state.sync()
+    root_params, root_momenta = hvd.broadcast_object(snapshot(model, opt) if rank == 0 else None, 0)
+    check("sync: parameters are rank 0's", same(snapshot(model, opt)[0], root_params))
+    check("sync: optimizer state is rank 0's", same(snapshot(model, opt)[1], root_momenta))
+    check("sync: attributes are rank 0's", (state.epoch, state.batch) == (0, 10), f"{state.epoch, state.batch}")
 
 
-assert train(obj, 3) == (0, "rank0", 3)
-try:
-    obj.register_reset_callbacks([42])
-    raise AssertionError("a non-callable reset callback should raise")
-except TypeError:
-    pass
-print(f"RANK {R} OK", flush=True)
+def test_commit_and_restore(rank, tracked):
+    model, opt, state = tracked
+    state.sync()
+    train_step(model, opt, 1.0)            # the reduction keeps ranks equal
+    committed = snapshot(model, opt)
+    state.epoch, state.batch = 1, 0
+    state.commit()
+    train_step(model, opt, 2.0)
+    state.epoch, state.batch = 5, 7
+    check("training moved the parameters", not same(snapshot(model, opt)[0], committed[0]))
+    state.restore()
+    check("restore: parameters and optimizer state are the committed ones",
+          same(snapshot(model, opt)[0], committed[0]) and same(snapshot(model, opt)[1], committed[1]))
+    check("restore: attributes are the committed ones", (state.epoch, state.batch) == (1, 0))
+    everyone = hvd.allgather_object(snapshot(model, opt)[0])
+    check("ranks equal after restore", all(same(p, everyone[0]) for p in everyone))
+
+
+def test_assigning_a_model_tracks_and_saves_it(tracked):
+    model, opt, state = tracked
+    state.sync()
+    other = make_model(seed=100)
+    state.model = other
+    check("the new model is tracked", state.model is other)
+    saved = [p.detach().clone() for p in other.parameters()]
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(1.0)
+    state.restore()
+    check("restore gives the new model's values when assigned", same([p.detach() for p in other.parameters()], saved))
+
+
+def test_object_state_reset_callbacks_and_run(rank):
+    obj = hvd.elastic.ObjectState(step=rank, name=f"rank{rank}")
+    order = []
+    obj.register_reset_callbacks([lambda: order.append(1), lambda: order.append(2)])
+    obj.on_reset()
+    check("reset callbacks in order", order == [1, 2], f"{order}")
+    check("no host updates", obj.check_host_updates() is None)
+
+    @hvd.elastic.run
+    def train(st, k):
+        return (st.step, st.name, k)
+
+    check("run() syncs from rank 0 and calls through", train(obj, 3) == (0, "rank0", 3))
+    expect(TypeError, lambda: obj.register_reset_callbacks([42]))

@@ -1,6 +1,7 @@
 """hvdlite.torch.DistributedOptimizer on real ranks, against a single-process
 reference trained on the combined batch (every rank computes the reference
-itself, from the same seeded data).
+itself, from the same seeded data), and join with ranks that run out of
+data at different steps.
 
 A rank-side test module (see tests/rank_plugin.py); tests/test_torch_adapter.py
 runs it at 2 ranks.
@@ -626,3 +627,39 @@ def test_compression(rank, size):
                 ref_opt.step()
             check(f"{comp} close to reference", close(model.parameters(), ref.parameters(), tol))
             check(f"{comp} identical", identical_everywhere(model.parameters()))
+
+
+def test_join_with_uneven_data(rank, size):
+    """Ranks run out of data at different steps: a joined rank contributes
+    zeros to the others' reductions until every rank has joined; then every
+    rank is back in lockstep."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    steps = 2 + 2 * rank                  # the last rank has the most data and joins last
+    x = torch.ones(5, 4) * (rank + 1)
+    twin = torch.nn.Linear(4, 3)          # no hooks: this rank's own gradient
+    for step in range(steps):
+        twin.load_state_dict(model.state_dict())
+        twin.zero_grad()
+        twin(x).square().mean().backward()
+        local = [p.grad for p in twin.parameters()]
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.synchronize()
+        active = sum(1 for r in range(size) if step < 2 + 2 * r)
+        if active < size:
+            # The ranks that joined sent zeros: the average is over all ranks.
+            for p, g in zip(model.parameters(), local):
+                check(f"step {step}: average with joined ranks' zeros",
+                      torch.allclose(p.grad * size, g * active) or active > 1, f"{p.grad} {g} {active}")
+        with opt.skip_synchronize():
+            opt.step()
+    last = hvd.join()
+    check("join() returns the last rank to join", last == size - 1, f"{last}")
+    hvd.broadcast_parameters(model.state_dict(), root_rank=last)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hvd.allgather(flat.unsqueeze(0))
+    check("identical after join", all(torch.equal(gathered[0], gathered[r]) for r in range(size)))
+    check("allreduce after join", hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == size)
