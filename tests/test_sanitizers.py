@@ -25,14 +25,17 @@ REPORT = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|"
 
 # What runs under the sanitizers: (python's arguments, ranks). Rank-side test
 # modules (tests/rank_plugin.py) run under pytest, the other scripts directly.
-PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+# Without pytest's faulthandler plugin: its fatal-signal handlers make
+# LeakSanitizer's tracer crash at exit in ranks that ran Python threads
+# (reliability_threads.py), and the sanitizers report crashes themselves.
+PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:faulthandler", "-o", "addopts="]
 ENGINE_RUNS = [
     (PYTEST + ["{tests}/scripts/engine_collectives.py"], 2),
-    (["{tests}/scripts/engine_features.py", "{tmp}",
-      "fusion_matches_unfused,cache,fp16,topk,timeline,horovod_layout"], 2),
+    (PYTEST + ["{tests}/scripts/engine_features.py",
+               "-k", "fusion_matches_unfused or cache or fp16 or topk or timeline"], 2),
     (PYTEST + ["{tests}/scripts/reliability_bad_input.py"], 2),
-    (["{tests}/scripts/reliability_threads.py", 4, 60], 2),
-    (["{tests}/scripts/engine_adasum.py", "{tmp}", "main"], 2),
+    (PYTEST + ["{tests}/scripts/reliability_threads.py"], 2),
+    (PYTEST + ["{tests}/scripts/engine_adasum.py", "-k", "not non_power_of_two"], 2),
 ]
 
 # Engines started and replaced, process sets added and removed, with no other
@@ -69,6 +72,7 @@ def sanitizer_env(kind, root, leak_supp="lsan.supp"):
         "UCX_MEM_EVENTS": "no",
         # Sanitized ranks are slower: a rank-side case gets the launch's time.
         "HVDLITE_TEST_CASE_TIMEOUT": "900",
+        "HVDLITE_TEST_THREAD_STEPS": "60",
     })
     return env
 

@@ -8,6 +8,7 @@ Names are unique per thread (thread t on every rank submits the same names in
 the same order, but threads interleave differently on each rank). Some names
 repeat across steps, so the response cache and fusion see concurrent work too.
 """
+import os
 import threading
 
 import numpy as np
@@ -15,7 +16,8 @@ import pytest
 
 import hvdlite as hvd
 
-THREADS, STEPS = 4, 300
+# The sanitizer run asks for fewer steps (it is several times slower).
+THREADS, STEPS = 4, int(os.environ.get("HVDLITE_TEST_THREAD_STEPS", "300"))
 
 
 def values(rank, tid, step, j, shape, dtype):
