@@ -84,6 +84,38 @@ def make_raw_buckets(tensors, outs, bucket_bytes):
     return run
 
 
+def host_layout():
+    """[ranks of host 0, ranks of host 1, ...] by processor name (hosts emulated in
+    network namespaces share one kernel, so a shared-memory split cannot tell them apart)."""
+    names = comm.allgather(MPI.Get_processor_name())
+    return [[r for r, n in enumerate(names) if n == host] for host in dict.fromkeys(names)]
+
+
+def make_wire_floor(tensors, chunk_bytes=4 * MB):
+    """What each of H hosts must send over its link at least once for an allreduce,
+    2(H-1)/H of the set, sent from every host to the next and received from the one
+    before (split over the host's ranks), with nothing summed: the link's floor for
+    this set, measured under the same conditions as the contenders. None on one host."""
+    hosts = host_layout()
+    if len(hosts) < 2:
+        return None
+    host = next(h for h, ranks in enumerate(hosts) if comm.rank in ranks)
+    local, per_host = hosts[host].index(comm.rank), len(hosts[host])
+    right = hosts[(host + 1) % len(hosts)]
+    left = hosts[(host - 1) % len(hosts)]
+    total = sum(t.nbytes for t in tensors)
+    share = int(total * 2 * (len(hosts) - 1) / len(hosts) / per_host)
+    send, recv = np.ones(share, np.uint8), np.empty(share, np.uint8)
+
+    def run():
+        reqs = []
+        for off in range(0, share, chunk_bytes):
+            reqs.append(comm.Irecv(recv[off:off + chunk_bytes], source=left[local % len(left)], tag=71))
+            reqs.append(comm.Isend(send[off:off + chunk_bytes], dest=right[local % len(right)], tag=71))
+        MPI.Request.Waitall(reqs)
+    return run
+
+
 # ---- hvdlite, gloo, Horovod ---------------------------------------------------------
 
 def make_hvdlite(tensors, outs, compression, tag):
@@ -235,6 +267,9 @@ def resnet50_contenders(tensors, outs, scale=1.0, gloo=True, horovod=True, only=
         "hvdlite topk 1%": Contender(make_hvdlite(tensors, outs, hvd.Compression.topk(0.01), "topk"),
                                      "hvdlite"),
     }
+    floor = make_wire_floor(tensors) if _wanted("wire floor", only) else None
+    if floor is not None:
+        c["wire floor"] = Contender(floor)
     for label, env in envs:
         c[f"hvdlite none {label}"] = Contender(
             make_hvdlite(tensors, outs, hvd.Compression.none, "none"), "hvdlite", env)
@@ -334,11 +369,14 @@ def sweep(tensors, outs, small, small_outs, fusions, cycles, rounds, r50_calls, 
 
 def report(title, results, baseline_names):
     best = add_ratios(results, baseline_names)
-    lines = [f"## {title}", f"(ratios against the best raw MPI schedule: {best})", "",
-             "| contender | median ms | min | max | ratio |", "|---|---|---|---|---|"]
+    floor = "wire floor" in results and add_ratios(results, ["wire floor"], key="ratio_to_wire_floor")
+    lines = [f"## {title}", f"(ratios against the best raw MPI schedule: {best}"
+             + ("; and against the wire floor)" if floor else ")"), "",
+             "| contender | median ms | min | max | ratio |" + (" to floor |" if floor else ""),
+             "|---|---|---|---|---|" + ("---|" if floor else "")]
     for name, r in results.items():
         lines.append(f"| {name} | {r['median_ms']:.2f} | {r['min_ms']:.2f} | {r['max_ms']:.2f} | "
-                     f"{r['ratio_to_best_raw']:.2f}x |")
+                     f"{r['ratio_to_best_raw']:.2f}x |" + (f" {r['ratio_to_wire_floor']:.2f}x |" if floor else ""))
     return "\n".join(lines), best
 
 

@@ -110,6 +110,10 @@ def headline(case, res):
             n = network_numbers(res)
             return "fp32 %s ms, fp16 %s ms (%s faster), topk %s ms (%s faster)" % (
                 ms(n["none"]), ms(n["fp16"]), ratio(n["fp16_speedup"]), ms(n["topk"]), ratio(n["topk_speedup"]))
+        if case == "hosts":
+            return "; ".join("%s: hvdlite %s of the wire floor, %s of the best MPICH schedule" % (
+                lay, ratio(n["hvdlite"] / n["floor"]), ratio(n["hvdlite"] / n["best_mpich"]))
+                for lay, n in hosts_numbers(res).items())
         if case == "sweep":
             b = sweep_best(res["allreduce"]["sweep"])
             return "best ResNet-50: fusion %s cycle %s ms; best small: fusion %s cycle %s ms" % (
@@ -138,6 +142,17 @@ def network_numbers(net):
     m = net["train_step"]["modes"]
     n["steps"] = {k: v["median_ms"] for k, v in m.items()}
     return n
+
+
+def hosts_numbers(case):
+    """{layout: {floor, best_mpich, best_mpich_name, hvdlite (default settings)}} in ms."""
+    out = {}
+    for lay, res in case.get("layouts", {}).items():
+        r = res["resnet50"]
+        b = best_of(r, R50_RAW)
+        out[lay] = {"floor": r["wire floor"]["median_ms"], "best_mpich": r[b]["median_ms"],
+                    "best_mpich_name": b, "hvdlite": r["hvdlite none"]["median_ms"]}
+    return out
 
 
 def sweep_best(rows):
@@ -243,6 +258,52 @@ def plot_network(path, net):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_hosts(path, case):
+    plt = _plt()
+    layouts = list(case["layouts"])
+    names = [n for n in case["layouts"][layouts[0]]["resnet50"] if n != "wire floor"]
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        vals = [case["layouts"][lay]["resnet50"].get(name, {}).get("ratio_to_wire_floor", 0) for lay in layouts]
+        ax.bar([x + i * width for x in range(len(layouts))], vals, width, label=name, color=color(name),
+               alpha=1.0 if name == "hvdlite none" else 0.55 + 0.1 * (i % 4))
+    ax.axhline(1.0, color="#333333", lw=0.8, ls="--")
+    ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(layouts))])
+    ax.set_xticklabels(["%s hosts x ranks" % lay for lay in layouts], fontsize=8)
+    ax.set_ylabel("time / wire floor (median)", fontsize=8)
+    ax.set_title("ResNet-50 set between emulated hosts at %s" % case.get("rate"), fontsize=9)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def hosts_section(case, img):
+    L = ["## Case 7: between hosts\n"]
+    failed = case_failed(case)
+    if failed:
+        return "\n".join(L + [failed])
+    L.append("The ResNet-50 gradient set (fp32, Sum) between emulated hosts: network namespaces with "
+             "real sshd, each host's link shaped to %s with tc, UCX over TCP, ranks started by hvdrun "
+             "on the hosts. The **wire floor** is measured in the same job: every host sends "
+             "2(H-1)/H of the set to the next host and receives as much, with nothing summed, which "
+             "is what any allreduce among H hosts must move over each link at least once. All "
+             "hosts share this machine's 2 cores, so layouts with more ranks also measure CPU "
+             "contention. `hvdlite none` runs with default settings; the other hvdlite rows name "
+             "the setting they change.\n" % case.get("rate"))
+    for lay, res in case.get("layouts", {}).items():
+        r = res["resnet50"]
+        b = best_of(r, R50_RAW)
+        rows = [[name, ms(v["median_ms"]), ms(v["min_ms"]), ms(v["max_ms"]), ratio(v.get("ratio_to_wire_floor")),
+                 ratio(v["median_ms"] / r[b]["median_ms"])] for name, v in r.items()]
+        L.append("**%s** (hosts x ranks per host):\n" % lay)
+        L.append(table(["contender", "median ms", "min", "max", "/ wire floor", "/ best MPICH (%s)" % b], rows))
+        L.append("")
+    L.append(img("bench_hosts.png", plot_hosts, case))
+    return "\n".join(L) + "\n"
 
 
 def plot_scaling(path, sc, neg):
@@ -370,6 +431,8 @@ def write(data, doc_path, img_dir, json_path):
         L.append(kernels_section(cases["kernels"], img))
     if "network" in cases:
         L.append(network_section(data, img))
+    if "hosts" in cases:
+        L.append(hosts_section(cases["hosts"], img))
     if "scaling" in cases or "negotiation" in cases:
         L.append(scaling_section(cases.get("scaling"), cases.get("negotiation"), img))
     if "sweep" in cases:

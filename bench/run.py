@@ -39,7 +39,7 @@ REPO = os.path.dirname(BENCH)
 ALLREDUCE = os.path.join(BENCH, "allreduce.py")
 TRAIN = os.path.join(BENCH, "train_step.py")
 BREAKDOWN = os.path.join(BENCH, "breakdown.py")
-CASES = ["allreduce", "train_step", "kernels", "network", "scaling", "negotiation", "sweep"]
+CASES = ["allreduce", "train_step", "kernels", "network", "hosts", "scaling", "negotiation", "sweep"]
 TINY_CASES = ["allreduce", "train_step", "sweep"]
 
 FULL = dict(
@@ -55,6 +55,7 @@ FULL = dict(
     sweep_train="1MB:1,4MB:1,16MB:1,64MB:1,64MB:0.25,64MB:5,4MB:0.25,4MB:5",
     sweep_train_rounds=4, sweep_train_steps=3,
     breakdown_calls=3,
+    hosts_layouts="2x2,4x1,4x2", hosts_iters=7,
     job_timeout=2400,
 )
 TINY = dict(
@@ -68,6 +69,7 @@ TINY = dict(
     sweep_fusion="0,4MB", sweep_cycle="1", sweep_rounds=1, sweep_r50_calls=1, sweep_small_calls=2,
     sweep_train="4MB:1", sweep_train_rounds=1, sweep_train_steps=1,
     breakdown_calls=1,
+    hosts_layouts="2x1", hosts_iters=1,
     job_timeout=300,
 )
 
@@ -338,14 +340,62 @@ def case_network(R, P, args, tiny):
                                  "train_rx_tx": [after[0] - mid[0], after[1] - mid[1]]}}
 
 
+def parse_layouts(text):
+    """'2x2,4x1' -> [(2, 2), (4, 1)]: hosts x ranks per host."""
+    return [tuple(int(x) for x in spec.split("x")) for spec in text.split(",")]
+
+
+def hosts_contenders(per_host):
+    """The ResNet-50 contenders of one layout: the floor, MPICH's schedules, hvdlite as
+    configured by default, and hvdlite's other wires between hosts (as --hvdlite-env)."""
+    names = "wire floor,mpi4py unfused,mpi4py one buffer,mpi4py 25 MB,hvdlite none"
+    if per_host == 1:
+        return names, "RING_ALLREDUCE=0"
+    return names, "HIERARCHICAL_ALLREDUCE=1,HIERARCHICAL_ALLREDUCE=0,RING_ALLREDUCE=1+HIERARCHICAL_ALLREDUCE=0"
+
+
+def case_hosts(R, P, args, tiny):
+    """Allreduce of the ResNet-50 set between emulated hosts (network namespaces with real
+    sshd, links shaped to --rate), one job per layout, with the wire floor measured in the
+    same job."""
+    fixture, why = load_fixture()
+    if fixture is None:
+        return {"skipped": why}
+    reasons = fixture.missing_requirements()
+    if shutil.which("tc") is None:
+        reasons.append("missing tc (iproute2)")
+    if reasons:
+        return {"skipped": "cannot make emulated hosts: %s" % "; ".join(reasons)}
+    layouts = parse_layouts(P["hosts_layouts"])
+    hosts = fixture.NetnsHosts(max(h for h, _ in layouts), rate=args.rate, delay=args.delay).up()
+    out = {"rate": args.rate, "delay": args.delay, "ucx_tls": "tcp,self", "layouts": {}}
+    try:
+        env = {"PATH": hosts.bin_dir + os.pathsep + os.environ["PATH"], "UCX_TLS": "tcp,self"}
+        wrap = lambda argv: hosts.on_host(1, argv, cwd=REPO)  # noqa: E731
+        for n_hosts, per_host in layouts:
+            hv = ["-H", ",".join("%s:%d" % (name, per_host) for name in hosts.names[:n_hosts]),
+                  "-i", hosts.key]
+            contenders, envs = hosts_contenders(per_host)
+            r = R.job(n_hosts * per_host, ALLREDUCE,
+                      ["--cases", "resnet50", "--iters", str(P["hosts_iters"]), "--scale", str(P["scale"]),
+                       "--contenders", contenders, "--hvdlite-env", envs, "--skip-gloo", "--no-horovod"],
+                      env=env, hvdrun_args=hv, wrap=wrap)
+            out["layouts"]["%dx%d" % (n_hosts, per_host)] = {"resnet50": r["resnet50"], "meta": r.get("meta")}
+            progress("      hosts: %dx%d done (load %s)" % (n_hosts, per_host, load_average()))
+    finally:
+        hosts.down()
+    return out
+
+
 RUNNERS = {"allreduce": case_allreduce, "train_step": case_train, "kernels": case_kernels,
            "network": case_network, "scaling": case_scaling, "negotiation": case_negotiation,
-           "sweep": case_sweep}
+           "sweep": case_sweep, "hosts": case_hosts}
 TITLES = {"allreduce": "cases 1+3: ResNet-50 set and 100 x 4 KB allreduce",
           "train_step": "case 2: train step 6 x Linear(2048, 2048)",
           "kernels": "case 4: compression kernels", "network": "case 5: emulated network",
           "scaling": "case 6: scaling over 1/2/4 ranks", "negotiation": "case 6: negotiation overhead",
-          "sweep": "sweep: fusion threshold x cycle time"}
+          "sweep": "sweep: fusion threshold x cycle time",
+          "hosts": "case 7: between emulated hosts (layouts, wire floor)"}
 
 
 # ---- meta ----------------------------------------------------------------------------

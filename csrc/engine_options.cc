@@ -71,17 +71,17 @@ Status ReadBool(const std::string& suffix, bool* out) {
   return Status::OK();
 }
 
-Status ReadRing(EngineOptions::Ring* out) {
+Status ReadChoice(const std::string& suffix, EngineOptions::Choice* out) {
   std::string name;
-  const char* value = Lookup("RING_ALLREDUCE", &name);
+  const char* value = Lookup(suffix, &name);
   if (value == nullptr) return Status::OK();
   const std::string v(value);
   if (v == "auto") {
-    *out = EngineOptions::Ring::kAuto;
+    *out = EngineOptions::Choice::kAuto;
   } else if (v == "1" || v == "true" || v == "True" || v == "yes") {
-    *out = EngineOptions::Ring::kOn;
+    *out = EngineOptions::Choice::kOn;
   } else if (v == "0" || v == "false" || v == "False" || v == "no") {
-    *out = EngineOptions::Ring::kOff;
+    *out = EngineOptions::Choice::kOff;
   } else {
     return BadValue(name, value, "auto, 0 or 1");
   }
@@ -117,11 +117,12 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
   if (!(s = ReadInt("SHM_CHUNK_BYTES", 4096, &o.shm_chunk_bytes)).ok()) return s;
   if (!(s = ReadInt("SHM_SLOTS", 2, &o.shm_slots)).ok()) return s;
   if (!(s = ReadInt("CACHE_CAPACITY", 0, &o.cache_capacity)).ok()) return s;
-  if (!(s = ReadRing(&o.ring)).ok()) return s;
+  if (!(s = ReadChoice("RING_ALLREDUCE", &o.ring)).ok()) return s;
   if (!(s = ReadInt("RING_THRESHOLD", 0, &o.ring_threshold_bytes)).ok()) return s;
   if (!(s = ReadInt("RING_CHUNK_BYTES", 1024, &o.ring_chunk_bytes)).ok()) return s;
   if (!(s = ReadInt("RING_WINDOW", 1, &o.ring_window)).ok()) return s;
-  if (!(s = ReadBool("HIERARCHICAL_ALLREDUCE", &o.hierarchical_allreduce)).ok()) return s;
+  if (!(s = ReadChoice("HIERARCHICAL_ALLREDUCE", &o.hierarchical_allreduce)).ok()) return s;
+  if (!(s = ReadInt("HIERARCHICAL_PIECE_BYTES", 1024, &o.hierarchical_piece_bytes)).ok()) return s;
   std::string name;
   // "DYNAMIC" (Horovod's value) means: no file now, start_timeline() later.
   if (const char* path = Lookup("TIMELINE", &name)) {

@@ -54,17 +54,23 @@ struct EngineOptions {
   // Chunks in each rank's ring: how far a rank may run ahead of a peer that
   // is not scheduled (its core busy with backward) before it has to wait.
   int64_t shm_slots = 16;
+  // A setting that is on, off, or chosen from the layout of the ranks.
+  enum class Choice { kAuto, kOn, kOff };
   // Between hosts: large allreduces take a pipelined ring over MPI
   // point-to-point (collectives/ring_transport.h). kAuto: when a process set
   // spans more than one host.
-  enum class Ring { kAuto, kOn, kOff } ring = Ring::kAuto;
+  Choice ring = Choice::kAuto;
   int64_t ring_threshold_bytes = 1024 * 1024;
   int64_t ring_chunk_bytes = 512 * 1024;
   int64_t ring_window = 4;  // chunks in flight each way
   // Several ranks per host: reduce inside the host first, ring between hosts
-  // (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE). Off by default until it
-  // beats MPI there: through MPI inside the host it did not (2 x 2 ranks).
-  bool hierarchical_allreduce = false;
+  // (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE). kAuto and kOn: whenever the
+  // ring runs and every host has the same number (> 1) of the set's ranks;
+  // it beat MPI there (4 hosts x 2 ranks: 0.84x, docs/benchmarks.md).
+  Choice hierarchical_allreduce = Choice::kAuto;
+  // Hierarchical: the in-host phases and the ring pipeline over pieces of
+  // this size (collectives/hierarchical_allreduce.h).
+  int64_t hierarchical_piece_bytes = 4 * 1024 * 1024;
   std::string timeline_path;
   bool timeline_mark_cycles = false;
   bool stall_check_enabled = true;

@@ -16,8 +16,8 @@ ProcessSet::ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, co
     // between hosts around the ring.
     transport_ = ShmTransport::Create(std::make_unique<MpiTransport>(comm_, options.wait, abort),
                                       one_host && options.shm_allreduce, options, stats, abort);
-    const bool ring = options.ring == EngineOptions::Ring::kOn ||
-                      (options.ring == EngineOptions::Ring::kAuto && !one_host);
+    const bool ring = options.ring == EngineOptions::Choice::kOn ||
+                      (options.ring == EngineOptions::Choice::kAuto && !one_host);
     transport_ = RingTransport::Create(std::move(transport_), comm_, hosts, ring, options, stats, abort);
     controller_ = std::make_unique<Controller>(transport_.get(), options, stats);
   }

@@ -14,6 +14,8 @@ def engine_env(opts):
         env["HVDLITE_FUSION_THRESHOLD"] = str(int(opts.fusion_threshold_mb * 1024 * 1024))
     if opts.cycle_time_ms is not None:
         env["HVDLITE_CYCLE_TIME"] = repr(float(opts.cycle_time_ms))
+    if opts.hierarchical_allreduce is not None:
+        env["HVDLITE_HIERARCHICAL_ALLREDUCE"] = "1" if opts.hierarchical_allreduce else "0"
     if opts.cache_capacity is not None:
         env["HVDLITE_CACHE_CAPACITY"] = str(opts.cache_capacity)
     if opts.engine_priority is not None:

@@ -68,6 +68,11 @@ def build_parser():
                    help="fuse tensors into buffers up to this size (HVDLITE_FUSION_THRESHOLD)")
     g.add_argument("--cycle-time-ms", type=float, metavar="MS",
                    help="engine cycle time (HVDLITE_CYCLE_TIME)")
+    g.add_argument("--hierarchical-allreduce", dest="hierarchical_allreduce", action="store_true",
+                   default=None, help="between hosts with several ranks each: reduce inside each host, "
+                                      "ring between hosts (the default there; HVDLITE_HIERARCHICAL_ALLREDUCE)")
+    g.add_argument("--no-hierarchical-allreduce", dest="hierarchical_allreduce", action="store_false",
+                   help="one MPI allreduce through every rank instead (HVDLITE_HIERARCHICAL_ALLREDUCE=0)")
     g.add_argument("--cache-capacity", type=int, metavar="N",
                    help="response cache entries (HVDLITE_CACHE_CAPACITY)")
     g.add_argument("--engine-priority", choices=["normal", "batch", "idle"],

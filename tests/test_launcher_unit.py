@@ -169,6 +169,9 @@ def test_horovodrun_compatibility_flags():
     assert opts.command == ["python", "x.py"]
     opts = options.parse_args(["-np", "2", "--no-timeline-mark-cycles", "python"])
     assert opts.rank_env == {"HVDLITE_TIMELINE_MARK_CYCLES": "0"}
+    for flag, value in (("--hierarchical-allreduce", "1"), ("--no-hierarchical-allreduce", "0")):
+        opts = options.parse_args(["-np", "2", flag, "python"])
+        assert opts.rank_env == {"HVDLITE_HIERARCHICAL_ALLREDUCE": value}, flag
 
 
 def test_cli_version_and_usage_error_exit_codes():

@@ -2,8 +2,8 @@
 on ranks spread over network-namespace hosts with their own sshd
 (tests/hosts_fixture.py), started by hvdrun, MPI over TCP. One rank per host
 takes the ring between hosts; two per host take it hierarchically (reduce in
-the host, ring between hosts). The thresholds are lowered so that most
-reductions take the ring, in many chunks.
+the host, ring between hosts) unless that is turned off. The thresholds are
+lowered so that most reductions take the ring, in many chunks.
 
 Needs root and network namespaces, as tests/test_launcher_multihost.py.
 """
@@ -16,7 +16,11 @@ from mpi_harness import RankTests
 
 COLLECTIVES = RankTests("scripts/engine_collectives.py")
 RING_SMALL = {"HVDLITE_RING_THRESHOLD": "1024", "HVDLITE_RING_CHUNK_BYTES": "4096"}
-LAYOUTS = {"2x1": (2, 1, {}), "2x2 hierarchical": (2, 2, {"HVDLITE_HIERARCHICAL_ALLREDUCE": "1"})}
+# 2x2: hierarchical by default, in pieces of 6144 floats, each ring over 2
+# chunks per segment; and with it turned off (MPI's allreduce).
+LAYOUTS = {"2x1": (2, 1, {}),
+           "2x2 hierarchical": (2, 2, {"HVDLITE_HIERARCHICAL_PIECE_BYTES": "24576"}),
+           "2x2 MPI": (2, 2, {"HVDLITE_HIERARCHICAL_ALLREDUCE": "0"})}
 _launchers = {}
 
 

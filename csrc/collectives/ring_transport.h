@@ -1,23 +1,12 @@
 // The wire between hosts: a bandwidth-optimal allreduce over MPI
 // point-to-point messages, as NCCL, Gloo's allreduce_ring_chunked and
 // Horovod's hierarchical paths do it, where MPI's own collective sends each
-// byte more often or leaves the link idle while it sums.
-//
-// Ring allreduce over p ranks: the buffer is cut into p segments; in p-1
-// reduce-scatter steps each rank passes one segment to its right neighbour
-// and adds the one from its left, so each segment ends summed on one rank;
-// in p-1 allgather steps the sums travel around. Each rank sends 2(p-1)/p of
-// the buffer, the least any allreduce can. Every segment is cut further into
-// chunks, and chunk k of a step leaves as soon as chunk k of the step before
-// has arrived and been summed, with several chunks in flight: sending,
-// receiving and summing overlap instead of taking turns. One rank finishes
-// each segment's sum and the allgather copies it, so every rank gets the
-// same bits.
+// byte more often or leaves the link idle while it sums. The pipelined ring
+// itself is RingAllreduceWork (ring_allreduce.h).
 //
 // Where several ranks share each host, the host's ranks first reduce-scatter
 // among themselves and the ring joins one rank per host
-// (HierarchicalAllreduceWork); HVDLITE_HIERARCHICAL_ALLREDUCE=0 keeps one ring
-// through every rank.
+// (HierarchicalAllreduceWork, hierarchical_allreduce.h).
 //
 // Large allreduces (at least ring_threshold_bytes) of element-wise
 // reductions take the ring; everything else goes to the inner transport.
@@ -54,15 +43,17 @@ class RingTransport : public ForwardingTransport {
   Status Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op) override;
 
  private:
-  RingTransport(std::unique_ptr<Transport> inner, MPI_Comm ring, MPI_Comm local,
+  RingTransport(std::unique_ptr<Transport> inner, MPI_Comm ring, MPI_Comm local, MPI_Comm local_gather,
                 const EngineOptions& options, EngineStats* stats, const std::atomic<bool>* abort);
   bool Takes(int64_t count, DataType dtype, ReduceOp op) const;
 
   MPI_Comm ring_;   // the ranks around the ring (hierarchical: one per host)
   MPI_Comm local_;  // hierarchical: this host's ranks; else MPI_COMM_NULL
+  MPI_Comm local_gather_;  // hierarchical: the same ranks, for the allgathers
   int ring_rank_ = 0, ring_size_ = 1;
   int64_t threshold_bytes_;
   int64_t chunk_bytes_;
+  int64_t piece_bytes_;
   int window_;
   WaitPolicy wait_;
   const std::atomic<bool>* abort_;
