@@ -263,19 +263,22 @@ def plot_network(path, net):
 def plot_hosts(path, case):
     plt = _plt()
     layouts = list(case["layouts"])
-    names = [n for n in case["layouts"][layouts[0]]["resnet50"] if n != "wire floor"]
+    names = [n for n in dict.fromkeys(n for lay in layouts for n in case["layouts"][lay]["resnet50"])
+             if n != "wire floor"]
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     width = 0.8 / max(1, len(names))
     for i, name in enumerate(names):
         vals = [case["layouts"][lay]["resnet50"].get(name, {}).get("ratio_to_wire_floor", 0) for lay in layouts]
-        ax.bar([x + i * width for x in range(len(layouts))], vals, width, label=name, color=color(name),
+        label = "hvdlite (defaults)" if name == "hvdlite none" else name.replace("hvdlite none ", "hvdlite ")
+        ax.bar([x + i * width for x in range(len(layouts))], vals, width, label=label, color=color(name),
                alpha=1.0 if name == "hvdlite none" else 0.55 + 0.1 * (i % 4))
     ax.axhline(1.0, color="#333333", lw=0.8, ls="--")
     ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(layouts))])
     ax.set_xticklabels(["%s hosts x ranks" % lay for lay in layouts], fontsize=8)
     ax.set_ylabel("time / wire floor (median)", fontsize=8)
     ax.set_title("ResNet-50 set between emulated hosts at %s" % case.get("rate"), fontsize=9)
-    ax.legend(fontsize=6, ncol=2)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.35)  # room for the legend
+    ax.legend(fontsize=6, ncol=2, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
