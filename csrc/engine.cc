@@ -39,7 +39,8 @@ void ApplyPriority(EnginePriority priority) {
 Engine::Engine(MPI_Comm user_comm, EngineOptions options)
     : user_comm_(user_comm),
       options_(std::move(options)),
-      runner_(options_, &stats_, &timeline_) {}
+      runner_(options_, &stats_, &timeline_),
+      cycle_time_ms_(options_.cycle_time_ms) {}
 
 Status Engine::StartTimeline(const std::string& path, bool mark_cycles) {
   mark_cycles_ = mark_cycles;
@@ -133,8 +134,47 @@ Status Engine::Setup() {
   Status local = options_status_;
   if (local.ok() && !options_.timeline_path.empty()) local = StartTimeline(options_.timeline_path, options_.timeline_mark_cycles);
   Status agreed = AgreeOnSetup(local);
+  if (agreed.ok()) agreed = StartAutotune();
   if (!agreed.ok()) timeline_.Stop();
   return agreed;
+}
+
+Status Engine::StartAutotune() {
+  EngineOptions::Autotune& a = options_.autotune;
+  int64_t shared[6] = {a.enabled, a.warmup_samples, a.steps_per_sample, a.samples_per_setting,
+                       a.tune_fusion, a.tune_cycle};
+  if (MPI_Bcast(shared, 6, MPI_INT64_T, 0, comm_) != MPI_SUCCESS) {
+    return Status::Error(ErrorKind::kMpi, "MPI_Bcast of the autotune settings failed");
+  }
+  a.enabled = shared[0] != 0;
+  a.warmup_samples = shared[1];
+  a.steps_per_sample = shared[2];
+  a.samples_per_setting = shared[3];
+  a.tune_fusion = shared[4] != 0;
+  a.tune_cycle = shared[5] != 0;
+  if (a.enabled) {
+    // The search starts from rank 0's settings too.
+    double start[2] = {static_cast<double>(options_.fusion_threshold_bytes), options_.cycle_time_ms};
+    if (MPI_Bcast(start, 2, MPI_DOUBLE, 0, comm_) != MPI_SUCCESS) {
+      return Status::Error(ErrorKind::kMpi, "MPI_Bcast of the autotune settings failed");
+    }
+    options_.fusion_threshold_bytes = static_cast<int64_t>(start[0]);
+    options_.cycle_time_ms = start[1];
+    autotuner_ = std::make_unique<Autotuner>(options_, topology_.rank);
+    runner_.SetFusionThreshold(autotuner_->settings().fusion_threshold_bytes);
+    cycle_time_ms_ = autotuner_->settings().cycle_time_ms;
+  }
+  return Status::OK();
+}
+
+Status Engine::EndAutotuneSample(ProcessSet& global) {
+  TunedSettings next;
+  Status s = autotuner_->EndSample(global.transport(), &next);
+  if (!s.ok()) return s;
+  runner_.SetFusionThreshold(next.fusion_threshold_bytes);
+  cycle_time_ms_ = next.cycle_time_ms;
+  if (!autotuner_->tuning()) autotuner_.reset();
+  return Status::OK();
 }
 
 Status Engine::AgreeOnSetup(const Status& local) {
@@ -173,8 +213,6 @@ Status Engine::AgreeOnSetup(const Status& local) {
 
 void Engine::Loop() {
   using Clock = std::chrono::steady_clock;
-  const auto cycle = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double, std::milli>(options_.cycle_time_ms));
   // Rounds in which no rank had anything to do, in a row. After a few, the
   // engine answers its peers less often (up to 8 cycle times): an idle round
   // costs the training thread a wake-up and a collective, every cycle, for
@@ -202,6 +240,8 @@ void Engine::Loop() {
       waiting = waiting || set->controller().waiting();
     }
     idle_rounds = idle ? idle_rounds + 1 : 0;
+    const auto cycle = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double, std::milli>(cycle_time_ms_));
     const int backoff = std::min(std::max(idle_rounds - kIdleRoundsBeforeBackoff, 0), 3);
     // Tensors this rank announced and others have not: the ranks missing them
     // start a round the moment they submit, and rounds pair up across ranks,
@@ -245,6 +285,7 @@ bool Engine::RunCycle(ProcessSet& set, bool is_global, bool* idle) {
     Stop(Status::Error(ErrorKind::kShutdown, "hvdlite has shut down: " + text));
     return false;
   }
+  const bool sample_ended = is_global && autotuner_ && autotuner_->Record(responses.responses);
   // Process-set changes run alone, in order; everything else goes to the
   // runner, which fuses what it can.
   std::vector<Response> batch;
@@ -268,7 +309,15 @@ bool Engine::RunCycle(ProcessSet& set, bool is_global, bool* idle) {
       batch.push_back(std::move(response));
     }
   }
-  return flush();
+  if (!flush()) return false;
+  if (sample_ended) {
+    s = EndAutotuneSample(set);
+    if (!s.ok()) {
+      Stop(s);
+      return false;
+    }
+  }
+  return true;
 }
 
 Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {

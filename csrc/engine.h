@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "autotuner.h"
 #include "engine_options.h"
 #include "engine_stats.h"
 #include "handle_table.h"
@@ -70,6 +71,11 @@ class Engine {
   // One negotiation + execution round on `set`. Returns false to stop;
   // `*idle`: no rank of the set had anything to do.
   bool RunCycle(ProcessSet& set, bool is_global, bool* idle);
+  // Every rank tunes with rank 0's autotune settings (sample boundaries must
+  // fall in the same round everywhere).
+  Status StartAutotune();
+  // A sample of the autotuner ended in this round of the global set.
+  Status EndAutotuneSample(ProcessSet& global);
   Status ChangeProcessSets(ProcessSet& global, const Response& response);
   void Stop(const Status& reason);
 
@@ -82,6 +88,8 @@ class Engine {
   Timeline timeline_;
   ProcessSetTable sets_;
   OperationRunner runner_;
+  std::unique_ptr<Autotuner> autotuner_;  // while HVDLITE_AUTOTUNE searches
+  double cycle_time_ms_;                  // the autotuner may change it
   std::atomic<bool> reset_compression_{false};
   std::atomic<bool> mark_cycles_{false};
 

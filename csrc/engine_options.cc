@@ -141,6 +141,13 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
   if (!(s = ReadInt("WAIT_SLEEP_US", 1, &o.wait.sleep_us)).ok()) return s;
   if (!(s = ReadDouble("TIMEOUT_SECONDS", 0.0, &o.wait.timeout_seconds)).ok()) return s;
   if (!(s = ReadPriority(&o.priority)).ok()) return s;
+  if (!(s = ReadBool("AUTOTUNE", &o.autotune.enabled)).ok()) return s;
+  if (const char* path = Lookup("AUTOTUNE_LOG", &name)) o.autotune.log_path = path;
+  if (!(s = ReadInt("AUTOTUNE_WARMUP_SAMPLES", 0, &o.autotune.warmup_samples)).ok()) return s;
+  if (!(s = ReadInt("AUTOTUNE_STEPS_PER_SAMPLE", 1, &o.autotune.steps_per_sample)).ok()) return s;
+  if (!(s = ReadInt("AUTOTUNE_SAMPLES_PER_SETTING", 1, &o.autotune.samples_per_setting)).ok()) return s;
+  o.autotune.tune_fusion = Lookup("FUSION_THRESHOLD", &name) == nullptr;
+  o.autotune.tune_cycle = Lookup("CYCLE_TIME", &name) == nullptr;
   *out = o;
   return Status::OK();
 }

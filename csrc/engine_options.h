@@ -71,6 +71,17 @@ struct EngineOptions {
   // Hierarchical: the in-host phases and the ring pipeline over pieces of
   // this size (collectives/hierarchical_allreduce.h).
   int64_t hierarchical_piece_bytes = 4 * 1024 * 1024;
+  // Autotune (autotuner.h): while the job trains, try fusion thresholds and
+  // cycle times and keep the fastest. A setting the user gave is not tuned.
+  struct Autotune {
+    bool enabled = false;
+    std::string log_path;         // CSV of every sample, written by rank 0
+    int64_t warmup_samples = 3;   // discarded at the start (caches, allocation)
+    int64_t steps_per_sample = 10;
+    int64_t samples_per_setting = 2;
+    bool tune_fusion = true;      // false when FUSION_THRESHOLD was set
+    bool tune_cycle = true;       // false when CYCLE_TIME was set
+  } autotune;
   std::string timeline_path;
   bool timeline_mark_cycles = false;
   bool stall_check_enabled = true;

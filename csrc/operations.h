@@ -24,6 +24,8 @@ class OperationRunner {
   // `responses` is the same ordered list on every rank of `set`. A non-OK
   // result means the communicator can no longer be trusted.
   Status RunAll(ProcessSet& set, const std::vector<Response>& responses);
+  // The autotuner's choice; buckets planned from now on use it.
+  void SetFusionThreshold(int64_t bytes) { ctx_.options.fusion_threshold_bytes = bytes; }
   // Drops error-feedback residuals (hvdlite.reset_compression_state()).
   void ResetCompression() { ctx_.compressors.Reset(); }
 

@@ -16,6 +16,14 @@ def engine_env(opts):
         env["HVDLITE_CYCLE_TIME"] = repr(float(opts.cycle_time_ms))
     if opts.hierarchical_allreduce is not None:
         env["HVDLITE_HIERARCHICAL_ALLREDUCE"] = "1" if opts.hierarchical_allreduce else "0"
+    if opts.autotune:
+        env["HVDLITE_AUTOTUNE"] = "1"
+    if opts.autotune_log_file is not None:
+        env["HVDLITE_AUTOTUNE_LOG"] = os.path.abspath(opts.autotune_log_file)
+    for flag in ("warmup_samples", "steps_per_sample", "samples_per_setting"):
+        value = getattr(opts, "autotune_" + flag)
+        if value is not None:
+            env["HVDLITE_AUTOTUNE_" + flag.upper()] = str(value)
     if opts.cache_capacity is not None:
         env["HVDLITE_CACHE_CAPACITY"] = str(opts.cache_capacity)
     if opts.engine_priority is not None:

@@ -73,6 +73,17 @@ def build_parser():
                                       "ring between hosts (the default there; HVDLITE_HIERARCHICAL_ALLREDUCE)")
     g.add_argument("--no-hierarchical-allreduce", dest="hierarchical_allreduce", action="store_false",
                    help="one MPI allreduce through every rank instead (HVDLITE_HIERARCHICAL_ALLREDUCE=0)")
+    g.add_argument("--autotune", action="store_true", default=None,
+                   help="tune the fusion threshold and cycle time during the first steps and keep the "
+                        "fastest (HVDLITE_AUTOTUNE=1; docs/engine.md#autotune)")
+    g.add_argument("--autotune-log-file", metavar="FILE",
+                   help="rank 0 writes every autotune sample here, as CSV (HVDLITE_AUTOTUNE_LOG)")
+    g.add_argument("--autotune-warmup-samples", type=int, metavar="N",
+                   help="samples discarded before tuning starts (HVDLITE_AUTOTUNE_WARMUP_SAMPLES, default 3)")
+    g.add_argument("--autotune-steps-per-sample", type=int, metavar="N",
+                   help="training steps per sample (HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE, default 10)")
+    g.add_argument("--autotune-samples-per-setting", type=int, metavar="N",
+                   help="scored samples per candidate setting (HVDLITE_AUTOTUNE_SAMPLES_PER_SETTING, default 2)")
     g.add_argument("--cache-capacity", type=int, metavar="N",
                    help="response cache entries (HVDLITE_CACHE_CAPACITY)")
     g.add_argument("--engine-priority", choices=["normal", "batch", "idle"],
@@ -98,6 +109,11 @@ def build_parser():
     g.add_argument("--disable-cache", action="store_true",
                    help="accepted; hvdrun keeps no cache of its start-up checks")
     g.add_argument("--mpi", action="store_true", help="accepted; hvdrun always runs on MPI")
+    g.add_argument("--autotune-bayes-opt-max-samples", type=int, metavar="N",
+                   help="accepted; hvdlite's autotune searches one setting at a time, without "
+                        "Bayesian optimisation (see --autotune-samples-per-setting)")
+    g.add_argument("--autotune-gaussian-process-noise", type=float, metavar="X",
+                   help="accepted; see --autotune-bayes-opt-max-samples")
     g.add_argument("--gloo", action="store_true", help=argparse.SUPPRESS)
 
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
@@ -160,6 +176,11 @@ def _validate(parser, opts):
         parser.error("--start-timeout must be positive")
     if opts.fusion_threshold_mb is not None and opts.fusion_threshold_mb < 0:
         parser.error("--fusion-threshold-mb must not be negative")
+    for flag in ("autotune_warmup_samples", "autotune_steps_per_sample", "autotune_samples_per_setting"):
+        value = getattr(opts, flag)
+        if value is not None and value < (0 if flag == "autotune_warmup_samples" else 1):
+            parser.error("--%s must be at least %d" % (flag.replace("_", "-"),
+                                                       0 if flag == "autotune_warmup_samples" else 1))
     if opts.cycle_time_ms is not None and opts.cycle_time_ms <= 0:
         parser.error("--cycle-time-ms must be positive")
     if opts.cache_capacity is not None and opts.cache_capacity < 0:

@@ -169,6 +169,12 @@ def test_horovodrun_compatibility_flags():
     assert opts.command == ["python", "x.py"]
     opts = options.parse_args(["-np", "2", "--no-timeline-mark-cycles", "python"])
     assert opts.rank_env == {"HVDLITE_TIMELINE_MARK_CYCLES": "0"}
+    opts = options.parse_args(["-np", "2", "--autotune", "--autotune-log-file", "tune.csv",
+                               "--autotune-warmup-samples", "1", "--autotune-steps-per-sample", "5",
+                               "--autotune-bayes-opt-max-samples", "20", "--autotune-gaussian-process-noise",
+                               "0.8", "python"])
+    assert opts.rank_env == {"HVDLITE_AUTOTUNE": "1", "HVDLITE_AUTOTUNE_LOG": os.path.abspath("tune.csv"),
+                             "HVDLITE_AUTOTUNE_WARMUP_SAMPLES": "1", "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE": "5"}
     for flag, value in (("--hierarchical-allreduce", "1"), ("--no-hierarchical-allreduce", "0")):
         opts = options.parse_args(["-np", "2", flag, "python"])
         assert opts.rank_env == {"HVDLITE_HIERARCHICAL_ALLREDUCE": value}, flag

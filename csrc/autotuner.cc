@@ -1,0 +1,155 @@
+#include "autotuner.h"
+
+#include <algorithm>
+
+namespace hvdlite {
+
+namespace {
+
+constexpr int64_t kMB = 1024 * 1024;
+// Fusion thresholds from one tensor per bucket to few large buckets, and
+// cycle times around the default (new work starts a round at once, so the
+// cycle time matters only for what arrives while a round runs).
+const int64_t kFusionCandidates[] = {1 * kMB, 2 * kMB, 4 * kMB, 8 * kMB, 16 * kMB, 32 * kMB, 64 * kMB};
+const double kCycleCandidates[] = {0.5, 1.0, 2.0, 5.0};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+Autotuner::Autotuner(const EngineOptions& options, int rank)
+    : config_(options.autotune), rank_(rank), tuning_(options.autotune.enabled) {
+  current_.fusion_threshold_bytes = options.fusion_threshold_bytes;
+  current_.cycle_time_ms = options.cycle_time_ms;
+  best_ = current_;
+  if (!tuning_) return;
+  if (config_.tune_fusion) knobs_.push_back(Knob::kFusion);
+  if (config_.tune_cycle) knobs_.push_back(Knob::kCycle);
+  tuning_ = !knobs_.empty();
+  if (tuning_ && rank_ == 0 && !config_.log_path.empty()) {
+    log_ = std::fopen(config_.log_path.c_str(), "w");
+    if (log_ != nullptr) {
+      std::fprintf(log_, "sample,knob,fusion_threshold_bytes,cycle_time_ms,steps,bytes,seconds,"
+                         "score_bytes_per_second,note\n");
+      std::fflush(log_);
+    } else {
+      std::fprintf(stderr, "hvdlite: cannot write the autotune log %s; tuning without it\n",
+                   config_.log_path.c_str());
+    }
+  }
+  started_ = std::chrono::steady_clock::now();
+  if (tuning_ && config_.warmup_samples == 0) StartKnob();
+}
+
+Autotuner::~Autotuner() {
+  if (log_ != nullptr) std::fclose(log_);
+}
+
+void Autotuner::StartKnob() {
+  candidates_.clear();
+  candidate_ = 0;
+  samples_here_ = 0;
+  if (knobs_[knob_] == Knob::kFusion) {
+    for (int64_t f : kFusionCandidates) candidates_.push_back({{f, best_.cycle_time_ms}, {}});
+  } else {
+    for (double c : kCycleCandidates) candidates_.push_back({{best_.fusion_threshold_bytes, c}, {}});
+  }
+  current_ = candidates_[0].settings;
+}
+
+bool Autotuner::Record(const std::vector<Response>& responses) {
+  if (!tuning_) return false;
+  bool ended = false;
+  for (const Response& r : responses) {
+    if (r.kind != Response::Kind::kCollective || r.op() != OpType::kAllreduce) continue;
+    bytes_ += NumElements(r.request.shape) * static_cast<int64_t>(DataTypeSize(r.request.dtype));
+    if (r.request.auto_named) continue;
+    // A name seen again in this step begins the next step.
+    if (!step_names_.insert(r.name()).second) {
+      step_names_.clear();
+      step_names_.insert(r.name());
+      ended = ++steps_ >= config_.steps_per_sample || ended;
+    }
+  }
+  return ended;
+}
+
+Status Autotuner::EndSample(Transport& transport, TunedSettings* next) {
+  const auto now = std::chrono::steady_clock::now();
+  double seconds = std::chrono::duration<double>(now - started_).count();
+  Status s = transport.Allreduce(&seconds, 1, DataType::kFloat64, ReduceOp::kMax);
+  if (!s.ok()) return s;
+  const double score = seconds > 0 ? static_cast<double>(bytes_) / seconds : 0.0;
+  Advance(score);
+  // Rank 0's outcome, so that no difference in a rank's arithmetic can make
+  // ranks fuse differently.
+  double shared[3] = {static_cast<double>(current_.fusion_threshold_bytes), current_.cycle_time_ms,
+                      tuning_ ? 1.0 : 0.0};
+  s = transport.Broadcast(shared, sizeof(shared), 0);
+  if (!s.ok()) return s;
+  current_ = {static_cast<int64_t>(shared[0]), shared[1]};
+  tuning_ = shared[2] != 0.0;
+  *next = current_;
+  started_ = std::chrono::steady_clock::now();
+  // Step boundaries carry on across samples: the step in progress is the
+  // next sample's first.
+  steps_ = 0;
+  bytes_ = 0;
+  return Status::OK();
+}
+
+// Scores the sample that just ended and picks what runs next.
+void Autotuner::Advance(double score) {
+  const double seconds = score > 0 ? static_cast<double>(bytes_) / score : 0.0;
+  ++sample_;
+  if (sample_ <= config_.warmup_samples) {
+    Log("warmup", seconds, score);
+    if (sample_ == config_.warmup_samples) StartKnob();
+    return;
+  }
+  Candidate& c = candidates_[candidate_];
+  if (samples_here_++ == 0) {
+    Log("settle", seconds, score);  // the first after a change pays for it
+    return;
+  }
+  c.scores.push_back(score);
+  Log("scored", seconds, score);
+  if (static_cast<int64_t>(c.scores.size()) < config_.samples_per_setting) return;
+  if (++candidate_ < candidates_.size()) {
+    samples_here_ = 0;
+    current_ = candidates_[candidate_].settings;
+    return;
+  }
+  const auto winner = std::max_element(candidates_.begin(), candidates_.end(),
+                                       [](const Candidate& a, const Candidate& b) {
+                                         return Median(a.scores) < Median(b.scores);
+                                       });
+  best_ = winner->settings;
+  current_ = best_;
+  if (++knob_ < knobs_.size()) {
+    StartKnob();
+    return;
+  }
+  tuning_ = false;
+  Log("best", 0.0, Median(winner->scores));
+}
+
+void Autotuner::Log(const char* note, double seconds, double score) {
+  if (log_ == nullptr) return;
+  const bool best = std::string(note) == "best";
+  const TunedSettings& shown = best ? best_ : candidates_.empty() ? current_ : candidates_[candidate_].settings;
+  const char* knob = knob_ >= knobs_.size() || candidates_.empty() ? ""
+                     : knobs_[knob_] == Knob::kFusion            ? "fusion_threshold"
+                                                                 : "cycle_time";
+  std::fprintf(log_, "%lld,%s,%lld,%g,%lld,%lld,%.6f,%.6g,%s\n", static_cast<long long>(sample_), knob,
+               static_cast<long long>(shown.fusion_threshold_bytes), shown.cycle_time_ms,
+               static_cast<long long>(best ? 0 : steps_), static_cast<long long>(best ? 0 : bytes_), seconds,
+               score, note);
+  std::fflush(log_);
+}
+
+}  // namespace hvdlite
