@@ -110,6 +110,11 @@ def headline(case, res):
             n = network_numbers(res)
             return "fp32 %s ms, fp16 %s ms (%s faster), topk %s ms (%s faster)" % (
                 ms(n["none"]), ms(n["fp16"]), ratio(n["fp16_speedup"]), ms(n["topk"]), ratio(n["topk_speedup"]))
+        if case == "autotune":
+            a = res["autotune"]
+            return "chose fusion %s cycle %g ms in %d steps: %s the best of the sweep (%s)" % (
+                fmt_bytes(a["fusion_threshold_bytes"]), a["cycle_time_ms"], a["steps"],
+                ratio(a["ratio_to_best_of_sweep"]), a["best_of_sweep"])
         if case == "hosts":
             return "; ".join("%s: hvdlite %s of the wire floor, %s of the best MPICH schedule" % (
                 lay, ratio(n["hvdlite"] / n["floor"]), ratio(n["hvdlite"] / n["best_mpich"]))
@@ -309,6 +314,27 @@ def hosts_section(case, img):
     return "\n".join(L) + "\n"
 
 
+def autotune_section(case):
+    L = ["## Case 8: autotune against a sweep\n"]
+    failed = case_failed(case)
+    if failed:
+        return "\n".join(L + [failed])
+    a = case["autotune"]
+    L.append("The train step of case 2 (%d ranks). First a tuning phase: hvdlite trains with "
+             "`HVDLITE_AUTOTUNE=1` (samples of %s steps) until its search ends: %d samples in %d steps, "
+             "%.1f s. Then its choice runs as one more mode, interleaved with a sweep of fixed settings "
+             "(median of %d rounds x %d steps):\n"
+             % (case["ranks"], a["log"][1]["steps"] if len(a["log"]) > 1 else "?", a["samples"], a["steps"],
+                a["seconds"], case["rounds"], case["steps_per_round"]))
+    rows = [[name, ms(m["median_ms"]), ms(m["p25_ms"]), ms(m["p75_ms"]), ratio(m["ratio_to_nocomm"])]
+            for name, m in case["modes"].items()]
+    L.append(table(["mode", "median ms", "p25", "p75", "x no-comm"], rows))
+    L.append("\nAutotune chose fusion %s, cycle %g ms: **%s** the step time of the best fixed setting "
+             "(%s).\n" % (fmt_bytes(a["fusion_threshold_bytes"]), a["cycle_time_ms"],
+                          ratio(a["ratio_to_best_of_sweep"]), a["best_of_sweep"]))
+    return "\n".join(L) + "\n"
+
+
 def plot_scaling(path, sc, neg):
     plt = _plt()
     panels = []
@@ -436,6 +462,8 @@ def write(data, doc_path, img_dir, json_path):
         L.append(network_section(data, img))
     if "hosts" in cases:
         L.append(hosts_section(cases["hosts"], img))
+    if "autotune" in cases:
+        L.append(autotune_section(cases["autotune"]))
     if "scaling" in cases or "negotiation" in cases:
         L.append(scaling_section(cases.get("scaling"), cases.get("negotiation"), img))
     if "sweep" in cases:

@@ -39,7 +39,8 @@ REPO = os.path.dirname(BENCH)
 ALLREDUCE = os.path.join(BENCH, "allreduce.py")
 TRAIN = os.path.join(BENCH, "train_step.py")
 BREAKDOWN = os.path.join(BENCH, "breakdown.py")
-CASES = ["allreduce", "train_step", "kernels", "network", "hosts", "scaling", "negotiation", "sweep"]
+CASES = ["allreduce", "train_step", "kernels", "network", "hosts", "scaling", "negotiation", "sweep",
+         "autotune"]
 TINY_CASES = ["allreduce", "train_step", "sweep"]
 
 FULL = dict(
@@ -56,6 +57,8 @@ FULL = dict(
     sweep_train_rounds=4, sweep_train_steps=3,
     breakdown_calls=3,
     hosts_layouts="2x2,4x1,4x2", hosts_iters=7,
+    autotune_sweep="1MB:0.5,1MB:1,1MB:5,4MB:0.5,4MB:1,4MB:5,16MB:0.5,16MB:1,16MB:5,64MB:0.5,64MB:1,64MB:5",
+    autotune_rounds=4, autotune_steps=3, autotune_steps_per_sample=3,
     job_timeout=2400,
 )
 TINY = dict(
@@ -70,6 +73,7 @@ TINY = dict(
     sweep_train="4MB:1", sweep_train_rounds=1, sweep_train_steps=1,
     breakdown_calls=1,
     hosts_layouts="2x1", hosts_iters=1,
+    autotune_sweep="1MB:1,64MB:1", autotune_rounds=1, autotune_steps=1, autotune_steps_per_sample=1,
     job_timeout=300,
 )
 
@@ -387,15 +391,24 @@ def case_hosts(R, P, args, tiny):
     return out
 
 
+def case_autotune(R, P, args, tiny):
+    """HVDLITE_AUTOTUNE's choice for the train step against a sweep of fusion
+    thresholds x cycle times, timed in the same job."""
+    return R.job(args.np, TRAIN, train_args(P, P["autotune_rounds"], P["autotune_steps"]) +
+                 ["--modes", "nocomm,hvdlite", "--hvdlite-settings", P["autotune_sweep"], "--autotune",
+                  "--autotune-steps-per-sample", str(P["autotune_steps_per_sample"])])
+
+
 RUNNERS = {"allreduce": case_allreduce, "train_step": case_train, "kernels": case_kernels,
            "network": case_network, "scaling": case_scaling, "negotiation": case_negotiation,
-           "sweep": case_sweep, "hosts": case_hosts}
+           "sweep": case_sweep, "hosts": case_hosts, "autotune": case_autotune}
 TITLES = {"allreduce": "cases 1+3: ResNet-50 set and 100 x 4 KB allreduce",
           "train_step": "case 2: train step 6 x Linear(2048, 2048)",
           "kernels": "case 4: compression kernels", "network": "case 5: emulated network",
           "scaling": "case 6: scaling over 1/2/4 ranks", "negotiation": "case 6: negotiation overhead",
           "sweep": "sweep: fusion threshold x cycle time",
-          "hosts": "case 7: between emulated hosts (layouts, wire floor)"}
+          "hosts": "case 7: between emulated hosts (layouts, wire floor)",
+          "autotune": "case 8: autotune against a sweep"}
 
 
 # ---- meta ----------------------------------------------------------------------------

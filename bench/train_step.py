@@ -9,12 +9,19 @@ gradients), batch 64 per rank, 1 compute thread per rank, plain SGD.
     mpiexec -n 2 python bench/train_step.py --compression fp16,topk
     mpiexec -n 2 python bench/train_step.py --engine-priorities batch,idle
     mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite --hvdlite-settings 4MB:1,64MB:1
+    mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite --hvdlite-settings 4MB:1,64MB:1 --autotune
 
 Each round runs every mode for --steps steps, in a rotating order, so slow
 phases of a shared machine hit all modes alike. The step time of a mode is
 the median over all its timed steps of the slowest rank's step time. "no
 communication" is the same ranks doing the same work with a plain optimizer
 (what a perfect overlap would achieve); ratios are relative to it.
+
+With --autotune, a tuning phase comes first: hvdlite trains with
+HVDLITE_AUTOTUNE=1 until its search ends, and the setting it chose joins the
+interleaved rounds as one more mode ("hvdlite autotuned ..."), next to the
+settings of --hvdlite-settings, so the choice is measured against a sweep in
+the same run.
 
 Only the measured mode's engine runs: hvdlite is shut down while the
 no-communication, DDP and Horovod modes run, and restarted (with that mode's
@@ -62,6 +69,11 @@ def parse_args(argv=None):
                    help="comma list of engine settings, KEY=VALUE joined by '+' (e.g. "
                         "WAIT_YIELD_US=0,WAIT_YIELD_US=2000+CYCLE_TIME=2): one hvdlite mode each, "
                         "HVDLITE_ prefixed, in place of the plain 'hvdlite' mode")
+    p.add_argument("--autotune", action="store_true",
+                   help="tune with HVDLITE_AUTOTUNE first, then time its choice as one more mode")
+    p.add_argument("--autotune-steps-per-sample", type=int, default=3)
+    p.add_argument("--autotune-samples-per-setting", type=int, default=2)
+    p.add_argument("--autotune-max-steps", type=int, default=400)
     p.add_argument("--layers", type=int, default=LAYERS)
     p.add_argument("--width", type=int, default=WIDTH)
     p.add_argument("--batch", type=int, default=BATCH)
@@ -200,6 +212,50 @@ def build_modes(names, args, engines):
     return modes, absent
 
 
+def autotune(args, engines, x, y):
+    """Trains with HVDLITE_AUTOTUNE=1 until the search ends; returns (the mode
+    that runs its choice, what the phase did)."""
+    import csv
+    import tempfile
+    log = comm.bcast(os.path.join(tempfile.mkdtemp(prefix="hvdlite-autotune-"), "autotune.csv")
+                     if comm.rank == 0 else None, root=0)
+    env = {"HVDLITE_AUTOTUNE": 1, "HVDLITE_AUTOTUNE_LOG": log, "HVDLITE_AUTOTUNE_WARMUP_SAMPLES": 1,
+           "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE": args.autotune_steps_per_sample,
+           "HVDLITE_AUTOTUNE_SAMPLES_PER_SETTING": args.autotune_samples_per_setting}
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) for _ in range(args.layers)])
+    engines.use("hvdlite")
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1e-4),
+                                   named_parameters=[("tune." + n, p) for n, p in m.named_parameters()])
+    tuner = Mode("autotune phase", m, opt, engine="hvdlite", env=env)
+    engines.use("hvdlite", env)
+    t0, steps, chosen = time.perf_counter(), 0, None
+    while chosen is None and steps < args.autotune_max_steps:
+        tuner.step(x, y)
+        steps += 1
+        if comm.rank == 0:
+            with open(log) as f:
+                rows = list(csv.DictReader(f))
+            chosen = rows[-1] if rows and rows[-1]["note"] == "best" else None
+        chosen = comm.bcast(chosen, root=0)
+    seconds = time.perf_counter() - t0
+    engines.use(None)
+    if chosen is None:
+        raise SystemExit(f"autotune did not finish within {args.autotune_max_steps} steps")
+    rows = comm.bcast(rows if comm.rank == 0 else None, root=0)
+    fusion, cycle = int(chosen["fusion_threshold_bytes"]), float(chosen["cycle_time_ms"])
+    label = f"hvdlite autotuned (fusion {fusion / (1 << 20):g}MB cycle {cycle:g} ms)"
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) for _ in range(args.layers)])
+    engines.use("hvdlite")
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1e-4),
+                                   named_parameters=[("auto." + n, p) for n, p in m.named_parameters()])
+    mode = Mode(label, m, opt, engine="hvdlite",
+                env={"HVDLITE_FUSION_THRESHOLD": fusion, "HVDLITE_CYCLE_TIME": cycle})
+    return mode, {"steps": steps, "seconds": round(seconds, 2), "samples": len(rows) - 1,
+                  "fusion_threshold_bytes": fusion, "cycle_time_ms": cycle, "label": label, "log": rows}
+
+
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(1)
@@ -209,6 +265,10 @@ def main(argv=None):
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch, args.width, generator=g)
     y = torch.randn(args.batch, args.width, generator=g)
+    tuned = None
+    if args.autotune:
+        mode, tuned = autotune(args, engines, x, y)
+        modes.append(mode)
 
     def enter(mode):
         """Start the mode's engine (hvdlite with the mode's settings); True when it was
@@ -254,6 +314,14 @@ def main(argv=None):
                "steps_per_round": args.steps, "modes": {}, "absent": absent,
                "mpi": MPI.Get_library_version().splitlines()[0][:60],
                "loadavg_end": load_average()}
+    if tuned:
+        sweep = [m for m in modes if m.label.startswith("hvdlite fusion ")]
+        if sweep:
+            best = min(sweep, key=lambda m: statistics.median(m.times))
+            tuned["best_of_sweep"] = best.label
+            tuned["ratio_to_best_of_sweep"] = round(
+                statistics.median(modes[-1].times) / statistics.median(best.times), 3)
+        results["autotune"] = tuned
     print(f"train step, {args.layers} x Linear({args.width}, {args.width}), batch {args.batch}/rank, "
           f"{size} ranks, 1 thread/rank, {args.rounds} rounds x {args.steps} steps (interleaved)")
     print(f"{'mode':34s} {'median ms':>10s} {'p25':>8s} {'p75':>8s} {'x no-comm':>10s} "
@@ -275,6 +343,10 @@ def main(argv=None):
               f"{r['train_thread_cpu_ms']:10.1f} {r['other_threads_cpu_ms']:10.1f}")
     for label, why in absent.items():
         print(f"{label:34s} {'absent':>10s}   {why}")
+    if tuned:
+        print(f"autotune: {tuned['samples']} samples in {tuned['steps']} steps ({tuned['seconds']} s) chose "
+              f"{tuned['label']}" + (f"; {tuned['ratio_to_best_of_sweep']:.3f}x the best of the sweep "
+                                    f"({tuned['best_of_sweep']})" if "best_of_sweep" in tuned else ""))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
