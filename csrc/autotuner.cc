@@ -12,6 +12,12 @@ constexpr int64_t kMB = 1024 * 1024;
 // cycle time matters only for what arrives while a round runs).
 const int64_t kFusionCandidates[] = {1 * kMB, 2 * kMB, 4 * kMB, 8 * kMB, 16 * kMB, 32 * kMB, 64 * kMB};
 const double kCycleCandidates[] = {0.5, 1.0, 2.0, 5.0};
+const int64_t kChunkCandidates[] = {128 * 1024, 512 * 1024, 2 * kMB};
+
+const char* KnobName(int knob) {
+  static const char* const names[] = {"fusion_threshold", "cycle_time", "hierarchical", "ring_chunk"};
+  return names[knob];
+}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -21,20 +27,23 @@ double Median(std::vector<double> v) {
 
 }  // namespace
 
-Autotuner::Autotuner(const EngineOptions& options, int rank)
+Autotuner::Autotuner(const EngineOptions& options, int rank, const WireSettings* wire)
     : config_(options.autotune), rank_(rank), tuning_(options.autotune.enabled) {
   current_.fusion_threshold_bytes = options.fusion_threshold_bytes;
   current_.cycle_time_ms = options.cycle_time_ms;
+  if (wire != nullptr) current_.wire = *wire;
   best_ = current_;
   if (!tuning_) return;
   if (config_.tune_fusion) knobs_.push_back(Knob::kFusion);
   if (config_.tune_cycle) knobs_.push_back(Knob::kCycle);
+  if (current_.wire.hierarchical >= 0) knobs_.push_back(Knob::kHierarchical);
+  if (current_.wire.ring_chunk_bytes > 0) knobs_.push_back(Knob::kChunk);
   tuning_ = !knobs_.empty();
   if (tuning_ && rank_ == 0 && !config_.log_path.empty()) {
     log_ = std::fopen(config_.log_path.c_str(), "w");
     if (log_ != nullptr) {
-      std::fprintf(log_, "sample,knob,fusion_threshold_bytes,cycle_time_ms,steps,bytes,seconds,"
-                         "score_bytes_per_second,note\n");
+      std::fprintf(log_, "sample,knob,fusion_threshold_bytes,cycle_time_ms,ring_chunk_bytes,hierarchical,"
+                         "steps,bytes,seconds,score_bytes_per_second,note\n");
       std::fflush(log_);
     } else {
       std::fprintf(stderr, "hvdlite: cannot write the autotune log %s; tuning without it\n",
@@ -53,10 +62,24 @@ void Autotuner::StartKnob() {
   candidates_.clear();
   candidate_ = 0;
   samples_here_ = 0;
-  if (knobs_[knob_] == Knob::kFusion) {
-    for (int64_t f : kFusionCandidates) candidates_.push_back({{f, best_.cycle_time_ms}, {}});
-  } else {
-    for (double c : kCycleCandidates) candidates_.push_back({{best_.fusion_threshold_bytes, c}, {}});
+  auto add = [this](auto change) {
+    Candidate c{best_, {}};
+    change(&c.settings);
+    candidates_.push_back(c);
+  };
+  switch (knobs_[knob_]) {
+    case Knob::kFusion:
+      for (int64_t f : kFusionCandidates) add([f](TunedSettings* t) { t->fusion_threshold_bytes = f; });
+      break;
+    case Knob::kCycle:
+      for (double c : kCycleCandidates) add([c](TunedSettings* t) { t->cycle_time_ms = c; });
+      break;
+    case Knob::kHierarchical:
+      for (int h : {1, 0}) add([h](TunedSettings* t) { t->wire.hierarchical = h; });
+      break;
+    case Knob::kChunk:
+      for (int64_t b : kChunkCandidates) add([b](TunedSettings* t) { t->wire.ring_chunk_bytes = b; });
+      break;
   }
   current_ = candidates_[0].settings;
 }
@@ -87,12 +110,16 @@ Status Autotuner::EndSample(Transport& transport, TunedSettings* next) {
   Advance(score);
   // Rank 0's outcome, so that no difference in a rank's arithmetic can make
   // ranks fuse differently.
-  double shared[3] = {static_cast<double>(current_.fusion_threshold_bytes), current_.cycle_time_ms,
-                      tuning_ ? 1.0 : 0.0};
+  double shared[5] = {static_cast<double>(current_.fusion_threshold_bytes), current_.cycle_time_ms,
+                      static_cast<double>(current_.wire.ring_chunk_bytes),
+                      static_cast<double>(current_.wire.hierarchical), tuning_ ? 1.0 : 0.0};
   s = transport.Broadcast(shared, sizeof(shared), 0);
   if (!s.ok()) return s;
-  current_ = {static_cast<int64_t>(shared[0]), shared[1]};
-  tuning_ = shared[2] != 0.0;
+  current_.fusion_threshold_bytes = static_cast<int64_t>(shared[0]);
+  current_.cycle_time_ms = shared[1];
+  current_.wire.ring_chunk_bytes = static_cast<int64_t>(shared[2]);
+  current_.wire.hierarchical = static_cast<int>(shared[3]);
+  tuning_ = shared[4] != 0.0;
   *next = current_;
   started_ = std::chrono::steady_clock::now();
   // Step boundaries carry on across samples: the step in progress is the
@@ -130,6 +157,8 @@ void Autotuner::Advance(double score) {
                                        });
   best_ = winner->settings;
   current_ = best_;
+  // The ring's chunks do not matter once MPI does the allreduce.
+  if (knob_ + 1 < knobs_.size() && knobs_[knob_ + 1] == Knob::kChunk && best_.wire.hierarchical == 0) ++knob_;
   if (++knob_ < knobs_.size()) {
     StartKnob();
     return;
@@ -142,11 +171,10 @@ void Autotuner::Log(const char* note, double seconds, double score) {
   if (log_ == nullptr) return;
   const bool best = std::string(note) == "best";
   const TunedSettings& shown = best ? best_ : candidates_.empty() ? current_ : candidates_[candidate_].settings;
-  const char* knob = knob_ >= knobs_.size() || candidates_.empty() ? ""
-                     : knobs_[knob_] == Knob::kFusion            ? "fusion_threshold"
-                                                                 : "cycle_time";
-  std::fprintf(log_, "%lld,%s,%lld,%g,%lld,%lld,%.6f,%.6g,%s\n", static_cast<long long>(sample_), knob,
+  const char* knob = knob_ >= knobs_.size() || candidates_.empty() ? "" : KnobName(static_cast<int>(knobs_[knob_]));
+  std::fprintf(log_, "%lld,%s,%lld,%g,%lld,%d,%lld,%lld,%.6f,%.6g,%s\n", static_cast<long long>(sample_), knob,
                static_cast<long long>(shown.fusion_threshold_bytes), shown.cycle_time_ms,
+               static_cast<long long>(shown.wire.ring_chunk_bytes), shown.wire.hierarchical,
                static_cast<long long>(best ? 0 : steps_), static_cast<long long>(best ? 0 : bytes_), seconds,
                score, note);
   std::fflush(log_);

@@ -1,13 +1,15 @@
 // Tunes the engine while the job trains (HVDLITE_AUTOTUNE=1, Horovod's
 // HOROVOD_AUTOTUNE): the fusion threshold and the cycle time that suit a
-// model and a network are found by measuring, not guessed.
+// model and a network, and between hosts the ring's chunk size and whether
+// the allreduce is hierarchical, are found by measuring, not guessed.
 //
 // The job's first steps are cut into samples of `steps_per_sample` training
 // steps; a step ends where a tensor name repeats. Each sample scores the
 // setting it ran with by the bytes allreduced per second of wall time, the
 // training's compute included, so the score is what a user feels. The search
 // goes one knob at a time (fusion thresholds at the starting cycle time, then
-// cycle times at the best threshold): each candidate runs one sample to
+// cycle times at the best threshold, then hierarchical on or off and the
+// ring's chunk size where the wire has them): each candidate runs one sample to
 // settle, then `samples_per_setting` scored ones, and the best median wins.
 // After the search the engine keeps the winner for the rest of the job.
 //
@@ -33,12 +35,14 @@ namespace hvdlite {
 struct TunedSettings {
   int64_t fusion_threshold_bytes = 0;
   double cycle_time_ms = 0.0;
+  WireSettings wire;  // of the global set's transport (ring_chunk_bytes 0: none)
 };
 
 class Autotuner {
  public:
-  // `options.autotune` must already be the same on every rank.
-  Autotuner(const EngineOptions& options, int rank);
+  // `options.autotune` must already be the same on every rank; `wire`: what
+  // the global set's transport lets tune (nullptr: nothing).
+  Autotuner(const EngineOptions& options, int rank, const WireSettings* wire);
   ~Autotuner();
   Autotuner(const Autotuner&) = delete;
   Autotuner& operator=(const Autotuner&) = delete;
@@ -55,7 +59,7 @@ class Autotuner {
   Status EndSample(Transport& transport, TunedSettings* next);
 
  private:
-  enum class Knob { kFusion, kCycle };
+  enum class Knob { kFusion, kCycle, kHierarchical, kChunk };
   struct Candidate {
     TunedSettings settings;
     std::vector<double> scores;

@@ -160,7 +160,9 @@ Status Engine::StartAutotune() {
     }
     options_.fusion_threshold_bytes = static_cast<int64_t>(start[0]);
     options_.cycle_time_ms = start[1];
-    autotuner_ = std::make_unique<Autotuner>(options_, topology_.rank);
+    WireSettings wire;
+    const bool tunable = sets_.Get(0)->transport().GetWireSettings(&wire);
+    autotuner_ = std::make_unique<Autotuner>(options_, topology_.rank, tunable ? &wire : nullptr);
     runner_.SetFusionThreshold(autotuner_->settings().fusion_threshold_bytes);
     cycle_time_ms_ = autotuner_->settings().cycle_time_ms;
   }
@@ -173,6 +175,7 @@ Status Engine::EndAutotuneSample(ProcessSet& global) {
   if (!s.ok()) return s;
   runner_.SetFusionThreshold(next.fusion_threshold_bytes);
   cycle_time_ms_ = next.cycle_time_ms;
+  if (next.wire.ring_chunk_bytes > 0) global.transport().Tune(next.wire);
   if (!autotuner_->tuning()) autotuner_.reset();
   return Status::OK();
 }

@@ -41,6 +41,12 @@ class TransportWork {
   virtual bool done() const { return false; }
 };
 
+// What the autotuner (autotuner.h) may change on a wire between hosts.
+struct WireSettings {
+  int64_t ring_chunk_bytes = 0;  // 0: the wire has no ring
+  int hierarchical = -1;         // -1: not possible on this layout; 0 off (MPI), 1 on
+};
+
 class Transport {
  public:
   // `send` argument meaning "the input is already in `recv`".
@@ -91,6 +97,11 @@ class Transport {
   virtual Status GatherBytes(const std::vector<uint8_t>& mine, int root,
                              std::vector<std::vector<uint8_t>>* all) = 0;
   virtual Status BroadcastBytes(std::vector<uint8_t>* bytes, int root) = 0;
+
+  // The wire's tunable settings; false when it has none. Tune applies new
+  // ones between rounds (nothing in flight), the same on every rank.
+  virtual bool GetWireSettings(WireSettings* /*out*/) const { return false; }
+  virtual void Tune(const WireSettings& /*settings*/) {}
 };
 
 }  // namespace hvdlite

@@ -11,6 +11,7 @@ import pytest
 from mpi_harness import RankTests, mpiexec, rank_env
 
 FEATURES = RankTests("scripts/engine_features.py")
+AUTOTUNE = RankTests("scripts/engine_autotune.py")
 
 
 def cases_without(*prefixes):
@@ -20,6 +21,11 @@ def cases_without(*prefixes):
 @pytest.mark.parametrize("case", FEATURES.cases)
 def test_features_two_ranks(case, rank_launch):
     rank_launch(FEATURES, 2).check(case)
+
+
+@pytest.mark.parametrize("case", AUTOTUNE.cases)
+def test_autotune_two_ranks(case, rank_launch):
+    rank_launch(AUTOTUNE, 2).check(case)
 
 
 @pytest.mark.parametrize("case", cases_without("test_timeline", "test_stall"))

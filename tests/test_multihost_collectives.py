@@ -3,7 +3,8 @@ on ranks spread over network-namespace hosts with their own sshd
 (tests/hosts_fixture.py), started by hvdrun, MPI over TCP. One rank per host
 takes the ring between hosts; two per host take it hierarchically (reduce in
 the host, ring between hosts) unless that is turned off. The thresholds are
-lowered so that most reductions take the ring, in many chunks.
+lowered so that most reductions take the ring, in many chunks. The autotune
+cases run here too: between hosts the wire's settings are knobs.
 
 Needs root and network namespaces, as tests/test_launcher_multihost.py.
 """
@@ -15,6 +16,7 @@ from hosts_fixture import hosts_or_skip, hvdrun_argv
 from mpi_harness import RankTests
 
 COLLECTIVES = RankTests("scripts/engine_collectives.py")
+AUTOTUNE = RankTests("scripts/engine_autotune.py")
 RING_SMALL = {"HVDLITE_RING_THRESHOLD": "1024", "HVDLITE_RING_CHUNK_BYTES": "4096"}
 # 2x2: hierarchical by default, in pieces of 6144 floats, each ring over 2
 # chunks per segment; and with it turned off (MPI's allreduce).
@@ -52,4 +54,13 @@ def launcher_for(hosts, per_host):
 def test_collectives_between_hosts(layout, case, hosts, rank_launch):
     host_count, per_host, env = LAYOUTS[layout]
     rank_launch(COLLECTIVES, host_count * per_host, env=dict(RING_SMALL, **env),
+                launcher=launcher_for(hosts, per_host)).check(case)
+
+
+@pytest.mark.parametrize("case", AUTOTUNE.cases)
+@pytest.mark.parametrize("layout", ["2x1", "2x2 hierarchical"])
+def test_autotune_between_hosts(layout, case, hosts, rank_launch):
+    """The wire's knobs (ring chunk, hierarchical) join the search."""
+    host_count, per_host, env = LAYOUTS[layout]
+    rank_launch(AUTOTUNE, host_count * per_host, env=dict(RING_SMALL, **env),
                 launcher=launcher_for(hosts, per_host)).check(case)

@@ -57,6 +57,8 @@ class ForwardingTransport : public Transport {
                      std::vector<std::vector<uint8_t>>* all) override {
     return inner_->GatherBytes(mine, root, all);
   }
+  bool GetWireSettings(WireSettings* out) const override { return inner_->GetWireSettings(out); }
+  void Tune(const WireSettings& settings) override { inner_->Tune(settings); }
   Status BroadcastBytes(std::vector<uint8_t>* bytes, int root) override {
     return inner_->BroadcastBytes(bytes, root);
   }

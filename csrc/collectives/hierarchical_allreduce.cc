@@ -11,7 +11,7 @@ namespace hvdlite {
 HierarchicalAllreduceWork::HierarchicalAllreduceWork(const Setup& setup, void* data, int64_t count,
                                                      DataType dtype, ReduceOp op, double scale)
     : setup_(setup), data_(static_cast<uint8_t*>(data)), count_(count), dtype_(dtype), op_(op),
-      scale_(scale), elem_(static_cast<int64_t>(DataTypeSize(dtype))) {
+      scale_(scale), elem_(static_cast<int64_t>(DataTypeSize(dtype))), turn_(setup.turns->created++) {
   MPI_Comm_rank(setup_.scatter, &local_rank_);
   MPI_Comm_size(setup_.scatter, &local_size_);
   const int64_t piece_elems = std::max<int64_t>(setup_.piece_elems, local_size_);
@@ -36,6 +36,10 @@ HierarchicalAllreduceWork::~HierarchicalAllreduceWork() {
   for (Piece& piece : pieces_) {
     if (piece.request != MPI_REQUEST_NULL) MPI_Request_free(&piece.request);
   }
+  // Only after an error (the engine then stops using these communicators):
+  // the works after this one must not wait for turns it never passed on.
+  setup_.turns->scatter = std::max(setup_.turns->scatter, turn_ + 1);
+  setup_.turns->gather = std::max(setup_.turns->gather, turn_ + 1);
 }
 
 Status HierarchicalAllreduceWork::Start() {
@@ -63,6 +67,7 @@ Status HierarchicalAllreduceWork::Wait() {
 
 // In piece order, at most `depth` pieces reduced or reducing ahead of the ring.
 Status HierarchicalAllreduceWork::StartScatters() {
+  if (setup_.turns->scatter != turn_) return Status::OK();
   while (scattered_ < pieces_.size() && scattered_ < ringed_ + static_cast<size_t>(setup_.depth)) {
     Piece& piece = pieces_[scattered_];
     Status s = MpiCheck(MPI_Ireduce_scatter(data_ + piece.offset * elem_, block_.data() + piece.block_offset * elem_,
@@ -71,6 +76,23 @@ Status HierarchicalAllreduceWork::StartScatters() {
     if (!s.ok()) return s;
     ++scattered_;
   }
+  if (scattered_ == pieces_.size()) setup_.turns->scatter = turn_ + 1;
+  return Status::OK();
+}
+
+// The pieces through the ring, in order, once it is this work's turn.
+Status HierarchicalAllreduceWork::StartGathers() {
+  if (setup_.turns->gather != turn_) return Status::OK();
+  for (; gathering_ < ringed_; ++gathering_) {
+    Piece& piece = pieces_[gathering_];
+    const int mine = piece.counts[static_cast<size_t>(local_rank_)];
+    Status s = MpiCheck(MPI_Iallgatherv(block_.data() + piece.block_offset * elem_, mine, type_,
+                                        data_ + piece.offset * elem_, piece.counts.data(), piece.displs.data(),
+                                        type_, setup_.gather, &piece.request),
+                        "MPI_Iallgatherv(host)");
+    if (!s.ok()) return s;
+  }
+  if (gathering_ == pieces_.size()) setup_.turns->gather = turn_ + 1;
   return Status::OK();
 }
 
@@ -82,7 +104,7 @@ Status HierarchicalAllreduceWork::TestRequest(Piece* piece, bool* finished) {
 }
 
 // The ring takes one piece at a time, in order, once its reduce-scatter is
-// done; a finished piece starts its allgather inside the host.
+// done; a finished piece waits for its allgather inside the host.
 Status HierarchicalAllreduceWork::MoveRing() {
   while (ringed_ < reduced_) {
     Piece& piece = pieces_[ringed_];
@@ -94,12 +116,6 @@ Status HierarchicalAllreduceWork::MoveRing() {
     bool ring_done = false;
     if (Status s = ring_->Advance(&ring_done); !s.ok() || !ring_done) return s;
     ring_.reset();
-    Status s = MpiCheck(MPI_Iallgatherv(block_.data() + piece.block_offset * elem_,
-                                        piece.counts[static_cast<size_t>(local_rank_)], type_,
-                                        data_ + piece.offset * elem_, piece.counts.data(), piece.displs.data(),
-                                        type_, setup_.gather, &piece.request),
-                        "MPI_Iallgatherv(host)");
-    if (!s.ok()) return s;
     ++ringed_;
   }
   return Status::OK();
@@ -113,12 +129,14 @@ Status HierarchicalAllreduceWork::Advance(bool* done) {
   }
   if (Status s = MoveRing(); !s.ok()) return s;
   if (Status s = StartScatters(); !s.ok()) return s;
+  if (Status s = StartGathers(); !s.ok()) return s;
   finished = true;
-  while (finished && gathered_ < ringed_) {
+  while (finished && gathered_ < gathering_) {
     if (Status s = TestRequest(&pieces_[gathered_], &finished); !s.ok()) return s;
     if (finished) ++gathered_;
   }
-  *done = gathered_ == pieces_.size();
+  // An empty buffer is done once it has passed its turns on.
+  *done = gathered_ == pieces_.size() && setup_.turns->scatter > turn_ && setup_.turns->gather > turn_;
   return Status::OK();
 }
 

@@ -21,6 +21,18 @@
 
 namespace hvdlite {
 
+// Several allreduces can be in flight at once (the allreduce pipeline starts
+// the next bucket before the last one finishes), and MPI wants nonblocking
+// collectives on one communicator started in the same order on every rank.
+// So the works take turns, in the order they were created (the same on every
+// rank): a work starts its host reduce-scatters only once the one before has
+// started all of its own, and likewise its allgathers.
+struct HostPhaseTurns {
+  int64_t created = 0;  // works created so far: the next one's number
+  int64_t scatter = 0;  // the work whose reduce-scatters may start
+  int64_t gather = 0;   // the work whose allgathers may start
+};
+
 class HierarchicalAllreduceWork : public TransportWork {
  public:
   struct Setup {
@@ -31,6 +43,7 @@ class HierarchicalAllreduceWork : public TransportWork {
     RingAllreduceWork::Setup cross;  // the ring between hosts
     int64_t piece_elems;             // elements per piece
     int depth;                       // pieces reduced in the host ahead of the ring
+    HostPhaseTurns* turns;           // shared by the works of one transport
   };
 
   HierarchicalAllreduceWork(const Setup& setup, void* data, int64_t count, DataType dtype, ReduceOp op,
@@ -51,6 +64,7 @@ class HierarchicalAllreduceWork : public TransportWork {
 
   Status Advance(bool* done);
   Status StartScatters();
+  Status StartGathers();
   Status TestRequest(Piece* piece, bool* finished);
   Status MoveRing();
 
@@ -67,9 +81,11 @@ class HierarchicalAllreduceWork : public TransportWork {
   MPI_Datatype type_ = MPI_DATATYPE_NULL;
   MPI_Op mpi_op_ = MPI_OP_NULL;
   std::unique_ptr<RingAllreduceWork> ring_;  // of piece `ringed_`
+  int64_t turn_;          // this work's number (HostPhaseTurns)
   size_t scattered_ = 0;  // reduce-scatters started
   size_t reduced_ = 0;    // reduce-scatters finished
-  size_t ringed_ = 0;     // pieces through the ring (their allgathers started)
+  size_t ringed_ = 0;     // pieces through the ring
+  size_t gathering_ = 0;  // allgathers started
   size_t gathered_ = 0;   // allgathers finished
   Status status_;
 };

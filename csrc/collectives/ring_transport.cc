@@ -96,9 +96,21 @@ RingTransport::~RingTransport() {
   }
 }
 
+bool RingTransport::GetWireSettings(WireSettings* out) const {
+  out->ring_chunk_bytes = chunk_bytes_;
+  out->hierarchical = local_ == MPI_COMM_NULL ? -1 : hierarchical_on_;
+  return true;
+}
+
+void RingTransport::Tune(const WireSettings& settings) {
+  if (settings.ring_chunk_bytes > 0) chunk_bytes_ = settings.ring_chunk_bytes;
+  if (local_ != MPI_COMM_NULL && settings.hierarchical >= 0) hierarchical_on_ = settings.hierarchical != 0;
+}
+
 bool RingTransport::Takes(int64_t count, DataType dtype, ReduceOp op) const {
   MPI_Datatype type;
   MPI_Op mpi_op;
+  if (local_ != MPI_COMM_NULL && !hierarchical_on_) return false;
   return count * static_cast<int64_t>(DataTypeSize(dtype)) >= threshold_bytes_ &&
          ElementwiseReducible(dtype, op) && (local_ == MPI_COMM_NULL || MpiReduction(dtype, op, &type, &mpi_op));
 }
@@ -123,7 +135,8 @@ Status RingTransport::StartAllreduce(const void* send, void* recv, int64_t count
   Status s;
   if (local_ != MPI_COMM_NULL) {
     HierarchicalAllreduceWork::Setup hierarchical{local_, local_gather_, setup,
-                                                  std::max<int64_t>(1, piece_bytes_ / elem), kHierarchicalDepth};
+                                                  std::max<int64_t>(1, piece_bytes_ / elem), kHierarchicalDepth,
+                                                  &turns_};
     auto w = std::make_unique<HierarchicalAllreduceWork>(hierarchical, recv, count, dtype, op, scale);
     s = w->Start();
     if (s.ok()) *work = std::move(w);

@@ -21,6 +21,7 @@
 #include "../engine_options.h"
 #include "../engine_stats.h"
 #include "forwarding_transport.h"
+#include "hierarchical_allreduce.h"
 
 namespace hvdlite {
 
@@ -41,6 +42,8 @@ class RingTransport : public ForwardingTransport {
   Status StartAllreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
                         double scale, std::unique_ptr<TransportWork>* work) override;
   Status Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op) override;
+  bool GetWireSettings(WireSettings* out) const override;
+  void Tune(const WireSettings& settings) override;
 
  private:
   RingTransport(std::unique_ptr<Transport> inner, MPI_Comm ring, MPI_Comm local, MPI_Comm local_gather,
@@ -54,6 +57,8 @@ class RingTransport : public ForwardingTransport {
   int64_t threshold_bytes_;
   int64_t chunk_bytes_;
   int64_t piece_bytes_;
+  HostPhaseTurns turns_;         // hierarchical works in flight take turns on local_, local_gather_
+  bool hierarchical_on_ = true;  // with local_: off sends large allreduces to MPI (autotune)
   int window_;
   WaitPolicy wait_;
   const std::atomic<bool>* abort_;

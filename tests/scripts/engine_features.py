@@ -7,7 +7,6 @@ Engine settings are read at init(), so each case starts its own engine with
 its HVDLITE_* settings (the ``engine`` fixture). The wire is the launch's
 choice: HVDLITE_SHM_ALLREDUCE stays as the launch set it for every engine.
 """
-import csv
 import json
 import os
 import shutil
@@ -485,89 +484,6 @@ def test_timeline_horovod_layout(engine, tmp_path):
     assert all(v == 0 for v in check_balanced(events).values()), "unbalanced B/E after a clean stop"
     ends = [e for e in events if e.get("ph") == "E" and e.get("name") == "ALLREDUCE"]
     assert ends and all({"dtype", "shape"} <= set(e.get("args", {})) for e in ends), ends
-
-
-# ---------------------------------------------------------------- autotune
-
-MB = 1 << 20
-FUSION_CANDIDATES = [1 * MB, 2 * MB, 4 * MB, 8 * MB, 16 * MB, 32 * MB, 64 * MB]
-CYCLE_CANDIDATES = [0.5, 1.0, 2.0, 5.0]
-
-
-def tuned_steps(r, n, steps):
-    """Training-like steps: the same named tensors every step, each result
-    checked against NumPy while the settings change under them."""
-    for step in range(steps):
-        xs = [np.full(k, r + step, np.float32) for k in (70000, 20000, 300, 5)]
-        hs = [hvd.allreduce_async(x, op=hvd.Sum, name=f"tune.{i}") for i, x in enumerate(xs)]
-        want = sum(q + step for q in range(n))
-        for x, h in zip(xs, hs):
-            got = hvd.synchronize(h)
-            assert np.array_equal(got, np.full(x.shape, want, np.float32)), (step, got[:3])
-
-
-def autotune_log(path):
-    """Rank 0's log, once every rank is past its steps (so every sample has
-    ended and been logged); None on the other ranks."""
-    hvd.barrier()
-    if hvd.rank() != 0:
-        return None
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
-
-def best_of(rows):
-    return max(rows, key=lambda row: float(row["score_bytes_per_second"]))
-
-
-def test_autotune_searches_each_knob_and_keeps_the_best(engine, shared_dir):
-    log = os.path.join(shared_dir, "autotune.csv")
-    r, n = engine(HVDLITE_AUTOTUNE=1, HVDLITE_AUTOTUNE_LOG=log, HVDLITE_AUTOTUNE_WARMUP_SAMPLES=1,
-                  HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE=2, HVDLITE_AUTOTUNE_SAMPLES_PER_SETTING=1)
-    samples = 1 + 2 * (len(FUSION_CANDIDATES) + len(CYCLE_CANDIDATES))
-    tuned_steps(r, n, 2 * samples + 6)
-    rows = autotune_log(log)
-    if rows is None:
-        return
-    assert [row["note"] for row in rows[:1]] == ["warmup"] and rows[-1]["note"] == "best", rows
-    fusion = [row for row in rows if row["knob"] == "fusion_threshold" and row["note"] == "scored"]
-    cycle = [row for row in rows if row["knob"] == "cycle_time" and row["note"] == "scored"]
-    assert [int(row["fusion_threshold_bytes"]) for row in fusion] == FUSION_CANDIDATES, fusion
-    assert [float(row["cycle_time_ms"]) for row in cycle] == CYCLE_CANDIDATES, cycle
-    best_fusion = int(best_of(fusion)["fusion_threshold_bytes"])
-    assert {int(row["fusion_threshold_bytes"]) for row in cycle} == {best_fusion}, cycle
-    assert int(rows[-1]["fusion_threshold_bytes"]) == best_fusion
-    assert float(rows[-1]["cycle_time_ms"]) == float(best_of(cycle)["cycle_time_ms"])
-    assert all(float(row["score_bytes_per_second"]) > 0 and int(row["bytes"]) > 0 for row in fusion + cycle)
-
-
-def test_autotune_leaves_a_given_setting_alone(engine, shared_dir):
-    log = os.path.join(shared_dir, "autotune.csv")
-    r, n = engine(HVDLITE_AUTOTUNE=1, HVDLITE_AUTOTUNE_LOG=log, HVDLITE_FUSION_THRESHOLD=2 * MB,
-                  HVDLITE_AUTOTUNE_WARMUP_SAMPLES=0, HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE=1,
-                  HVDLITE_AUTOTUNE_SAMPLES_PER_SETTING=1)
-    tuned_steps(r, n, 2 * len(CYCLE_CANDIDATES) + 4)
-    rows = autotune_log(log)
-    if rows is not None:
-        assert rows[-1]["note"] == "best" and {row["knob"] for row in rows[:-1]} == {"cycle_time"}, rows
-        assert {int(row["fusion_threshold_bytes"]) for row in rows} == {2 * MB}
-
-
-def test_autotune_follows_rank_0(engine, rank, shared_dir):
-    """Ranks whose settings differ tune with rank 0's (a sample must end in
-    the same round everywhere), so nothing hangs and every result is right."""
-    log = os.path.join(shared_dir, "autotune.csv")
-    settings = dict(HVDLITE_AUTOTUNE_LOG=log, HVDLITE_AUTOTUNE_WARMUP_SAMPLES=0,
-                    HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE=1, HVDLITE_AUTOTUNE_SAMPLES_PER_SETTING=1)
-    if rank == 0:
-        settings.update(HVDLITE_AUTOTUNE=1, HVDLITE_CYCLE_TIME=1)
-    else:
-        settings.update(HVDLITE_AUTOTUNE=0, HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE=7, HVDLITE_FUSION_THRESHOLD=123)
-    r, n = engine(**settings)
-    tuned_steps(r, n, 2 * len(FUSION_CANDIDATES) + 4)
-    rows = autotune_log(log)
-    if rows is not None:
-        assert rows[-1]["note"] == "best" and {row["knob"] for row in rows[:-1]} == {"fusion_threshold"}, rows
 
 
 # ---------------------------------------------------------------- stall inspector
