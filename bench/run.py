@@ -309,16 +309,24 @@ def load_fixture():
     return mod, None
 
 
-def case_network(R, P, args, tiny):
+def emulated_hosts(count, args):
+    """(up NetnsHosts of `count` hosts with links shaped to --rate/--delay, None), or
+    (None, why they cannot be made here)."""
     fixture, why = load_fixture()
     if fixture is None:
-        return {"skipped": why}
+        return None, why
     reasons = fixture.missing_requirements()
     if shutil.which("tc") is None:
         reasons.append("missing tc (iproute2)")
     if reasons:
-        return {"skipped": "cannot make emulated hosts: %s" % "; ".join(reasons)}
-    hosts = fixture.NetnsHosts(2, rate=args.rate, delay=args.delay).up()
+        return None, "cannot make emulated hosts: %s" % "; ".join(reasons)
+    return fixture.NetnsHosts(count, rate=args.rate, delay=args.delay).up(), None
+
+
+def case_network(R, P, args, tiny):
+    hosts, why = emulated_hosts(2, args)
+    if hosts is None:
+        return {"skipped": why}
     try:
         n1, n2 = hosts.names
         hv = ["-H", "%s:1,%s:1" % (n1, n2), "-i", hosts.key]
@@ -362,16 +370,10 @@ def case_hosts(R, P, args, tiny):
     """Allreduce of the ResNet-50 set between emulated hosts (network namespaces with real
     sshd, links shaped to --rate), one job per layout, with the wire floor measured in the
     same job."""
-    fixture, why = load_fixture()
-    if fixture is None:
-        return {"skipped": why}
-    reasons = fixture.missing_requirements()
-    if shutil.which("tc") is None:
-        reasons.append("missing tc (iproute2)")
-    if reasons:
-        return {"skipped": "cannot make emulated hosts: %s" % "; ".join(reasons)}
     layouts = parse_layouts(P["hosts_layouts"])
-    hosts = fixture.NetnsHosts(max(h for h, _ in layouts), rate=args.rate, delay=args.delay).up()
+    hosts, why = emulated_hosts(max(h for h, _ in layouts), args)
+    if hosts is None:
+        return {"skipped": why}
     out = {"rate": args.rate, "delay": args.delay, "ucx_tls": "tcp,self", "layouts": {}}
     try:
         env = {"PATH": hosts.bin_dir + os.pathsep + os.environ["PATH"], "UCX_TLS": "tcp,self"}
