@@ -320,11 +320,13 @@ def autotune_section(case):
     if failed:
         return "\n".join(L + [failed])
     a = case["autotune"]
-    L.append("The train step of case 2 (%d ranks). First a tuning phase: hvdlite trains with "
+    where = ("%s emulated hosts x ranks at %s" % (case["layout"], case["rate"])) if case.get("layout") else \
+        "%d ranks on this host" % case["ranks"]
+    L.append("The train step of case 2 (%s). First a tuning phase: hvdlite trains with "
              "`HVDLITE_AUTOTUNE=1` (samples of %s steps) until its search ends: %d samples in %d steps, "
              "%.1f s. Then its choice runs as one more mode, interleaved with a sweep of fixed settings "
              "(median of %d rounds x %d steps):\n"
-             % (case["ranks"], a["log"][1]["steps"] if len(a["log"]) > 1 else "?", a["samples"], a["steps"],
+             % (where, a["log"][1]["steps"] if len(a["log"]) > 1 else "?", a["samples"], a["steps"],
                 a["seconds"], case["rounds"], case["steps_per_round"]))
     rows = [[name, ms(m["median_ms"]), ms(m["p25_ms"]), ms(m["p75_ms"]), ratio(m["ratio_to_nocomm"])]
             for name, m in case["modes"].items()]

@@ -58,7 +58,7 @@ FULL = dict(
     breakdown_calls=3,
     hosts_layouts="2x2,4x1,4x2", hosts_iters=7,
     autotune_sweep="1MB:0.5,1MB:1,1MB:5,4MB:0.5,4MB:1,4MB:5,16MB:0.5,16MB:1,16MB:5,64MB:0.5,64MB:1,64MB:5",
-    autotune_rounds=4, autotune_steps=3, autotune_steps_per_sample=3,
+    autotune_rounds=4, autotune_steps=3, autotune_steps_per_sample=3, autotune_layout="",
     job_timeout=2400,
 )
 TINY = dict(
@@ -74,6 +74,7 @@ TINY = dict(
     breakdown_calls=1,
     hosts_layouts="2x1", hosts_iters=1,
     autotune_sweep="1MB:1,64MB:1", autotune_rounds=1, autotune_steps=1, autotune_steps_per_sample=1,
+    autotune_layout="",
     job_timeout=300,
 )
 
@@ -395,10 +396,26 @@ def case_hosts(R, P, args, tiny):
 
 def case_autotune(R, P, args, tiny):
     """HVDLITE_AUTOTUNE's choice for the train step against a sweep of fusion
-    thresholds x cycle times, timed in the same job."""
-    return R.job(args.np, TRAIN, train_args(P, P["autotune_rounds"], P["autotune_steps"]) +
-                 ["--modes", "nocomm,hvdlite", "--hvdlite-settings", P["autotune_sweep"], "--autotune",
-                  "--autotune-steps-per-sample", str(P["autotune_steps_per_sample"])])
+    thresholds x cycle times, timed in the same job: on this host, or with
+    --set autotune_layout=2x2 between emulated hosts."""
+    a = train_args(P, P["autotune_rounds"], P["autotune_steps"]) + \
+        ["--modes", "nocomm,hvdlite", "--hvdlite-settings", P["autotune_sweep"], "--autotune",
+         "--autotune-steps-per-sample", str(P["autotune_steps_per_sample"])]
+    if not P["autotune_layout"]:
+        return R.job(args.np, TRAIN, a)
+    (n_hosts, per_host), = parse_layouts(P["autotune_layout"])
+    hosts, why = emulated_hosts(n_hosts, args)
+    if hosts is None:
+        return {"skipped": why}
+    try:
+        hv = ["-H", ",".join("%s:%d" % (name, per_host) for name in hosts.names), "-i", hosts.key]
+        env = {"PATH": hosts.bin_dir + os.pathsep + os.environ["PATH"], "UCX_TLS": "tcp,self"}
+        res = R.job(n_hosts * per_host, TRAIN, a, env=env, hvdrun_args=hv,
+                    wrap=lambda argv: hosts.on_host(1, argv, cwd=REPO))
+    finally:
+        hosts.down()
+    res["layout"], res["rate"] = P["autotune_layout"], args.rate
+    return res
 
 
 RUNNERS = {"allreduce": case_allreduce, "train_step": case_train, "kernels": case_kernels,

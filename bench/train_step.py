@@ -244,16 +244,25 @@ def autotune(args, engines, x, y):
         raise SystemExit(f"autotune did not finish within {args.autotune_max_steps} steps")
     rows = comm.bcast(rows if comm.rank == 0 else None, root=0)
     fusion, cycle = int(chosen["fusion_threshold_bytes"]), float(chosen["cycle_time_ms"])
-    label = f"hvdlite autotuned (fusion {fusion / (1 << 20):g}MB cycle {cycle:g} ms)"
+    chunk, hierarchical = int(chosen["ring_chunk_bytes"]), int(chosen["hierarchical"])
+    env = {"HVDLITE_FUSION_THRESHOLD": fusion, "HVDLITE_CYCLE_TIME": cycle}
+    wire = ""
+    if hierarchical >= 0:  # between hosts with several ranks each
+        env["HVDLITE_HIERARCHICAL_ALLREDUCE"] = hierarchical
+        wire += f" hierarchical {'on' if hierarchical else 'off'}"
+    if chunk > 0:          # the ring runs
+        env["HVDLITE_RING_CHUNK_BYTES"] = chunk
+        wire += f" chunk {chunk // 1024}KB"
+    label = f"hvdlite autotuned (fusion {fusion / (1 << 20):g}MB cycle {cycle:g} ms{wire})"
     torch.manual_seed(0)
     m = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) for _ in range(args.layers)])
     engines.use("hvdlite")
     opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1e-4),
                                    named_parameters=[("auto." + n, p) for n, p in m.named_parameters()])
-    mode = Mode(label, m, opt, engine="hvdlite",
-                env={"HVDLITE_FUSION_THRESHOLD": fusion, "HVDLITE_CYCLE_TIME": cycle})
+    mode = Mode(label, m, opt, engine="hvdlite", env=env)
     return mode, {"steps": steps, "seconds": round(seconds, 2), "samples": len(rows) - 1,
-                  "fusion_threshold_bytes": fusion, "cycle_time_ms": cycle, "label": label, "log": rows}
+                  "fusion_threshold_bytes": fusion, "cycle_time_ms": cycle, "ring_chunk_bytes": chunk,
+                  "hierarchical": hierarchical, "label": label, "log": rows}
 
 
 def main(argv=None):

@@ -13,6 +13,9 @@ constexpr int64_t kMB = 1024 * 1024;
 const int64_t kFusionCandidates[] = {1 * kMB, 2 * kMB, 4 * kMB, 8 * kMB, 16 * kMB, 32 * kMB, 64 * kMB};
 const double kCycleCandidates[] = {0.5, 1.0, 2.0, 5.0};
 const int64_t kChunkCandidates[] = {128 * 1024, 512 * 1024, 2 * kMB};
+// Samples on a busy machine differ by a few percent; a candidate must beat
+// the setting in use by more than that to replace it.
+constexpr double kMargin = 0.03;
 
 const char* KnobName(int knob) {
   static const char* const names[] = {"fusion_threshold", "cycle_time", "hierarchical", "ring_chunk"};
@@ -81,6 +84,14 @@ void Autotuner::StartKnob() {
       for (int64_t b : kChunkCandidates) add([b](TunedSettings* t) { t->wire.ring_chunk_bytes = b; });
       break;
   }
+  incumbent_ = candidates_.size();
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    const TunedSettings& c = candidates_[i].settings;
+    if (c.fusion_threshold_bytes == best_.fusion_threshold_bytes && c.cycle_time_ms == best_.cycle_time_ms &&
+        c.wire.ring_chunk_bytes == best_.wire.ring_chunk_bytes && c.wire.hierarchical == best_.wire.hierarchical) {
+      incumbent_ = i;
+    }
+  }
   current_ = candidates_[0].settings;
 }
 
@@ -89,14 +100,16 @@ bool Autotuner::Record(const std::vector<Response>& responses) {
   bool ended = false;
   for (const Response& r : responses) {
     if (r.kind != Response::Kind::kCollective || r.op() != OpType::kAllreduce) continue;
-    bytes_ += NumElements(r.request.shape) * static_cast<int64_t>(DataTypeSize(r.request.dtype));
-    if (r.request.auto_named) continue;
-    // A name seen again in this step begins the next step.
-    if (!step_names_.insert(r.name()).second) {
+    // A name seen again in this step begins the next step. A sample counts
+    // the bytes of the steps it completed, so samples of a model weigh alike.
+    if (!r.request.auto_named && !step_names_.insert(r.name()).second) {
       step_names_.clear();
       step_names_.insert(r.name());
+      bytes_ += step_bytes_;
+      step_bytes_ = 0;
       ended = ++steps_ >= config_.steps_per_sample || ended;
     }
+    step_bytes_ += NumElements(r.request.shape) * static_cast<int64_t>(DataTypeSize(r.request.dtype));
   }
   return ended;
 }
@@ -151,10 +164,14 @@ void Autotuner::Advance(double score) {
     current_ = candidates_[candidate_].settings;
     return;
   }
-  const auto winner = std::max_element(candidates_.begin(), candidates_.end(),
-                                       [](const Candidate& a, const Candidate& b) {
-                                         return Median(a.scores) < Median(b.scores);
-                                       });
+  auto winner = std::max_element(candidates_.begin(), candidates_.end(),
+                                 [](const Candidate& a, const Candidate& b) {
+                                   return Median(a.scores) < Median(b.scores);
+                                 });
+  if (incumbent_ < candidates_.size() &&
+      Median(winner->scores) < Median(candidates_[incumbent_].scores) * (1.0 + kMargin)) {
+    winner = candidates_.begin() + static_cast<std::ptrdiff_t>(incumbent_);
+  }
   best_ = winner->settings;
   current_ = best_;
   // The ring's chunks do not matter once MPI does the allreduce.

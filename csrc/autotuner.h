@@ -10,7 +10,8 @@
 // goes one knob at a time (fusion thresholds at the starting cycle time, then
 // cycle times at the best threshold, then hierarchical on or off and the
 // ring's chunk size where the wire has them): each candidate runs one sample to
-// settle, then `samples_per_setting` scored ones, and the best median wins.
+// settle, then `samples_per_setting` scored ones, and the best median wins
+// if it beats the setting in use by more than the samples' noise (3 %).
 // After the search the engine keeps the winner for the rest of the job.
 //
 // Every rank decides the same: a sample ends in the same round everywhere
@@ -76,13 +77,15 @@ class Autotuner {
   size_t knob_ = 0;
   std::vector<Candidate> candidates_;
   size_t candidate_ = 0;
+  size_t incumbent_ = 0;           // the candidate that is the setting in use (size(): none)
   int64_t sample_ = 0;             // samples ended so far
   int64_t samples_here_ = 0;       // samples of the current candidate
   TunedSettings current_, best_;
   // The sample in progress.
   std::chrono::steady_clock::time_point started_;
   int64_t steps_ = 0;
-  int64_t bytes_ = 0;
+  int64_t bytes_ = 0;       // of the steps this sample completed
+  int64_t step_bytes_ = 0;  // of the step in progress
   std::unordered_set<std::string> step_names_;
   std::FILE* log_ = nullptr;
 };

@@ -74,8 +74,19 @@ def scored(rows, knob):
     return [row for row in rows if row["knob"] == knob and row["note"] == "scored"]
 
 
-def best_of(rows):
-    return max(rows, key=lambda row: float(row["score_bytes_per_second"]))
+def score(row):
+    return float(row["score_bytes_per_second"])
+
+
+def choice(rows, field, incumbent):
+    """What the search must keep of one knob's scored rows (one sample per
+    setting): the best score, unless it beats the setting in use (`incumbent`,
+    when it is a candidate) by less than 3 %."""
+    best = max(rows, key=score)
+    held = [row for row in rows if float(row[field]) == incumbent]
+    if held and score(best) < score(held[0]) * 1.03:
+        return incumbent
+    return float(best[field])
 
 
 def wire_knobs():
@@ -98,24 +109,27 @@ def test_search_covers_every_knob_and_keeps_the_best(tuned):
     fusion, cycle = scored(rows, "fusion_threshold"), scored(rows, "cycle_time")
     assert [int(row["fusion_threshold_bytes"]) for row in fusion] == FUSION, fusion
     assert [float(row["cycle_time_ms"]) for row in cycle] == CYCLE, cycle
-    best_fusion = int(best_of(fusion)["fusion_threshold_bytes"])
-    assert {int(row["fusion_threshold_bytes"]) for row in cycle} == {best_fusion}, cycle
+    best_fusion = choice(fusion, "fusion_threshold_bytes", 4 * MB)  # the default is the incumbent
+    assert {float(row["fusion_threshold_bytes"]) for row in cycle} == {best_fusion}, cycle
     best = rows[-1]
-    assert int(best["fusion_threshold_bytes"]) == best_fusion
-    assert float(best["cycle_time_ms"]) == float(best_of(cycle)["cycle_time_ms"])
-    assert all(float(row["score_bytes_per_second"]) > 0 and int(row["bytes"]) > 0 for row in fusion + cycle)
+    assert float(best["fusion_threshold_bytes"]) == best_fusion
+    assert float(best["cycle_time_ms"]) == choice(cycle, "cycle_time_ms", 1.0)
+    assert all(score(row) > 0 and int(row["bytes"]) > 0 for row in fusion + cycle)
+    # A sample counts whole steps: every sample of these steps moved the same bytes.
+    assert len({row["bytes"] for row in fusion + cycle}) == 1, fusion + cycle
     searched = [k for k in dict.fromkeys(row["knob"] for row in rows) if k]
     if "hierarchical" in knobs:
         hier = scored(rows, "hierarchical")
         assert [int(row["hierarchical"]) for row in hier] == [1, 0], hier
-        assert int(best["hierarchical"]) == int(best_of(hier)["hierarchical"])
+        assert float(best["hierarchical"]) == choice(hier, "hierarchical", 1)
         if int(best["hierarchical"]) == 0:  # MPI does the allreduce: no chunks to tune
             knobs.remove("ring_chunk")
     assert searched == knobs, (searched, knobs)
     if "ring_chunk" in knobs:
         chunk = scored(rows, "ring_chunk")
         assert [int(row["ring_chunk_bytes"]) for row in chunk] == CHUNK, chunk
-        assert int(best["ring_chunk_bytes"]) == int(best_of(chunk)["ring_chunk_bytes"])
+        # The tests' ring chunk (RING_SMALL) is no candidate: the best score wins.
+        assert float(best["ring_chunk_bytes"]) == choice(chunk, "ring_chunk_bytes", None)
     else:
         assert {int(row["hierarchical"]) for row in rows if row["knob"] != "hierarchical"} <= {-1, 0, 1}
 
