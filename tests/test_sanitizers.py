@@ -36,6 +36,7 @@ ENGINE_RUNS = [
     (PYTEST + ["{tests}/scripts/reliability_bad_input.py"], 2),
     (PYTEST + ["{tests}/scripts/reliability_threads.py"], 2),
     (PYTEST + ["{tests}/scripts/engine_adasum.py", "-k", "not non_power_of_two"], 2),
+    (PYTEST + ["{tests}/scripts/engine_autotune.py"], 2),
 ]
 
 # Engines started and replaced, process sets added and removed, with no other
