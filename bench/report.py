@@ -437,7 +437,7 @@ def write(data, doc_path, img_dir, json_path):
                 ", with uncommitted changes in %s" % ", ".join(m["git_dirty_paths"]) if m.get("git_dirty_paths") else "",
                 repo_json, json_rel))
     L.append("```\npython -m hvdlite.bench --report %s\n```\n" % repo_json)
-    L.append("and rerun everything (8-16 minutes on 2 vCPUs; `--cases` picks some, `--tiny` is a "
+    L.append("and rerun everything (16-25 minutes on 2 vCPUs, the emulated-host cases included; `--cases` picks some, `--tiny` is a "
              "seconds-long smoke run that writes to a temporary folder) with\n")
     L.append("```\npython -m hvdlite.bench            # or: python bench/run.py\n```\n")
     L.append("(plots need matplotlib: `pip install matplotlib` or `pip install -e '.[bench]'`). Each "

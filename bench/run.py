@@ -1,7 +1,8 @@
 """Runs hvdlite's benchmark suite and writes the results, a Markdown report and plots.
 
-    python -m hvdlite.bench                        # everything (8-16 minutes on 2 vCPUs)
+    python -m hvdlite.bench                        # everything (16-25 minutes on 2 vCPUs, the emulated-host cases included)
     python -m hvdlite.bench --cases allreduce,train_step
+    python -m hvdlite.bench --cases hosts,autotune       # between emulated hosts; autotune vs a sweep
     python -m hvdlite.bench --tiny --out-dir /tmp/b   # seconds: the smoke test's run
     python -m hvdlite.bench --report bench/results/2026-11-22.json   # docs from a JSON
 
