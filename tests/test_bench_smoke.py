@@ -97,3 +97,33 @@ def test_kernel_table_parser():
                          "scalar fallback: compress", "top-k 0.01 compress, 161 segments"}
     assert rows["fp16 round trip (sum of the two)"] == {
         "median_ms": 18.63, "best_ms": 16.64, "cpu_best_ms": 16.5, "ratio_wall": 1.81, "ratio_cpu": 1.81}
+
+
+def test_tiny_hosts_and_autotune_cases(tmp_path):
+    """Case 7 between two emulated hosts (wire floor beside the contenders) and
+    case 8 (autotune's choice timed beside a sweep) in a tiny run."""
+    from checks import REQUIRE_ALL
+    require("hvdlite._engine", import_module=False)
+    require("torch", import_module=False)
+    require("matplotlib", import_module=False)
+    p = _run(["--tiny", "--cases", "hosts,autotune", "--set", "hosts_layouts=2x1", "--out-dir", str(tmp_path)],
+             timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(glob.glob(str(tmp_path / "results" / "*.json"))[0]) as f:
+        cases = json.load(f)["cases"]
+    doc = (tmp_path / "benchmarks.md").read_text()
+    hosts = cases["hosts"]
+    if "skipped" in hosts:  # no network namespaces here (not root): CI has them
+        assert not REQUIRE_ALL, hosts["skipped"]
+    else:
+        r50 = hosts["layouts"]["2x1"]["resnet50"]
+        assert {"wire floor", "hvdlite none", "hvdlite none RING_ALLREDUCE=0", "mpi4py unfused"} <= set(r50)
+        assert r50["wire floor"]["ratio_to_wire_floor"] == 1.0 and r50["hvdlite none"]["ratio_to_wire_floor"] > 0
+        assert "## Case 7: between hosts" in doc and "| wire floor |" in doc
+        _check_png(str(tmp_path / "img" / "bench_hosts.png"))
+    tune = cases["autotune"]
+    chosen = [m for m in tune["modes"] if m.startswith("hvdlite autotuned")]
+    assert len(chosen) == 1 and tune["autotune"]["label"] == chosen[0], tune["modes"]
+    assert tune["autotune"]["log"][-1]["note"] == "best" and tune["autotune"]["samples"] > 0
+    assert tune["autotune"]["ratio_to_best_of_sweep"] > 0
+    assert "## Case 8: autotune against a sweep" in doc
