@@ -132,21 +132,30 @@ def _bytes(text):
     return int(text)
 
 
+def make_model(args):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) for _ in range(args.layers)])
+
+
+def make_hvdlite_mode(args, engines, label, prefix, compression=hvd.Compression.none, env=None):
+    """A fresh model under hvdlite's DistributedOptimizer, its tensors named with
+    `prefix`, run with the engine settings `env`."""
+    m = make_model(args)
+    engines.use("hvdlite")  # the optimizer asks the engine for size(); settings come later
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1e-4),
+                                   named_parameters=[(prefix + n, p) for n, p in m.named_parameters()],
+                                   compression=compression)
+    return Mode(label, m, opt, engine="hvdlite", env=env)
+
+
 def build_modes(names, args, engines):
     rank, size = comm.rank, comm.size
 
     def model():
-        torch.manual_seed(0)
-        return torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width)
-                                     for _ in range(args.layers)])
+        return make_model(args)
 
     def hvdlite_mode(label, prefix, compression, env):
-        m = model()
-        engines.use("hvdlite")  # the optimizer asks the engine for size(); settings come later
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1e-4),
-                                       named_parameters=[(prefix + n, p) for n, p in m.named_parameters()],
-                                       compression=compression)
-        return Mode(label, m, opt, engine="hvdlite", env=env)
+        return make_hvdlite_mode(args, engines, label, prefix, compression, env)
 
     modes, absent = [], {}
     for name in names:
@@ -222,12 +231,7 @@ def autotune(args, engines, x, y):
     env = {"HVDLITE_AUTOTUNE": 1, "HVDLITE_AUTOTUNE_LOG": log, "HVDLITE_AUTOTUNE_WARMUP_SAMPLES": 1,
            "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE": args.autotune_steps_per_sample,
            "HVDLITE_AUTOTUNE_SAMPLES_PER_SETTING": args.autotune_samples_per_setting}
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) for _ in range(args.layers)])
-    engines.use("hvdlite")
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1e-4),
-                                   named_parameters=[("tune." + n, p) for n, p in m.named_parameters()])
-    tuner = Mode("autotune phase", m, opt, engine="hvdlite", env=env)
+    tuner = make_hvdlite_mode(args, engines, "autotune phase", "tune.", env=env)
     engines.use("hvdlite", env)
     t0, steps, chosen = time.perf_counter(), 0, None
     while chosen is None and steps < args.autotune_max_steps:
@@ -254,12 +258,7 @@ def autotune(args, engines, x, y):
         env["HVDLITE_RING_CHUNK_BYTES"] = chunk
         wire += f" chunk {chunk // 1024}KB"
     label = f"hvdlite autotuned (fusion {fusion / (1 << 20):g}MB cycle {cycle:g} ms{wire})"
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) for _ in range(args.layers)])
-    engines.use("hvdlite")
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1e-4),
-                                   named_parameters=[("auto." + n, p) for n, p in m.named_parameters()])
-    mode = Mode(label, m, opt, engine="hvdlite", env=env)
+    mode = make_hvdlite_mode(args, engines, label, "auto.", env=env)
     return mode, {"steps": steps, "seconds": round(seconds, 2), "samples": len(rows) - 1,
                   "fusion_threshold_bytes": fusion, "cycle_time_ms": cycle, "ring_chunk_bytes": chunk,
                   "hierarchical": hierarchical, "label": label, "log": rows}

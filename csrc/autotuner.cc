@@ -119,8 +119,7 @@ Status Autotuner::EndSample(Transport& transport, TunedSettings* next) {
   double seconds = std::chrono::duration<double>(now - started_).count();
   Status s = transport.Allreduce(&seconds, 1, DataType::kFloat64, ReduceOp::kMax);
   if (!s.ok()) return s;
-  const double score = seconds > 0 ? static_cast<double>(bytes_) / seconds : 0.0;
-  Advance(score);
+  Advance(seconds);
   // Rank 0's outcome, so that no difference in a rank's arithmetic can make
   // ranks fuse differently.
   double shared[5] = {static_cast<double>(current_.fusion_threshold_bytes), current_.cycle_time_ms,
@@ -143,8 +142,8 @@ Status Autotuner::EndSample(Transport& transport, TunedSettings* next) {
 }
 
 // Scores the sample that just ended and picks what runs next.
-void Autotuner::Advance(double score) {
-  const double seconds = score > 0 ? static_cast<double>(bytes_) / score : 0.0;
+void Autotuner::Advance(double seconds) {
+  const double score = seconds > 0 ? static_cast<double>(bytes_) / seconds : 0.0;
   ++sample_;
   if (sample_ <= config_.warmup_samples) {
     Log("warmup", seconds, score);

@@ -67,7 +67,7 @@ class Autotuner {
   };
 
   void StartKnob();
-  void Advance(double score);
+  void Advance(double seconds);  // the sample's time, the slowest rank's
   void Log(const char* note, double seconds, double score);
 
   EngineOptions::Autotune config_;

@@ -140,32 +140,29 @@ Status Engine::Setup() {
 }
 
 Status Engine::StartAutotune() {
+  // Rank 0's autotune settings and, when it tunes, its starting point.
   EngineOptions::Autotune& a = options_.autotune;
-  int64_t shared[6] = {a.enabled, a.warmup_samples, a.steps_per_sample, a.samples_per_setting,
-                       a.tune_fusion, a.tune_cycle};
-  if (MPI_Bcast(shared, 6, MPI_INT64_T, 0, comm_) != MPI_SUCCESS) {
+  double shared[8] = {static_cast<double>(a.enabled), static_cast<double>(a.warmup_samples),
+                      static_cast<double>(a.steps_per_sample), static_cast<double>(a.samples_per_setting),
+                      static_cast<double>(a.tune_fusion), static_cast<double>(a.tune_cycle),
+                      static_cast<double>(options_.fusion_threshold_bytes), options_.cycle_time_ms};
+  if (MPI_Bcast(shared, 8, MPI_DOUBLE, 0, comm_) != MPI_SUCCESS) {
     return Status::Error(ErrorKind::kMpi, "MPI_Bcast of the autotune settings failed");
   }
   a.enabled = shared[0] != 0;
-  a.warmup_samples = shared[1];
-  a.steps_per_sample = shared[2];
-  a.samples_per_setting = shared[3];
+  if (!a.enabled) return Status::OK();
+  a.warmup_samples = static_cast<int64_t>(shared[1]);
+  a.steps_per_sample = static_cast<int64_t>(shared[2]);
+  a.samples_per_setting = static_cast<int64_t>(shared[3]);
   a.tune_fusion = shared[4] != 0;
   a.tune_cycle = shared[5] != 0;
-  if (a.enabled) {
-    // The search starts from rank 0's settings too.
-    double start[2] = {static_cast<double>(options_.fusion_threshold_bytes), options_.cycle_time_ms};
-    if (MPI_Bcast(start, 2, MPI_DOUBLE, 0, comm_) != MPI_SUCCESS) {
-      return Status::Error(ErrorKind::kMpi, "MPI_Bcast of the autotune settings failed");
-    }
-    options_.fusion_threshold_bytes = static_cast<int64_t>(start[0]);
-    options_.cycle_time_ms = start[1];
-    WireSettings wire;
-    const bool tunable = sets_.Get(0)->transport().GetWireSettings(&wire);
-    autotuner_ = std::make_unique<Autotuner>(options_, topology_.rank, tunable ? &wire : nullptr);
-    runner_.SetFusionThreshold(autotuner_->settings().fusion_threshold_bytes);
-    cycle_time_ms_ = autotuner_->settings().cycle_time_ms;
-  }
+  options_.fusion_threshold_bytes = static_cast<int64_t>(shared[6]);
+  options_.cycle_time_ms = shared[7];
+  WireSettings wire;
+  const bool tunable = sets_.Get(0)->transport().GetWireSettings(&wire);
+  autotuner_ = std::make_unique<Autotuner>(options_, topology_.rank, tunable ? &wire : nullptr);
+  runner_.SetFusionThreshold(autotuner_->settings().fusion_threshold_bytes);
+  cycle_time_ms_ = autotuner_->settings().cycle_time_ms;
   return Status::OK();
 }
 
