@@ -17,7 +17,8 @@ import numpy as np
 
 import hvdlite as hvd
 
-ELEMENTS = 8_000_000  # an Adasum of 32 MB takes ~0.2 s on 4 ranks: long enough to stop inside
+ELEMENTS = 8_000_000  # an Adasum of 32 MB takes 0.05-0.2 s on 4 ranks
+STEPS = 1000  # far more than fit before the stop; a survivor never finishes them
 
 
 def main():
@@ -35,9 +36,16 @@ def main():
             os.kill(os.getpid(), signal.SIGSTOP)
         threading.Thread(target=stop, daemon=True).start()
     try:
-        hvd.allreduce(x, op=hvd.Adasum, name="big")
+        # Every rank keeps reducing until the victim's stop lands: one Adasum
+        # can finish in under 0.05 s on a fast machine, and a survivor that had
+        # finished would then wait in MPI_Finalize for the stopped rank instead.
+        # Nearly all of each step is spent in the exchanges, so that is where
+        # the stop lands; the survivors report where they waited.
+        for _ in range(STEPS):
+            hvd.allreduce(x, op=hvd.Adasum, name="big")
         if r == victim:
             time.sleep(600)  # stopped by then; never gets here awake
+        print("NOT_STOPPED %d" % r, flush=True)
     except hvd.HvdliteError as e:
         print("WAITED_IN %d %s" % (r, str(e).split(" did not complete")[0]), flush=True)
         print("SURVIVOR %d ERROR_AT %.3f %s: %s" % (r, time.time(), type(e).__name__, e), flush=True)
