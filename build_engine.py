@@ -107,6 +107,7 @@ ENGINE_SOURCES = [
     "engine_options.cc",
     "fusion_buffer.cc",
     "handle_table.cc",
+    "host_compressed_allreduce.cc",
     "json_text.cc",
     "message.cc",
     "operation_context.cc",

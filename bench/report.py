@@ -119,6 +119,9 @@ def headline(case, res):
             return "; ".join("%s: hvdlite %s of the wire floor, %s of the best MPICH schedule" % (
                 lay, ratio(n["hvdlite"] / n["floor"]), ratio(n["hvdlite"] / n["best_mpich"]))
                 for lay, n in hosts_numbers(res).items())
+        if case == "hosts_train":
+            return "; ".join("%s: %s" % (lay, ", ".join("%s %s" % (k, ratio(v)) for k, v in r.items()))
+                             for lay, r in hosts_train_numbers(res).items()) + " (x no-comm)"
         if case == "sweep":
             b = sweep_best(res["allreduce"]["sweep"])
             return "best ResNet-50: fusion %s cycle %s ms; best small: fusion %s cycle %s ms" % (
@@ -314,6 +317,60 @@ def hosts_section(case, img):
     return "\n".join(L) + "\n"
 
 
+def plot_hosts_train(path, case):
+    plt = _plt()
+    layouts = list(case["layouts"])
+    names = [n for n in dict.fromkeys(n for lay in layouts for n in case["layouts"][lay]["modes"])
+             if n != "no communication"]
+    fig, ax = plt.subplots(figsize=(7.5, 3.4))
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        vals = [case["layouts"][lay]["modes"].get(name, {}).get("ratio_to_nocomm", 0) for lay in layouts]
+        ax.bar([x + i * width for x in range(len(layouts))], vals, width, label=name, color=color(name))
+    ax.axhline(1.0, color="#333333", lw=0.8, ls="--")
+    ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(layouts))])
+    ax.set_xticklabels(["%s hosts x ranks" % lay for lay in layouts], fontsize=8)
+    ax.set_ylabel("step / no-communication step (median)", fontsize=8)
+    ax.set_title("Train step between emulated hosts at %s" % case.get("rate"), fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def hosts_train_numbers(case):
+    """{layout: {mode: step / no-communication step}}."""
+    return {lay: {k: v["ratio_to_nocomm"] for k, v in res["modes"].items() if k != "no communication"}
+            for lay, res in case.get("layouts", {}).items() if "modes" in res}
+
+
+def hosts_train_section(case, img):
+    L = ["## Case 9: train step between hosts\n"]
+    failed = case_failed(case)
+    if failed:
+        return "\n".join(L + [failed])
+    first = next(iter(case["layouts"].values()))
+    L.append("The train step of case 2 (%d x Linear(%d, %d), %.0f MB of float32 gradients) on the "
+             "emulated hosts of case 7 (links at %s), one job per layout, modes interleaved (%d rounds "
+             "x %d steps). With several ranks per host, fp16 and top-k compress only what crosses "
+             "hosts: each host sums exactly in its memory, and each of its ranks compresses one block "
+             "of the host's sum. All hosts share this machine's 2 cores, so a layout with more ranks "
+             "also has less CPU per rank: compare rows within a layout.\n"
+             % (first["layers"], first["width"], first["width"], first.get("params", 0) * 4 / 1e6,
+                case.get("rate"), first["rounds"], first["steps_per_round"]))
+    for lay, res in case["layouts"].items():
+        mo = res["modes"]
+        base = mo.get("hvdlite", {}).get("median_ms")
+        rows = [[k, ms(v["median_ms"]), ms(v["min_ms"]), ms(v["max_ms"]), ratio(v["ratio_to_nocomm"]),
+                 ratio(v["median_ms"] / base) if base and k != "no communication" else ""]
+                for k, v in mo.items()]
+        L.append("**%s** (hosts x ranks per host):\n" % lay)
+        L.append(table(["mode", "median ms", "min", "max", "x no-comm", "x hvdlite fp32"], rows))
+        L.append("")
+    L.append(img("bench_hosts_train.png", plot_hosts_train, case))
+    return "\n".join(L) + "\n"
+
+
 def autotune_section(case):
     L = ["## Case 8: autotune against a sweep\n"]
     failed = case_failed(case)
@@ -464,6 +521,8 @@ def write(data, doc_path, img_dir, json_path):
         L.append(network_section(data, img))
     if "hosts" in cases:
         L.append(hosts_section(cases["hosts"], img))
+    if "hosts_train" in cases:
+        L.append(hosts_train_section(cases["hosts_train"], img))
     if "autotune" in cases:
         L.append(autotune_section(cases["autotune"]))
     if "scaling" in cases or "negotiation" in cases:

@@ -40,8 +40,8 @@ REPO = os.path.dirname(BENCH)
 ALLREDUCE = os.path.join(BENCH, "allreduce.py")
 TRAIN = os.path.join(BENCH, "train_step.py")
 BREAKDOWN = os.path.join(BENCH, "breakdown.py")
-CASES = ["allreduce", "train_step", "kernels", "network", "hosts", "scaling", "negotiation", "sweep",
-         "autotune"]
+CASES = ["allreduce", "train_step", "kernels", "network", "hosts", "hosts_train", "scaling", "negotiation",
+         "sweep", "autotune"]
 TINY_CASES = ["allreduce", "train_step", "sweep"]
 
 FULL = dict(
@@ -58,6 +58,7 @@ FULL = dict(
     sweep_train_rounds=4, sweep_train_steps=3,
     breakdown_calls=3,
     hosts_layouts="2x2,4x1,4x2", hosts_iters=7,
+    hosts_train_layouts="2x2,4x1,4x2", hosts_train_rounds=4, hosts_train_steps=2,
     autotune_sweep="1MB:0.5,1MB:1,1MB:5,4MB:0.5,4MB:1,4MB:5,16MB:0.5,16MB:1,16MB:5,64MB:0.5,64MB:1,64MB:5",
     autotune_rounds=4, autotune_steps=3, autotune_steps_per_sample=3, autotune_layout="",
     job_timeout=2400,
@@ -74,6 +75,7 @@ TINY = dict(
     sweep_train="4MB:1", sweep_train_rounds=1, sweep_train_steps=1,
     breakdown_calls=1,
     hosts_layouts="2x1", hosts_iters=1,
+    hosts_train_layouts="2x1", hosts_train_rounds=1, hosts_train_steps=1,
     autotune_sweep="1MB:1,64MB:1", autotune_rounds=1, autotune_steps=1, autotune_steps_per_sample=1,
     autotune_layout="",
     job_timeout=300,
@@ -395,6 +397,31 @@ def case_hosts(R, P, args, tiny):
     return out
 
 
+def case_hosts_train(R, P, args, tiny):
+    """The train step of case 2 between emulated hosts, one job per layout: hvdlite with
+    no compression, fp16 and top-k 1% against no communication in the same job."""
+    layouts = parse_layouts(P["hosts_train_layouts"])
+    hosts, why = emulated_hosts(max(h for h, _ in layouts), args)
+    if hosts is None:
+        return {"skipped": why}
+    out = {"rate": args.rate, "delay": args.delay, "ucx_tls": "tcp,self", "layouts": {}}
+    try:
+        env = {"PATH": hosts.bin_dir + os.pathsep + os.environ["PATH"], "UCX_TLS": "tcp,self"}
+        wrap = lambda argv: hosts.on_host(1, argv, cwd=REPO)  # noqa: E731
+        for n_hosts, per_host in layouts:
+            hv = ["-H", ",".join("%s:%d" % (name, per_host) for name in hosts.names[:n_hosts]),
+                  "-i", hosts.key]
+            out["layouts"]["%dx%d" % (n_hosts, per_host)] = R.job(
+                n_hosts * per_host, TRAIN,
+                train_args(P, P["hosts_train_rounds"], P["hosts_train_steps"]) +
+                ["--modes", "nocomm,hvdlite", "--compression", "fp16,topk"],
+                env=env, hvdrun_args=hv, wrap=wrap)
+            progress("      hosts_train: %dx%d done (load %s)" % (n_hosts, per_host, load_average()))
+    finally:
+        hosts.down()
+    return out
+
+
 def case_autotune(R, P, args, tiny):
     """HVDLITE_AUTOTUNE's choice for the train step against a sweep of fusion
     thresholds x cycle times, timed in the same job: on this host, or with
@@ -421,13 +448,15 @@ def case_autotune(R, P, args, tiny):
 
 RUNNERS = {"allreduce": case_allreduce, "train_step": case_train, "kernels": case_kernels,
            "network": case_network, "scaling": case_scaling, "negotiation": case_negotiation,
-           "sweep": case_sweep, "hosts": case_hosts, "autotune": case_autotune}
+           "sweep": case_sweep, "hosts": case_hosts, "hosts_train": case_hosts_train,
+           "autotune": case_autotune}
 TITLES = {"allreduce": "cases 1+3: ResNet-50 set and 100 x 4 KB allreduce",
           "train_step": "case 2: train step 6 x Linear(2048, 2048)",
           "kernels": "case 4: compression kernels", "network": "case 5: emulated network",
           "scaling": "case 6: scaling over 1/2/4 ranks", "negotiation": "case 6: negotiation overhead",
           "sweep": "sweep: fusion threshold x cycle time",
           "hosts": "case 7: between emulated hosts (layouts, wire floor)",
+          "hosts_train": "case 9: train step between emulated hosts (none, fp16, top-k)",
           "autotune": "case 8: autotune against a sweep"}
 
 

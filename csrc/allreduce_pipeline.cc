@@ -37,6 +37,8 @@ struct AllreducePipeline::Bucket {
   Compressor* compressor = nullptr;
   CompressionType compression = CompressionType::kNone;
   bool direct = false;  // one tensor straight from its own buffers
+  bool across_hosts = false;  // compressed between hosts only: staged dense
+  HostLevels levels;
   int slot = 0;
   int64_t count = 0;      // elements
   size_t wire_bytes = 0;  // per rank
@@ -51,6 +53,8 @@ struct AllreducePipeline::Bucket {
 Status AllreducePipeline::Run(ProcessSet& set, const std::vector<TensorEntry*>& entries) {
   const Request& first = entries[0]->request;
   Compressor* compressor = ctx_->compressors.For(EffectiveCompression(first));
+  HostLevels levels;
+  const bool across_hosts = compressor && set.transport().GetHostLevels(&levels);
   const bool widen = Is16BitFloat(first.dtype);
   const int64_t staged_elem = (compressor || widen) ? 4 : static_cast<int64_t>(DataTypeSize(first.dtype));
   std::vector<PlanItem> items;
@@ -60,7 +64,7 @@ Status AllreducePipeline::Run(ProcessSet& set, const std::vector<TensorEntry*>& 
     item.bytes = item.count * staged_elem;
     // Top-k's wire form (value + index) is larger than the dense input at
     // high ratios; the bucket must fit one wire call too.
-    if (compressor) {
+    if (compressor && !across_hosts) {
       item.bytes = std::max<int64_t>(item.bytes, compressor->CompressedBytes(OneSegment(*e, item.count)));
     }
     items.push_back(item);
@@ -92,6 +96,8 @@ Status AllreducePipeline::Run(ProcessSet& set, const std::vector<TensorEntry*>& 
     b.compressor = compressor;
     b.compression = EffectiveCompression(first).type;
     b.direct = plan.kind == BucketPlan::Kind::kDirect;
+    b.across_hosts = across_hosts;
+    b.levels = levels;
     b.count = plan.count;
     b.slot = static_cast<int>(buckets.size() - 1) % FusionBuffer::kSlots;
   }
@@ -120,7 +126,7 @@ Status AllreducePipeline::Prepare(ProcessSet& set, Bucket& b, TransportWork* in_
     b.recv = e.output;
     return Status::OK();
   }
-  if (b.compressor == nullptr) {
+  if (b.compressor == nullptr || b.across_hosts) {
     const bool widen = Is16BitFloat(b.dtype);
     const int64_t elem = widen ? 4 : static_cast<int64_t>(DataTypeSize(b.dtype));
     b.staged = ctx_->buffers.Get(FusionBuffer::kSend, b.slot, static_cast<size_t>(b.count * elem));
@@ -177,7 +183,22 @@ Status AllreducePipeline::Start(ProcessSet& set, Bucket& b) {
   Transport& wire = set.transport();
   EngineStats* stats = ctx_->stats;
   Status s;
-  if (b.compressor != nullptr && b.compressor->wire() == Compressor::Wire::kAllgather) {
+  if (b.across_hosts) {
+    // Synchronous: the host's phases and the exchange between hosts take turns.
+    b.activity = wire.Activity(OpType::kAllreduce, DataType::kFloat32, ReduceOp::kSum);
+    ctx_->Phase(b.entries, b.activity, true);
+    std::vector<Segment> segs;
+    for (size_t i = 0; i < b.entries.size(); ++i) {
+      const TensorEntry& e = *b.entries[i];
+      segs.push_back(Segment{e.request.name, b.offsets[i], NumElements(e.request.shape)});
+    }
+    int64_t sent = 0;
+    b.work = std::make_unique<DoneWork>(across_hosts_.Run(b.levels, b.compressor,
+                                                          reinterpret_cast<float*>(b.staged), b.count,
+                                                          segs, &sent));
+    b.wire_bytes = static_cast<size_t>(sent);
+    stats->Add(WireBytes(stats, b.compression), sent);
+  } else if (b.compressor != nullptr && b.compressor->wire() == Compressor::Wire::kAllgather) {
     b.activity = wire.Activity(OpType::kAllgather);
     ctx_->Phase(b.entries, b.activity, true);
     s = wire.StartAllgather(b.staged, static_cast<int64_t>(b.wire_bytes), b.gathered, &b.work);
@@ -213,7 +234,7 @@ Status AllreducePipeline::Finish(ProcessSet& set, Bucket& b, TransportWork* in_f
   const int size = set.size();
   if (b.direct) {
     // Reduced and scaled in place by the wire.
-  } else if (b.compressor == nullptr) {
+  } else if (b.compressor == nullptr || b.across_hosts) {
     ctx_->Phase(b.entries, activity::kMemcpyOutFusionBuffer, true);
     const bool widen = Is16BitFloat(b.dtype);
     const int64_t elem = widen ? 4 : static_cast<int64_t>(DataTypeSize(b.dtype));

@@ -2,11 +2,15 @@
 // compression: planned into buckets (bucket_planner.h), and pipelined, so
 // bucket i+1 is packed (or compressed) while bucket i is on the wire, and
 // bucket i is unpacked while i+1 is. Tensors at least the direct threshold
-// go on the wire from their own buffers, with no copy.
+// go on the wire from their own buffers, with no copy. Where the set spans
+// several hosts with several ranks each, compressed buckets are summed
+// exactly inside each host and compressed only between hosts
+// (host_compressed_allreduce.h).
 #pragma once
 
 #include <vector>
 
+#include "host_compressed_allreduce.h"
 #include "operation_context.h"
 #include "process_set.h"
 
@@ -30,6 +34,7 @@ class AllreducePipeline {
   Status RunChunked(ProcessSet& set, TensorEntry& entry);
 
   OperationContext* ctx_;
+  HostCompressedAllreduce across_hosts_;
 };
 
 }  // namespace hvdlite

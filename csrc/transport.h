@@ -19,12 +19,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "common.h"
 #include "status.h"
 
 namespace hvdlite {
+
+class Transport;
 
 // A collective started by StartAllreduce / StartAllgather; the transport that
 // started it completes it.
@@ -39,6 +42,28 @@ class TransportWork {
   // Whether the collective already ran inside Start (a synchronous wire);
   // Wait then only reports how it went.
   virtual bool done() const { return false; }
+};
+
+// A collective that ran inside its Start (shared memory, a compressed
+// allreduce between hosts): Wait only reports how it went.
+class DoneWork : public TransportWork {
+ public:
+  explicit DoneWork(Status status) : status_(std::move(status)) {}
+  Status Wait() override { return status_; }
+  bool done() const override { return true; }
+
+ private:
+  Status status_;
+};
+
+// A set spread over several hosts with several ranks on each, as two levels:
+// the ranks of this host, and the ranks that hold the same block on every
+// host (one per host, in host order). Collectives that treat the link
+// between hosts differently from the host's memory (compression between
+// hosts only) run on these.
+struct HostLevels {
+  Transport* host = nullptr;
+  Transport* across = nullptr;
 };
 
 // What the autotuner (autotuner.h) may change on a wire between hosts.
@@ -102,6 +127,8 @@ class Transport {
   // ones between rounds (nothing in flight), the same on every rank.
   virtual bool GetWireSettings(WireSettings* /*out*/) const { return false; }
   virtual void Tune(const WireSettings& /*settings*/) {}
+  // The set's two levels where the wire has them (hierarchical); false otherwise.
+  virtual bool GetHostLevels(HostLevels* /*out*/) { return false; }
 };
 
 }  // namespace hvdlite

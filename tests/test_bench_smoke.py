@@ -100,14 +100,15 @@ def test_kernel_table_parser():
 
 
 def test_tiny_hosts_and_autotune_cases(tmp_path):
-    """Case 7 between two emulated hosts (wire floor beside the contenders) and
-    case 8 (autotune's choice timed beside a sweep) in a tiny run."""
+    """Case 7 between two emulated hosts (wire floor beside the contenders),
+    case 9 (the train step there, with compression) and case 8 (autotune's
+    choice timed beside a sweep) in a tiny run."""
     from checks import REQUIRE_ALL
     require("hvdlite._engine", import_module=False)
     require("torch", import_module=False)
     require("matplotlib", import_module=False)
-    p = _run(["--tiny", "--cases", "hosts,autotune", "--set", "hosts_layouts=2x1", "--out-dir", str(tmp_path)],
-             timeout=300)
+    p = _run(["--tiny", "--cases", "hosts,hosts_train,autotune", "--set", "hosts_layouts=2x1",
+              "--out-dir", str(tmp_path)], timeout=400)
     assert p.returncode == 0, p.stdout + p.stderr
     with open(glob.glob(str(tmp_path / "results" / "*.json"))[0]) as f:
         cases = json.load(f)["cases"]
@@ -121,6 +122,11 @@ def test_tiny_hosts_and_autotune_cases(tmp_path):
         assert r50["wire floor"]["ratio_to_wire_floor"] == 1.0 and r50["hvdlite none"]["ratio_to_wire_floor"] > 0
         assert "## Case 7: between hosts" in doc and "| wire floor |" in doc
         _check_png(str(tmp_path / "img" / "bench_hosts.png"))
+        modes = cases["hosts_train"]["layouts"]["2x1"]["modes"]
+        assert {"no communication", "hvdlite", "hvdlite fp16", "hvdlite topk 1%"} <= set(modes), list(modes)
+        assert all(m["median_ms"] > 0 for m in modes.values())
+        assert "## Case 9: train step between hosts" in doc
+        _check_png(str(tmp_path / "img" / "bench_hosts_train.png"))
     tune = cases["autotune"]
     chosen = [m for m in tune["modes"] if m.startswith("hvdlite autotuned")]
     assert len(chosen) == 1 and tune["autotune"]["label"] == chosen[0], tune["modes"]

@@ -59,6 +59,7 @@ class ForwardingTransport : public Transport {
   }
   bool GetWireSettings(WireSettings* out) const override { return inner_->GetWireSettings(out); }
   void Tune(const WireSettings& settings) override { inner_->Tune(settings); }
+  bool GetHostLevels(HostLevels* out) override { return inner_->GetHostLevels(out); }
   Status BroadcastBytes(std::vector<uint8_t>* bytes, int root) override {
     return inner_->BroadcastBytes(bytes, root);
   }

@@ -67,8 +67,27 @@ std::unique_ptr<Transport> RingTransport::Create(std::unique_ptr<Transport> inne
   for (MPI_Comm c : {local, local_gather, ring}) {
     if (c != MPI_COMM_NULL) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
   }
-  return std::unique_ptr<Transport>(
+  std::unique_ptr<RingTransport> wire(
       new RingTransport(std::move(inner), ring, local, local_gather, options, stats, abort));
+  // Without the levels (MPI refused a duplicate: fatal to the job soon
+  // anyway) compression just applies to every rank's whole buffer.
+  if (hierarchical) wire->CreateHostLevels(options);
+  return wire;
+}
+
+bool RingTransport::CreateHostLevels(const EngineOptions& options) {
+  if (MPI_Comm_dup(local_, &host_comm_) != MPI_SUCCESS || MPI_Comm_dup(ring_, &across_comm_) != MPI_SUCCESS) {
+    return false;
+  }
+  MPI_Comm_set_errhandler(host_comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(across_comm_, MPI_ERRORS_RETURN);
+  host_ = std::make_unique<MpiTransport>(host_comm_, wait_, abort_);
+  // One rank per host across: the flat ring for large buffers, MPI for small.
+  std::vector<int> one_per_host(static_cast<size_t>(ring_size_));
+  for (int i = 0; i < ring_size_; ++i) one_per_host[static_cast<size_t>(i)] = i;
+  across_ = Create(std::make_unique<MpiTransport>(across_comm_, wait_, abort_), across_comm_, one_per_host,
+                   true, options, stats_, abort_);
+  return true;
 }
 
 RingTransport::RingTransport(std::unique_ptr<Transport> inner, MPI_Comm ring, MPI_Comm local,
@@ -90,6 +109,11 @@ RingTransport::RingTransport(std::unique_ptr<Transport> inner, MPI_Comm ring, MP
 }
 
 RingTransport::~RingTransport() {
+  host_.reset();
+  across_.reset();
+  for (MPI_Comm* c : {&host_comm_, &across_comm_}) {
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+  }
   MPI_Comm_free(&ring_);
   for (MPI_Comm* c : {&local_, &local_gather_}) {
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
@@ -105,6 +129,13 @@ bool RingTransport::GetWireSettings(WireSettings* out) const {
 void RingTransport::Tune(const WireSettings& settings) {
   if (settings.ring_chunk_bytes > 0) chunk_bytes_ = settings.ring_chunk_bytes;
   if (local_ != MPI_COMM_NULL && settings.hierarchical >= 0) hierarchical_on_ = settings.hierarchical != 0;
+}
+
+bool RingTransport::GetHostLevels(HostLevels* out) {
+  if (!host_ || !across_) return false;
+  out->host = host_.get();
+  out->across = across_.get();
+  return true;
 }
 
 bool RingTransport::Takes(int64_t count, DataType dtype, ReduceOp op) const {

@@ -44,11 +44,16 @@ class RingTransport : public ForwardingTransport {
   Status Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op) override;
   bool GetWireSettings(WireSettings* out) const override;
   void Tune(const WireSettings& settings) override;
+  bool GetHostLevels(HostLevels* out) override;
 
  private:
   RingTransport(std::unique_ptr<Transport> inner, MPI_Comm ring, MPI_Comm local, MPI_Comm local_gather,
                 const EngineOptions& options, EngineStats* stats, const std::atomic<bool>* abort);
   bool Takes(int64_t count, DataType dtype, ReduceOp op) const;
+  // Hierarchical: the two levels as transports of their own, on duplicates
+  // of local_ and ring_ (collective over the set, like Create); false if MPI
+  // refused a duplicate.
+  bool CreateHostLevels(const EngineOptions& options);
 
   MPI_Comm ring_;   // the ranks around the ring (hierarchical: one per host)
   MPI_Comm local_;  // hierarchical: this host's ranks; else MPI_COMM_NULL
@@ -64,6 +69,9 @@ class RingTransport : public ForwardingTransport {
   const std::atomic<bool>* abort_;
   EngineStats* stats_;
   int next_tag_ = 0;  // one tag per collective: several may be in flight
+  // Hierarchical: GetHostLevels' transports and their communicators.
+  MPI_Comm host_comm_ = MPI_COMM_NULL, across_comm_ = MPI_COMM_NULL;
+  std::unique_ptr<Transport> host_, across_;
 };
 
 }  // namespace hvdlite

@@ -6,22 +6,6 @@
 
 namespace hvdlite {
 
-namespace {
-
-// Shared memory reduces synchronously: by the time Start returns, the result
-// is there, and Wait only reports how it went.
-class DoneWork : public TransportWork {
- public:
-  explicit DoneWork(Status status) : status_(std::move(status)) {}
-  Status Wait() override { return status_; }
-  bool done() const override { return true; }
-
- private:
-  Status status_;
-};
-
-}  // namespace
-
 std::unique_ptr<Transport> ShmTransport::Create(std::unique_ptr<MpiTransport> mpi, bool want,
                                                 const EngineOptions& options, EngineStats* stats,
                                                 const std::atomic<bool>* abort) {

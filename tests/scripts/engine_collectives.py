@@ -374,6 +374,74 @@ def test_wire_is_the_one_asked_for(rank, size):
         assert ring == 0, f"{ring} reductions went around the ring"
 
 
+def normal(rank, salt, count):
+    return np.random.default_rng(7000 + 1000 * rank + salt).standard_normal(count).astype(np.float32)
+
+
+def topk_dense(x, ratio):
+    """Top-k of one segment as the engine selects it (segments under 1024
+    elements go whole: csrc/compressors/topk.h)."""
+    k = x.size if x.size < 1024 else max(1, int(np.ceil(ratio * x.size)))
+    out = np.zeros_like(x)
+    keep = np.argsort(-np.abs(x), kind="stable")[:k]
+    out[keep] = x[keep]
+    return out
+
+
+def compression_layout(size):
+    """Which ranks share a host, in host order, and whether compression runs
+    between hosts only (hierarchical: several hosts, the same number of ranks
+    on each, more than one)."""
+    hosts = hvd.allgather(np.array([hvd.cross_rank() if hvd.is_homogeneous() else -1]), name="layout.hosts")
+    groups = [[r for r in range(size) if hosts[r] == h] for h in sorted(set(hosts.tolist()))]
+    two_level = (hvd.is_homogeneous() and hvd.cross_size() > 1 and hvd.local_size() > 1
+                 and os.environ.get("HVDLITE_HIERARCHICAL_ALLREDUCE", "auto") != "0")
+    return groups, two_level
+
+
+def test_compression_between_hosts(rank, size):
+    """fp16 and top-k: with several ranks per host the sum inside a host is
+    exact and only the host's sum is compressed, block by block (each local
+    rank one block); otherwise every rank compresses its own tensor."""
+    groups, two_level = compression_layout(size)
+    count, ratio = 20000, 0.01
+    xs = [normal(k, 1, count) for k in range(size)]
+    local = len(groups[0])
+    blocks = [count // local + (b < count % local) for b in range(local)]
+    edges = np.cumsum([0] + blocks)
+    mine = groups[[rank in g for g in groups].index(True)].index(rank)
+
+    before = hvd.engine_stats()
+    got16 = hvd.allreduce(xs[rank], op=hvd.Sum, compression=hvd.Compression.fp16, name="between.fp16")
+    mid = hvd.engine_stats()
+    gotk = hvd.allreduce(xs[rank], op=hvd.Sum, name="between.topk",
+                         compression=hvd.Compression.topk(ratio, error_feedback=False))
+    after = hvd.engine_stats()
+    fp16_bytes = mid["wire_bytes_fp16"] - before["wire_bytes_fp16"]
+    topk_bytes = after["wire_bytes_topk"] - mid["wire_bytes_topk"]
+    if two_level:
+        host_sums = [sum(xs[k] for k in g) for g in groups]  # float32, two ranks: one rounding
+        halves = [h.astype(np.float16).astype(np.float32) for h in host_sums]
+        want16 = sum(halves).astype(np.float16).astype(np.float32) if len(halves) == 2 else None
+        wantk = np.zeros(count, np.float32)
+        for lo, hi in zip(edges[:-1], edges[1:]):
+            for h in host_sums:
+                wantk[lo:hi] += topk_dense(h[lo:hi], ratio)
+        my_block = blocks[mine]
+        assert fp16_bytes == 2 * my_block, (fp16_bytes, my_block)
+        assert topk_bytes == 8 * max(1, int(np.ceil(ratio * my_block))), topk_bytes
+    else:
+        want16 = None
+        wantk = sum(topk_dense(x, ratio).astype(np.float64) for x in xs)
+        assert fp16_bytes == 2 * count and topk_bytes == 8 * int(np.ceil(ratio * count))
+    exact = sum(x.astype(np.float64) for x in xs)
+    bound = (size + 1) * 2.0 ** -11 * sum(np.abs(x.astype(np.float64)) for x in xs) + 1e-6
+    assert np.all(np.abs(got16 - exact) <= bound), "fp16 error beyond rounding"
+    if want16 is not None:
+        check_equal(got16, want16, "fp16 between hosts: exact host sums, one fp16 sum across")
+    np.testing.assert_allclose(gotk, wantk, rtol=1e-5, atol=1e-5)
+
+
 def test_shutdown_then_init_again(rank, size):
     """After shutdown the user's own MPI still works, and init() works again."""
     hvd.shutdown()
