@@ -124,6 +124,7 @@ ENGINE_SOURCES = [
     "topology.cc",
     "work.cc",
     "collectives/adasum.cc",
+    "collectives/hierarchical_allgather.cc",
     "collectives/hierarchical_allreduce.cc",
     "collectives/mpi_transport.cc",
     "collectives/ring_allreduce.cc",

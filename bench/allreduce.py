@@ -91,11 +91,13 @@ def host_layout():
     return [[r for r, n in enumerate(names) if n == host] for host in dict.fromkeys(names)]
 
 
-def make_wire_floor(tensors, chunk_bytes=4 * MB):
+def make_wire_floor(tensors, chunk_bytes=4 * MB, allgather=False):
     """What each of H hosts must send over its link at least once for an allreduce,
-    2(H-1)/H of the set, sent from every host to the next and received from the one
-    before (split over the host's ranks), with nothing summed: the link's floor for
-    this set, measured under the same conditions as the contenders. None on one host."""
+    2(H-1)/H of the set (for an allgather of every rank's tensors: the other hosts'
+    (H-1)/H of the result), sent from every host to the next and received from the
+    one before (split over the host's ranks), with nothing summed: the link's floor
+    for this set, measured under the same conditions as the contenders. None on one
+    host."""
     hosts = host_layout()
     if len(hosts) < 2:
         return None
@@ -104,6 +106,8 @@ def make_wire_floor(tensors, chunk_bytes=4 * MB):
     right = hosts[(host + 1) % len(hosts)]
     left = hosts[(host - 1) % len(hosts)]
     total = sum(t.nbytes for t in tensors)
+    if allgather:
+        total = total * comm.size / 2  # the result is size x a rank's part; 2(H-1)/H below halves
     share = int(total * 2 * (len(hosts) - 1) / len(hosts) / per_host)
     send, recv = np.ones(share, np.uint8), np.empty(share, np.uint8)
 
@@ -286,6 +290,21 @@ def resnet50_contenders(tensors, outs, scale=1.0, gloo=True, horovod=True, only=
     return {k: v for k, v in c.items() if _wanted(k, only)}
 
 
+def allgather_contenders(mbytes, rng):
+    """Every rank gathers every rank's `mbytes` MB: MPI's allgather, hvdlite's (two levels
+    between hosts by default) and hvdlite's with that turned off, beside the wire floor."""
+    part = rng.standard_normal(int(mbytes * MB) // 4).astype(np.float32)
+    out = np.empty(part.size * comm.size, np.float32)
+    c = {"mpi4py allgather": Contender(lambda: comm.Allgather(part, out)),
+         "hvdlite": Contender(lambda: hvd.allgather(part, name="gather"), "hvdlite"),
+         "hvdlite HIERARCHICAL_ALLGATHER=0": Contender(lambda: hvd.allgather(part, name="gather"), "hvdlite",
+                                                       {"HVDLITE_HIERARCHICAL_ALLGATHER": "0"})}
+    floor = make_wire_floor([part], allgather=True)
+    if floor is not None:
+        c["wire floor"] = Contender(floor)
+    return c
+
+
 def small_contenders(count, elems, rng, horovod=True, only=None):
     small = [rng.standard_normal(elems).astype(np.float32) for _ in range(count)]
     outs = [np.empty_like(t) for t in small]
@@ -388,7 +407,7 @@ def parse_args(argv=None):
     ap.add_argument("--json", default=None)
     ap.add_argument("--skip-gloo", action="store_true")
     ap.add_argument("--no-horovod", action="store_true", help="do not look for Horovod")
-    ap.add_argument("--cases", default="resnet50,small", help="resnet50, small, negotiation, sweep")
+    ap.add_argument("--cases", default="resnet50,small", help="resnet50, small, allgather, negotiation, sweep")
     ap.add_argument("--contenders", default=None,
                     help="comma list of name prefixes to keep (e.g. 'mpi4py unfused,hvdlite none')")
     ap.add_argument("--hvdlite-env", default=None,
@@ -397,6 +416,7 @@ def parse_args(argv=None):
                          "prefixed), e.g. DIRECT_THRESHOLD=262144,FUSION_THRESHOLD=8388608")
     ap.add_argument("--scale", type=float, default=1.0,
                     help="scale every ResNet-50 tensor's size (tiny runs)")
+    ap.add_argument("--allgather-mb", type=float, default=8.0, help="MB per rank (allgather case)")
     ap.add_argument("--small-count", type=int, default=100)
     ap.add_argument("--small-elems", type=int, default=1024, help="float32 per small tensor")
     ap.add_argument("--neg-tensors", default="1,32", help="tiny tensors per step (negotiation case)")
@@ -429,6 +449,8 @@ def main(argv=None):
         c = small_contenders(args.small_count, args.small_elems, rng, horovod=not args.no_horovod,
                              only=only)
         results["small"] = measure(c, args.small_iters or args.iters * 4)
+    if "allgather" in cases:
+        results["allgather"] = measure(allgather_contenders(args.allgather_mb, rng), args.iters)
     if "negotiation" in cases:
         counts = [int(x) for x in args.neg_tensors.split(",")]
         results["negotiation"] = measure(negotiation_contenders(counts), args.neg_iters)
@@ -455,6 +477,9 @@ def main(argv=None):
                                 f"{comm.size} ranks", results["small"], RAW_SMALL)[0])
             if "mpi4py loop" in results["small"]:
                 add_ratios(results["small"], ["mpi4py loop"], key="ratio_to_mpi4py_loop")
+        if "allgather" in results:
+            texts.append(report(f"allgather of {args.allgather_mb:g} MB per rank, {comm.size} ranks",
+                                results["allgather"], ["mpi4py allgather"])[0])
         if "negotiation" in results:
             lines = ["## negotiation: steps of tiny tensors", "",
                      "| contender | median ms | min | max | rounds/step | collectives/step |",

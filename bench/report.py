@@ -313,8 +313,45 @@ def hosts_section(case, img):
         L.append("**%s** (hosts x ranks per host):\n" % lay)
         L.append(table(["contender", "median ms", "min", "max", "/ wire floor", "/ best MPICH (%s)" % b], rows))
         L.append("")
+    gathers = {lay: res["allgather"] for lay, res in case.get("layouts", {}).items() if res.get("allgather")}
+    if gathers:
+        mb = case.get("allgather_mb")
+        L.append("Allgather%s: every rank gathers every rank's part; with several ranks per host hvdlite "
+                 "gathers across hosts by local rank, then inside the host (`HIERARCHICAL_ALLGATHER=0`: "
+                 "MPI's allgather through every rank). The wire floor here is (H-1)/H of the result over "
+                 "each link.\n" % (" of %g MB per rank" % mb if mb else ""))
+        rows = []
+        for lay, g in gathers.items():
+            base = g.get("mpi4py allgather", {}).get("median_ms")
+            for name, v in g.items():
+                rows.append([lay, name, ms(v["median_ms"]), ratio(v.get("ratio_to_wire_floor")),
+                             ratio(v["median_ms"] / base) if base else ""])
+        L.append(table(["layout", "contender", "median ms", "/ wire floor", "/ MPI allgather"], rows))
+        L.append("")
+        L.append(img("bench_hosts_allgather.png", plot_hosts_allgather, gathers, case.get("rate")))
     L.append(img("bench_hosts.png", plot_hosts, case))
     return "\n".join(L) + "\n"
+
+
+def plot_hosts_allgather(path, gathers, rate):
+    plt = _plt()
+    layouts = list(gathers)
+    names = [n for n in dict.fromkeys(n for g in gathers.values() for n in g) if n != "wire floor"]
+    fig, ax = plt.subplots(figsize=(7.5, 3.2))
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        vals = [gathers[lay].get(name, {}).get("ratio_to_wire_floor", 0) for lay in layouts]
+        ax.bar([x + i * width for x in range(len(layouts))], vals, width, label=name, color=color(name),
+               alpha=1.0 if name == "hvdlite" else 0.6)
+    ax.axhline(1.0, color="#333333", lw=0.8, ls="--")
+    ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(layouts))])
+    ax.set_xticklabels(["%s hosts x ranks" % lay for lay in layouts], fontsize=8)
+    ax.set_ylabel("time / wire floor (median)", fontsize=8)
+    ax.set_title("Allgather between emulated hosts at %s" % rate, fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot_hosts_train(path, case):

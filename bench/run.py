@@ -57,7 +57,7 @@ FULL = dict(
     sweep_train="1MB:1,4MB:1,16MB:1,64MB:1,64MB:0.25,64MB:5,4MB:0.25,4MB:5",
     sweep_train_rounds=4, sweep_train_steps=3,
     breakdown_calls=3,
-    hosts_layouts="2x2,4x1,4x2", hosts_iters=7,
+    hosts_layouts="2x2,4x1,4x2", hosts_iters=7, hosts_allgather_mb=8.0,
     hosts_train_layouts="2x2,4x1,4x2", hosts_train_rounds=4, hosts_train_steps=2,
     autotune_sweep="1MB:0.5,1MB:1,1MB:5,4MB:0.5,4MB:1,4MB:5,16MB:0.5,16MB:1,16MB:5,64MB:0.5,64MB:1,64MB:5",
     autotune_rounds=4, autotune_steps=3, autotune_steps_per_sample=3, autotune_layout="",
@@ -74,7 +74,7 @@ TINY = dict(
     sweep_fusion="0,4MB", sweep_cycle="1", sweep_rounds=1, sweep_r50_calls=1, sweep_small_calls=2,
     sweep_train="4MB:1", sweep_train_rounds=1, sweep_train_steps=1,
     breakdown_calls=1,
-    hosts_layouts="2x1", hosts_iters=1,
+    hosts_layouts="2x1", hosts_iters=1, hosts_allgather_mb=0.5,
     hosts_train_layouts="2x1", hosts_train_rounds=1, hosts_train_steps=1,
     autotune_sweep="1MB:1,64MB:1", autotune_rounds=1, autotune_steps=1, autotune_steps_per_sample=1,
     autotune_layout="",
@@ -371,14 +371,15 @@ def hosts_contenders(per_host):
 
 
 def case_hosts(R, P, args, tiny):
-    """Allreduce of the ResNet-50 set between emulated hosts (network namespaces with real
-    sshd, links shaped to --rate), one job per layout, with the wire floor measured in the
-    same job."""
+    """Allreduce of the ResNet-50 set, and an allgather, between emulated hosts (network
+    namespaces with real sshd, links shaped to --rate), one job per layout, with the wire
+    floor of each measured in the same job."""
     layouts = parse_layouts(P["hosts_layouts"])
     hosts, why = emulated_hosts(max(h for h, _ in layouts), args)
     if hosts is None:
         return {"skipped": why}
-    out = {"rate": args.rate, "delay": args.delay, "ucx_tls": "tcp,self", "layouts": {}}
+    out = {"rate": args.rate, "delay": args.delay, "ucx_tls": "tcp,self", "layouts": {},
+           "allgather_mb": P["hosts_allgather_mb"]}
     try:
         env = {"PATH": hosts.bin_dir + os.pathsep + os.environ["PATH"], "UCX_TLS": "tcp,self"}
         wrap = lambda argv: hosts.on_host(1, argv, cwd=REPO)  # noqa: E731
@@ -387,10 +388,12 @@ def case_hosts(R, P, args, tiny):
                   "-i", hosts.key]
             contenders, envs = hosts_contenders(per_host)
             r = R.job(n_hosts * per_host, ALLREDUCE,
-                      ["--cases", "resnet50", "--iters", str(P["hosts_iters"]), "--scale", str(P["scale"]),
+                      ["--cases", "resnet50,allgather", "--iters", str(P["hosts_iters"]), "--scale", str(P["scale"]),
+                       "--allgather-mb", str(P["hosts_allgather_mb"]),
                        "--contenders", contenders, "--hvdlite-env", envs, "--skip-gloo", "--no-horovod"],
                       env=env, hvdrun_args=hv, wrap=wrap)
-            out["layouts"]["%dx%d" % (n_hosts, per_host)] = {"resnet50": r["resnet50"], "meta": r.get("meta")}
+            out["layouts"]["%dx%d" % (n_hosts, per_host)] = {"resnet50": r["resnet50"], "allgather": r.get("allgather"),
+                                                             "meta": r.get("meta")}
             progress("      hosts: %dx%d done (load %s)" % (n_hosts, per_host, load_average()))
     finally:
         hosts.down()

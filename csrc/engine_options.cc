@@ -122,6 +122,7 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
   if (!(s = ReadInt("RING_CHUNK_BYTES", 1024, &o.ring_chunk_bytes)).ok()) return s;
   if (!(s = ReadInt("RING_WINDOW", 1, &o.ring_window)).ok()) return s;
   if (!(s = ReadChoice("HIERARCHICAL_ALLREDUCE", &o.hierarchical_allreduce)).ok()) return s;
+  if (!(s = ReadChoice("HIERARCHICAL_ALLGATHER", &o.hierarchical_allgather)).ok()) return s;
   if (!(s = ReadInt("HIERARCHICAL_PIECE_BYTES", 1024, &o.hierarchical_piece_bytes)).ok()) return s;
   std::string name;
   // "DYNAMIC" (Horovod's value) means: no file now, start_timeline() later.

@@ -68,6 +68,11 @@ struct EngineOptions {
   // ring runs and every host has the same number (> 1) of the set's ranks;
   // it beat MPI there (4 hosts x 2 ranks: 0.84x, docs/benchmarks.md).
   Choice hierarchical_allreduce = Choice::kAuto;
+  // The same layouts: large allgathers gather across hosts by local rank,
+  // then inside the host (collectives/hierarchical_allgather.h; Horovod's
+  // HOROVOD_HIERARCHICAL_ALLGATHER). kAuto and kOn: wherever the allreduce
+  // is hierarchical.
+  Choice hierarchical_allgather = Choice::kAuto;
   // Hierarchical: the in-host phases and the ring pipeline over pieces of
   // this size (collectives/hierarchical_allreduce.h).
   int64_t hierarchical_piece_bytes = 4 * 1024 * 1024;

@@ -16,6 +16,8 @@ def engine_env(opts):
         env["HVDLITE_CYCLE_TIME"] = repr(float(opts.cycle_time_ms))
     if opts.hierarchical_allreduce is not None:
         env["HVDLITE_HIERARCHICAL_ALLREDUCE"] = "1" if opts.hierarchical_allreduce else "0"
+    if opts.hierarchical_allgather is not None:
+        env["HVDLITE_HIERARCHICAL_ALLGATHER"] = "1" if opts.hierarchical_allgather else "0"
     if opts.autotune:
         env["HVDLITE_AUTOTUNE"] = "1"
     if opts.autotune_log_file is not None:

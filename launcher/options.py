@@ -73,6 +73,12 @@ def build_parser():
                                       "ring between hosts (the default there; HVDLITE_HIERARCHICAL_ALLREDUCE)")
     g.add_argument("--no-hierarchical-allreduce", dest="hierarchical_allreduce", action="store_false",
                    help="one MPI allreduce through every rank instead (HVDLITE_HIERARCHICAL_ALLREDUCE=0)")
+    g.add_argument("--hierarchical-allgather", dest="hierarchical_allgather", action="store_true",
+                   default=None, help="where the allreduce is hierarchical: gather across hosts by local "
+                                      "rank, then inside each host (the default there; "
+                                      "HVDLITE_HIERARCHICAL_ALLGATHER)")
+    g.add_argument("--no-hierarchical-allgather", dest="hierarchical_allgather", action="store_false",
+                   help="one MPI allgather through every rank instead (HVDLITE_HIERARCHICAL_ALLGATHER=0)")
     g.add_argument("--autotune", action="store_true", default=None,
                    help="tune the fusion threshold and cycle time during the first steps and keep the "
                         "fastest (HVDLITE_AUTOTUNE=1; docs/engine.md#autotune)")

@@ -122,6 +122,9 @@ def test_tiny_hosts_and_autotune_cases(tmp_path):
         assert r50["wire floor"]["ratio_to_wire_floor"] == 1.0 and r50["hvdlite none"]["ratio_to_wire_floor"] > 0
         assert "## Case 7: between hosts" in doc and "| wire floor |" in doc
         _check_png(str(tmp_path / "img" / "bench_hosts.png"))
+        gather = hosts["layouts"]["2x1"]["allgather"]
+        assert {"wire floor", "mpi4py allgather", "hvdlite", "hvdlite HIERARCHICAL_ALLGATHER=0"} <= set(gather)
+        _check_png(str(tmp_path / "img" / "bench_hosts_allgather.png"))
         modes = cases["hosts_train"]["layouts"]["2x1"]["modes"]
         assert {"no communication", "hvdlite", "hvdlite fp16", "hvdlite topk 1%"} <= set(modes), list(modes)
         assert all(m["median_ms"] > 0 for m in modes.values())

@@ -175,9 +175,10 @@ def test_horovodrun_compatibility_flags():
                                "0.8", "python"])
     assert opts.rank_env == {"HVDLITE_AUTOTUNE": "1", "HVDLITE_AUTOTUNE_LOG": os.path.abspath("tune.csv"),
                              "HVDLITE_AUTOTUNE_WARMUP_SAMPLES": "1", "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE": "5"}
-    for flag, value in (("--hierarchical-allreduce", "1"), ("--no-hierarchical-allreduce", "0")):
-        opts = options.parse_args(["-np", "2", flag, "python"])
-        assert opts.rank_env == {"HVDLITE_HIERARCHICAL_ALLREDUCE": value}, flag
+    for kind in ("allreduce", "allgather"):
+        for flag, value in ((f"--hierarchical-{kind}", "1"), (f"--no-hierarchical-{kind}", "0")):
+            opts = options.parse_args(["-np", "2", flag, "python"])
+            assert opts.rank_env == {f"HVDLITE_HIERARCHICAL_{kind.upper()}": value}, flag
 
 
 def test_cli_version_and_usage_error_exit_codes():

@@ -28,9 +28,10 @@ std::unique_ptr<Transport> RingTransport::Create(std::unique_ptr<Transport> inne
                                                  const std::atomic<bool>* abort) {
   // Every rank must pick the same wire, whatever its environment says: each
   // wish holds only where every rank has it.
-  int wishes[3] = {want && inner->size() > 1, options.hierarchical_allreduce != EngineOptions::Choice::kOff,
-                   options.ring == EngineOptions::Choice::kOn};
-  if (MPI_Allreduce(MPI_IN_PLACE, wishes, 3, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS || !wishes[0]) {
+  int wishes[4] = {want && inner->size() > 1, options.hierarchical_allreduce != EngineOptions::Choice::kOff,
+                   options.ring == EngineOptions::Choice::kOn,
+                   options.hierarchical_allgather != EngineOptions::Choice::kOff};
+  if (MPI_Allreduce(MPI_IN_PLACE, wishes, 4, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS || !wishes[0]) {
     return inner;
   }
   std::map<int, int> ranks_per_host;
@@ -71,11 +72,11 @@ std::unique_ptr<Transport> RingTransport::Create(std::unique_ptr<Transport> inne
       new RingTransport(std::move(inner), ring, local, local_gather, options, stats, abort));
   // Without the levels (MPI refused a duplicate: fatal to the job soon
   // anyway) compression just applies to every rank's whole buffer.
-  if (hierarchical) wire->CreateHostLevels(options);
+  if (hierarchical && wire->CreateHostLevels(options, hosts)) wire->hierarchical_allgather_ = wishes[3] != 0;
   return wire;
 }
 
-bool RingTransport::CreateHostLevels(const EngineOptions& options) {
+bool RingTransport::CreateHostLevels(const EngineOptions& options, const std::vector<int>& hosts) {
   if (MPI_Comm_dup(local_, &host_comm_) != MPI_SUCCESS || MPI_Comm_dup(ring_, &across_comm_) != MPI_SUCCESS) {
     return false;
   }
@@ -87,6 +88,13 @@ bool RingTransport::CreateHostLevels(const EngineOptions& options) {
   for (int i = 0; i < ring_size_; ++i) one_per_host[static_cast<size_t>(i)] = i;
   across_ = Create(std::make_unique<MpiTransport>(across_comm_, wait_, abort_), across_comm_, one_per_host,
                    true, options, stats_, abort_);
+  // The grid, as the communicators order it: hosts by id (ring_'s key),
+  // ranks in a host by set rank (local_'s key).
+  std::map<int, std::vector<int>> by_host;
+  for (size_t r = 0; r < hosts.size(); ++r) by_host[hosts[r]].push_back(static_cast<int>(r));
+  grid_.hosts = static_cast<int>(by_host.size());
+  grid_.per_host = static_cast<int>(by_host.begin()->second.size());
+  for (const auto& kv : by_host) grid_.rank_at.insert(grid_.rank_at.end(), kv.second.begin(), kv.second.end());
   return true;
 }
 
@@ -177,6 +185,19 @@ Status RingTransport::StartAllreduce(const void* send, void* recv, int64_t count
     if (s.ok()) *work = std::move(w);
   }
   if (s.ok()) stats_->Add(stats_->ring_collectives, 1);
+  return s;
+}
+
+Status RingTransport::Allgatherv(const void* input, int64_t input_bytes, void* output,
+                                 const std::vector<int64_t>& bytes_per_rank) {
+  int64_t total = 0;
+  for (int64_t b : bytes_per_rank) total += b;
+  if (!hierarchical_allgather_ || total < threshold_bytes_) {
+    return inner().Allgatherv(input, input_bytes, output, bytes_per_rank);
+  }
+  HostLevels levels{host_.get(), across_.get()};
+  Status s = HierarchicalAllgatherv(levels, grid_, input, input_bytes, output, bytes_per_rank, &gather_scratch_);
+  if (s.ok()) stats_->Add(stats_->hierarchical_allgathers, 1);
   return s;
 }
 

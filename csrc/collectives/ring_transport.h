@@ -21,6 +21,7 @@
 #include "../engine_options.h"
 #include "../engine_stats.h"
 #include "forwarding_transport.h"
+#include "hierarchical_allgather.h"
 #include "hierarchical_allreduce.h"
 
 namespace hvdlite {
@@ -42,6 +43,9 @@ class RingTransport : public ForwardingTransport {
   Status StartAllreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
                         double scale, std::unique_ptr<TransportWork>* work) override;
   Status Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op) override;
+  // Hierarchical layouts: large allgathers by hierarchical_allgather.h.
+  Status Allgatherv(const void* input, int64_t input_bytes, void* output,
+                    const std::vector<int64_t>& bytes_per_rank) override;
   bool GetWireSettings(WireSettings* out) const override;
   void Tune(const WireSettings& settings) override;
   bool GetHostLevels(HostLevels* out) override;
@@ -53,7 +57,7 @@ class RingTransport : public ForwardingTransport {
   // Hierarchical: the two levels as transports of their own, on duplicates
   // of local_ and ring_ (collective over the set, like Create); false if MPI
   // refused a duplicate.
-  bool CreateHostLevels(const EngineOptions& options);
+  bool CreateHostLevels(const EngineOptions& options, const std::vector<int>& hosts);
 
   MPI_Comm ring_;   // the ranks around the ring (hierarchical: one per host)
   MPI_Comm local_;  // hierarchical: this host's ranks; else MPI_COMM_NULL
@@ -72,6 +76,9 @@ class RingTransport : public ForwardingTransport {
   // Hierarchical: GetHostLevels' transports and their communicators.
   MPI_Comm host_comm_ = MPI_COMM_NULL, across_comm_ = MPI_COMM_NULL;
   std::unique_ptr<Transport> host_, across_;
+  HostGrid grid_;                        // where each rank of the set sits
+  bool hierarchical_allgather_ = false;  // every rank wants it (HIERARCHICAL_ALLGATHER)
+  std::vector<uint8_t> gather_scratch_;
 };
 
 }  // namespace hvdlite

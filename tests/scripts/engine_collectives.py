@@ -110,6 +110,12 @@ def test_allgather(rank, size):
     got = hvd.allgather(np.full((rows, 2), rank, np.int64))
     want = np.concatenate([np.full((0 if k == 0 else 2, 2), k, np.int64) for k in range(size)])
     check_equal(got, want, "allgather with an empty rank")
+    # Large and uneven (the hierarchical allgather between hosts, which puts
+    # blocks back in rank order), one rank empty.
+    rows_of = lambda k: 0 if k == 1 else 300 * (k + 1)  # noqa: E731
+    got = hvd.allgather(data(rank, np.float32, (rows_of(rank), 5), 77), name="allgather.large")
+    want = np.concatenate([data(k, np.float32, (rows_of(k), 5), 77) for k in range(size)])
+    check_equal(got, want, "large uneven allgather")
 
 
 def test_broadcast(rank, size):
@@ -364,6 +370,9 @@ def test_wire_is_the_one_asked_for(rank, size):
         assert shm == 0, f"{shm} reductions went through shared memory (turned off, or several hosts)"
     else:
         assert shm > 0, "no reduction went through shared memory on one host"
+    before = stats["hierarchical_allgathers"]
+    hvd.allgather(np.full((20000, 1), rank, np.float32), name="wire.allgather")
+    gathered = hvd.engine_stats()["hierarchical_allgathers"] - before
     ring_setting = os.environ.get("HVDLITE_RING_ALLREDUCE", "auto")
     hierarchical = os.environ.get("HVDLITE_HIERARCHICAL_ALLREDUCE", "auto") != "0" and hvd.is_homogeneous()
     ring_expected = ring_setting == "1" or (
@@ -372,6 +381,11 @@ def test_wire_is_the_one_asked_for(rank, size):
         assert ring > 0, "no reduction went around the ring"
     else:
         assert ring == 0, f"{ring} reductions went around the ring"
+    # Allgathers by local rank across hosts, then in the host: wherever the
+    # allreduce is hierarchical, unless HVDLITE_HIERARCHICAL_ALLGATHER=0.
+    two_level = (hosts > 1 and hvd.local_size() > 1 and hierarchical and ring_setting != "0"
+                 and os.environ.get("HVDLITE_HIERARCHICAL_ALLGATHER", "auto") != "0")
+    assert (gathered == 1) == two_level, (gathered, two_level)
 
 
 def normal(rank, salt, count):
