@@ -126,6 +126,7 @@ ENGINE_SOURCES = [
     "collectives/adasum.cc",
     "collectives/hierarchical_allgather.cc",
     "collectives/hierarchical_allreduce.cc",
+    "collectives/hierarchical_reducescatter.cc",
     "collectives/mpi_transport.cc",
     "collectives/ring_allreduce.cc",
     "collectives/ring_transport.cc",

@@ -21,6 +21,7 @@ struct EngineStats {
   std::atomic<int64_t> shm_collectives{0};  // of those, reduced through shared memory
   std::atomic<int64_t> ring_collectives{0};  // of those, reduced around the ring between hosts
   std::atomic<int64_t> hierarchical_allgathers{0};  // allgathers across hosts by local rank, then in the host
+  std::atomic<int64_t> hierarchical_reducescatters{0};  // reducescatters in the host, then across hosts
   std::atomic<int64_t> fused_buffers{0};
   std::atomic<int64_t> bytes_in{0};         // tensor bytes submitted to reductions
   std::atomic<int64_t> stall_warnings{0};
@@ -39,7 +40,7 @@ struct EngineStats {
 // registered compressor follow); the binding names them.
 #define HVDLITE_STATS_FIELDS(X)                                                             \
   X(cycles) X(negotiations) X(cache_hits) X(cache_misses) X(tensors) X(tensors_fused)      \
-  X(collectives) X(shm_collectives) X(ring_collectives) X(hierarchical_allgathers) \
-  X(fused_buffers) X(bytes_in) X(stall_warnings) X(buffer_bytes)
+  X(collectives) X(shm_collectives) X(ring_collectives) X(hierarchical_allgathers)         \
+  X(hierarchical_reducescatters) X(fused_buffers) X(bytes_in) X(stall_warnings) X(buffer_bytes)
 
 }  // namespace hvdlite

@@ -66,6 +66,30 @@ struct HostLevels {
   Transport* across = nullptr;
 };
 
+// Where each rank of such a set sits: rank_at[h * per_host + l] is the set
+// rank with local rank l on the h-th host (hosts in the order of HostLevels'
+// `across`, local ranks in the order of its `host`).
+struct HostGrid {
+  int hosts = 0, per_host = 0;
+  std::vector<int> rank_at;
+
+  int RankAt(int host, int local) const { return rank_at[static_cast<size_t>(host * per_host + local)]; }
+  // Column `local` (every host's rank with that local rank): their `sizes`, by host.
+  std::vector<int64_t> Column(const std::vector<int64_t>& sizes, int local) const {
+    std::vector<int64_t> out(static_cast<size_t>(hosts));
+    for (int h = 0; h < hosts; ++h) out[static_cast<size_t>(h)] = sizes[static_cast<size_t>(RankAt(h, local))];
+    return out;
+  }
+  // Each column's total of `sizes`, by local rank.
+  std::vector<int64_t> ColumnTotals(const std::vector<int64_t>& sizes) const {
+    std::vector<int64_t> out(static_cast<size_t>(per_host), 0);
+    for (int l = 0; l < per_host; ++l) {
+      for (int64_t n : Column(sizes, l)) out[static_cast<size_t>(l)] += n;
+    }
+    return out;
+  }
+};
+
 // What the autotuner (autotuner.h) may change on a wire between hosts.
 struct WireSettings {
   int64_t ring_chunk_bytes = 0;  // 0: the wire has no ring

@@ -8,17 +8,10 @@ Status HierarchicalAllgatherv(const HostLevels& levels, const HostGrid& grid, co
                               int64_t input_bytes, void* output, const std::vector<int64_t>& bytes_per_rank,
                               std::vector<uint8_t>* scratch) {
   const int me = levels.host->rank();
-  auto bytes_of = [&](int h, int l) {
-    return bytes_per_rank[static_cast<size_t>(grid.rank_at[static_cast<size_t>(h * grid.per_host + l)])];
-  };
-  // Column l: the blocks of local rank l on every host, in host order.
-  std::vector<int64_t> column(static_cast<size_t>(grid.per_host), 0), mine(static_cast<size_t>(grid.hosts));
+  // Column l: the blocks of every host's rank with local rank l, hosts in order.
+  const std::vector<int64_t> column = grid.ColumnTotals(bytes_per_rank), mine = grid.Column(bytes_per_rank, me);
   int64_t total = 0;
-  for (int l = 0; l < grid.per_host; ++l) {
-    for (int h = 0; h < grid.hosts; ++h) column[static_cast<size_t>(l)] += bytes_of(h, l);
-    total += column[static_cast<size_t>(l)];
-  }
-  for (int h = 0; h < grid.hosts; ++h) mine[static_cast<size_t>(h)] = bytes_of(h, me);
+  for (int64_t n : column) total += n;
   const int64_t my_column = column[static_cast<size_t>(me)];
   scratch->resize(static_cast<size_t>(my_column + total) + 1);
   uint8_t* cross = scratch->data();
@@ -33,7 +26,7 @@ Status HierarchicalAllgatherv(const HostLevels& levels, const HostGrid& grid, co
   const uint8_t* from = gathered;
   for (int l = 0; l < grid.per_host; ++l) {
     for (int h = 0; h < grid.hosts; ++h) {
-      const int r = grid.rank_at[static_cast<size_t>(h * grid.per_host + l)];
+      const int r = grid.RankAt(h, l);
       const int64_t n = bytes_per_rank[static_cast<size_t>(r)];
       if (n > 0) std::memcpy(static_cast<uint8_t*>(output) + offset[static_cast<size_t>(r)], from, static_cast<size_t>(n));
       from += n;

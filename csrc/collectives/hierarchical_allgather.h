@@ -16,14 +16,6 @@
 
 namespace hvdlite {
 
-// Where each rank of the set sits: rank_at[h * per_host + l] is the set rank
-// with local rank l on the h-th host (hosts in the order of HostLevels'
-// `across`, local ranks in the order of its `host`).
-struct HostGrid {
-  int hosts = 0, per_host = 0;
-  std::vector<int> rank_at;
-};
-
 // Allgatherv over `levels` with the result in set rank order; `scratch` is
 // reused across calls.
 Status HierarchicalAllgatherv(const HostLevels& levels, const HostGrid& grid, const void* input,

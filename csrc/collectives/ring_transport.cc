@@ -201,6 +201,19 @@ Status RingTransport::Allgatherv(const void* input, int64_t input_bytes, void* o
   return s;
 }
 
+Status RingTransport::ReduceScatter(const void* input, void* output, const std::vector<int64_t>& counts,
+                                    DataType dtype, ReduceOp op) {
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  if (!host_ || !hierarchical_on_ || total * static_cast<int64_t>(DataTypeSize(dtype)) < threshold_bytes_) {
+    return inner().ReduceScatter(input, output, counts, dtype, op);
+  }
+  HostLevels levels{host_.get(), across_.get()};
+  Status s = HierarchicalReduceScatter(levels, grid_, input, output, counts, dtype, op, &gather_scratch_);
+  if (s.ok()) stats_->Add(stats_->hierarchical_reducescatters, 1);
+  return s;
+}
+
 Status RingTransport::Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op) {
   if (!Takes(count, dtype, op)) return inner().Allreduce(data, count, dtype, op);
   std::unique_ptr<TransportWork> work;

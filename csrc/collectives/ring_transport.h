@@ -23,6 +23,7 @@
 #include "forwarding_transport.h"
 #include "hierarchical_allgather.h"
 #include "hierarchical_allreduce.h"
+#include "hierarchical_reducescatter.h"
 
 namespace hvdlite {
 
@@ -43,9 +44,12 @@ class RingTransport : public ForwardingTransport {
   Status StartAllreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
                         double scale, std::unique_ptr<TransportWork>* work) override;
   Status Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op) override;
-  // Hierarchical layouts: large allgathers by hierarchical_allgather.h.
+  // Hierarchical layouts: large allgathers and reducescatters in two levels
+  // (hierarchical_allgather.h, hierarchical_reducescatter.h).
   Status Allgatherv(const void* input, int64_t input_bytes, void* output,
                     const std::vector<int64_t>& bytes_per_rank) override;
+  Status ReduceScatter(const void* input, void* output, const std::vector<int64_t>& counts, DataType dtype,
+                       ReduceOp op) override;
   bool GetWireSettings(WireSettings* out) const override;
   void Tune(const WireSettings& settings) override;
   bool GetHostLevels(HostLevels* out) override;
@@ -78,7 +82,7 @@ class RingTransport : public ForwardingTransport {
   std::unique_ptr<Transport> host_, across_;
   HostGrid grid_;                        // where each rank of the set sits
   bool hierarchical_allgather_ = false;  // every rank wants it (HIERARCHICAL_ALLGATHER)
-  std::vector<uint8_t> gather_scratch_;
+  std::vector<uint8_t> gather_scratch_;  // two-level allgathers and reducescatters
 };
 
 }  // namespace hvdlite

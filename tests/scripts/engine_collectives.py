@@ -163,6 +163,15 @@ def test_reducescatter(rank, size):
         counts = [rows // size + (k < rows % size) for k in range(size)]
         start = sum(counts[:rank])
         check_equal(got, full[start:start + counts[rank]], f"reducescatter {np.dtype(dtype).name} op={op}")
+    # Large (two levels between hosts, blocks regrouped by local rank).
+    rows = 300 * size + 1
+    for i, (dtype, op) in enumerate(itertools.product([np.float32, np.int32], OPS)):
+        mine = data(rank, dtype, (rows, 4), 600 + i)
+        got = hvd.reducescatter(mine, op=op, name=f"reducescatter.large.{i}")
+        full = reduce_ref([data(k, dtype, (rows, 4), 600 + i) for k in range(size)], op, dtype, size)
+        counts = [rows // size + (k < rows % size) for k in range(size)]
+        start = sum(counts[:rank])
+        check_equal(got, full[start:start + counts[rank]], f"large reducescatter {np.dtype(dtype).name} op={op}")
 
 
 def test_many_async_random_order(rank, size):
@@ -370,9 +379,12 @@ def test_wire_is_the_one_asked_for(rank, size):
         assert shm == 0, f"{shm} reductions went through shared memory (turned off, or several hosts)"
     else:
         assert shm > 0, "no reduction went through shared memory on one host"
-    before = stats["hierarchical_allgathers"]
+    before = stats["hierarchical_allgathers"], stats["hierarchical_reducescatters"]
     hvd.allgather(np.full((20000, 1), rank, np.float32), name="wire.allgather")
-    gathered = hvd.engine_stats()["hierarchical_allgathers"] - before
+    hvd.reducescatter(np.full((20000, 1), rank, np.float32), name="wire.reducescatter")
+    after = hvd.engine_stats()
+    gathered = after["hierarchical_allgathers"] - before[0]
+    scattered = after["hierarchical_reducescatters"] - before[1]
     ring_setting = os.environ.get("HVDLITE_RING_ALLREDUCE", "auto")
     hierarchical = os.environ.get("HVDLITE_HIERARCHICAL_ALLREDUCE", "auto") != "0" and hvd.is_homogeneous()
     ring_expected = ring_setting == "1" or (
@@ -381,10 +393,12 @@ def test_wire_is_the_one_asked_for(rank, size):
         assert ring > 0, "no reduction went around the ring"
     else:
         assert ring == 0, f"{ring} reductions went around the ring"
-    # Allgathers by local rank across hosts, then in the host: wherever the
-    # allreduce is hierarchical, unless HVDLITE_HIERARCHICAL_ALLGATHER=0.
-    two_level = (hosts > 1 and hvd.local_size() > 1 and hierarchical and ring_setting != "0"
-                 and os.environ.get("HVDLITE_HIERARCHICAL_ALLGATHER", "auto") != "0")
+    # Reducescatters in the host, then across; allgathers across hosts by
+    # local rank, then in the host: wherever the allreduce is hierarchical
+    # (allgathers unless HVDLITE_HIERARCHICAL_ALLGATHER=0).
+    two_level = hosts > 1 and hvd.local_size() > 1 and hierarchical and ring_setting != "0"
+    assert (scattered == 1) == two_level, (scattered, two_level)
+    two_level = two_level and os.environ.get("HVDLITE_HIERARCHICAL_ALLGATHER", "auto") != "0"
     assert (gathered == 1) == two_level, (gathered, two_level)
 
 
