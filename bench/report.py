@@ -268,28 +268,49 @@ def plot_network(path, net):
     plt.close(fig)
 
 
-def plot_hosts(path, case):
+def plot_layout_bars(path, by_layout, key, skip, ylabel, title, label=None, highlight=None):
+    """Grouped bars: one group per layout, one bar per contender of
+    by_layout[layout] (a {name: summary} dict) but `skip`, height summary[key],
+    with a dashed line at 1."""
     plt = _plt()
-    layouts = list(case["layouts"])
-    names = [n for n in dict.fromkeys(n for lay in layouts for n in case["layouts"][lay]["resnet50"])
-             if n != "wire floor"]
+    layouts = list(by_layout)
+    names = [n for n in dict.fromkeys(n for lay in layouts for n in by_layout[lay]) if n != skip]
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     width = 0.8 / max(1, len(names))
     for i, name in enumerate(names):
-        vals = [case["layouts"][lay]["resnet50"].get(name, {}).get("ratio_to_wire_floor", 0) for lay in layouts]
-        label = "hvdlite (defaults)" if name == "hvdlite none" else name.replace("hvdlite none ", "hvdlite ")
-        ax.bar([x + i * width for x in range(len(layouts))], vals, width, label=label, color=color(name),
-               alpha=1.0 if name == "hvdlite none" else 0.55 + 0.1 * (i % 4))
+        vals = [by_layout[lay].get(name, {}).get(key, 0) for lay in layouts]
+        ax.bar([x + i * width for x in range(len(layouts))], vals, width,
+               label=label(name) if label else name, color=color(name),
+               alpha=1.0 if highlight in (None, name) else 0.55 + 0.1 * (i % 4))
     ax.axhline(1.0, color="#333333", lw=0.8, ls="--")
     ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(layouts))])
     ax.set_xticklabels(["%s hosts x ranks" % lay for lay in layouts], fontsize=8)
-    ax.set_ylabel("time / wire floor (median)", fontsize=8)
-    ax.set_title("ResNet-50 set between emulated hosts at %s" % case.get("rate"), fontsize=9)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_title(title, fontsize=9)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.35)  # room for the legend
     ax.legend(fontsize=6, ncol=2, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_hosts(path, case):
+    plot_layout_bars(path, {lay: res["resnet50"] for lay, res in case["layouts"].items()},
+                     "ratio_to_wire_floor", "wire floor", "time / wire floor (median)",
+                     "ResNet-50 set between emulated hosts at %s" % case.get("rate"),
+                     label=lambda n: "hvdlite (defaults)" if n == "hvdlite none" else n.replace("hvdlite none ", "hvdlite "),
+                     highlight="hvdlite none")
+
+
+def plot_hosts_allgather(path, gathers, rate):
+    plot_layout_bars(path, gathers, "ratio_to_wire_floor", "wire floor", "time / wire floor (median)",
+                     "Allgather between emulated hosts at %s" % rate, highlight="hvdlite")
+
+
+def plot_hosts_train(path, case):
+    plot_layout_bars(path, {lay: res["modes"] for lay, res in case["layouts"].items()},
+                     "ratio_to_nocomm", "no communication", "step / no-communication step (median)",
+                     "Train step between emulated hosts at %s" % case.get("rate"), highlight="hvdlite")
 
 
 def hosts_section(case, img):
@@ -331,48 +352,6 @@ def hosts_section(case, img):
         L.append(img("bench_hosts_allgather.png", plot_hosts_allgather, gathers, case.get("rate")))
     L.append(img("bench_hosts.png", plot_hosts, case))
     return "\n".join(L) + "\n"
-
-
-def plot_hosts_allgather(path, gathers, rate):
-    plt = _plt()
-    layouts = list(gathers)
-    names = [n for n in dict.fromkeys(n for g in gathers.values() for n in g) if n != "wire floor"]
-    fig, ax = plt.subplots(figsize=(7.5, 3.2))
-    width = 0.8 / max(1, len(names))
-    for i, name in enumerate(names):
-        vals = [gathers[lay].get(name, {}).get("ratio_to_wire_floor", 0) for lay in layouts]
-        ax.bar([x + i * width for x in range(len(layouts))], vals, width, label=name, color=color(name),
-               alpha=1.0 if name == "hvdlite" else 0.6)
-    ax.axhline(1.0, color="#333333", lw=0.8, ls="--")
-    ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(layouts))])
-    ax.set_xticklabels(["%s hosts x ranks" % lay for lay in layouts], fontsize=8)
-    ax.set_ylabel("time / wire floor (median)", fontsize=8)
-    ax.set_title("Allgather between emulated hosts at %s" % rate, fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_hosts_train(path, case):
-    plt = _plt()
-    layouts = list(case["layouts"])
-    names = [n for n in dict.fromkeys(n for lay in layouts for n in case["layouts"][lay]["modes"])
-             if n != "no communication"]
-    fig, ax = plt.subplots(figsize=(7.5, 3.4))
-    width = 0.8 / max(1, len(names))
-    for i, name in enumerate(names):
-        vals = [case["layouts"][lay]["modes"].get(name, {}).get("ratio_to_nocomm", 0) for lay in layouts]
-        ax.bar([x + i * width for x in range(len(layouts))], vals, width, label=name, color=color(name))
-    ax.axhline(1.0, color="#333333", lw=0.8, ls="--")
-    ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(layouts))])
-    ax.set_xticklabels(["%s hosts x ranks" % lay for lay in layouts], fontsize=8)
-    ax.set_ylabel("step / no-communication step (median)", fontsize=8)
-    ax.set_title("Train step between emulated hosts at %s" % case.get("rate"), fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def hosts_train_numbers(case):

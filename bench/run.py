@@ -370,40 +370,11 @@ def hosts_contenders(per_host):
     return names, "HIERARCHICAL_ALLREDUCE=1,HIERARCHICAL_ALLREDUCE=0,RING_ALLREDUCE=1+HIERARCHICAL_ALLREDUCE=0"
 
 
-def case_hosts(R, P, args, tiny):
-    """Allreduce of the ResNet-50 set, and an allgather, between emulated hosts (network
-    namespaces with real sshd, links shaped to --rate), one job per layout, with the wire
-    floor of each measured in the same job."""
-    layouts = parse_layouts(P["hosts_layouts"])
-    hosts, why = emulated_hosts(max(h for h, _ in layouts), args)
-    if hosts is None:
-        return {"skipped": why}
-    out = {"rate": args.rate, "delay": args.delay, "ucx_tls": "tcp,self", "layouts": {},
-           "allgather_mb": P["hosts_allgather_mb"]}
-    try:
-        env = {"PATH": hosts.bin_dir + os.pathsep + os.environ["PATH"], "UCX_TLS": "tcp,self"}
-        wrap = lambda argv: hosts.on_host(1, argv, cwd=REPO)  # noqa: E731
-        for n_hosts, per_host in layouts:
-            hv = ["-H", ",".join("%s:%d" % (name, per_host) for name in hosts.names[:n_hosts]),
-                  "-i", hosts.key]
-            contenders, envs = hosts_contenders(per_host)
-            r = R.job(n_hosts * per_host, ALLREDUCE,
-                      ["--cases", "resnet50,allgather", "--iters", str(P["hosts_iters"]), "--scale", str(P["scale"]),
-                       "--allgather-mb", str(P["hosts_allgather_mb"]),
-                       "--contenders", contenders, "--hvdlite-env", envs, "--skip-gloo", "--no-horovod"],
-                      env=env, hvdrun_args=hv, wrap=wrap)
-            out["layouts"]["%dx%d" % (n_hosts, per_host)] = {"resnet50": r["resnet50"], "allgather": r.get("allgather"),
-                                                             "meta": r.get("meta")}
-            progress("      hosts: %dx%d done (load %s)" % (n_hosts, per_host, load_average()))
-    finally:
-        hosts.down()
-    return out
-
-
-def case_hosts_train(R, P, args, tiny):
-    """The train step of case 2 between emulated hosts, one job per layout: hvdlite with
-    no compression, fp16 and top-k 1% against no communication in the same job."""
-    layouts = parse_layouts(P["hosts_train_layouts"])
+def over_layouts(args, layouts_text, label, run_layout):
+    """Emulated hosts for the largest of the layouts ('2x2,4x1'), then for each layout
+    run_layout(n_hosts, per_host, hvdrun_args, env, wrap) -> its result; returns
+    {"rate", "delay", "ucx_tls", "layouts": {"2x2": result, ...}} or {"skipped": why}."""
+    layouts = parse_layouts(layouts_text)
     hosts, why = emulated_hosts(max(h for h, _ in layouts), args)
     if hosts is None:
         return {"skipped": why}
@@ -414,15 +385,38 @@ def case_hosts_train(R, P, args, tiny):
         for n_hosts, per_host in layouts:
             hv = ["-H", ",".join("%s:%d" % (name, per_host) for name in hosts.names[:n_hosts]),
                   "-i", hosts.key]
-            out["layouts"]["%dx%d" % (n_hosts, per_host)] = R.job(
-                n_hosts * per_host, TRAIN,
-                train_args(P, P["hosts_train_rounds"], P["hosts_train_steps"]) +
-                ["--modes", "nocomm,hvdlite", "--compression", "fp16,topk"],
-                env=env, hvdrun_args=hv, wrap=wrap)
-            progress("      hosts_train: %dx%d done (load %s)" % (n_hosts, per_host, load_average()))
+            out["layouts"]["%dx%d" % (n_hosts, per_host)] = run_layout(n_hosts, per_host, hv, env, wrap)
+            progress("      %s: %dx%d done (load %s)" % (label, n_hosts, per_host, load_average()))
     finally:
         hosts.down()
     return out
+
+
+def case_hosts(R, P, args, tiny):
+    """Allreduce of the ResNet-50 set, and an allgather, between emulated hosts (network
+    namespaces with real sshd, links shaped to --rate), one job per layout, with the wire
+    floor of each measured in the same job."""
+    def run_layout(n_hosts, per_host, hv, env, wrap):
+        contenders, envs = hosts_contenders(per_host)
+        r = R.job(n_hosts * per_host, ALLREDUCE,
+                  ["--cases", "resnet50,allgather", "--iters", str(P["hosts_iters"]), "--scale", str(P["scale"]),
+                   "--allgather-mb", str(P["hosts_allgather_mb"]),
+                   "--contenders", contenders, "--hvdlite-env", envs, "--skip-gloo", "--no-horovod"],
+                  env=env, hvdrun_args=hv, wrap=wrap)
+        return {"resnet50": r["resnet50"], "allgather": r.get("allgather"), "meta": r.get("meta")}
+    out = over_layouts(args, P["hosts_layouts"], "hosts", run_layout)
+    out["allgather_mb"] = P["hosts_allgather_mb"]
+    return out
+
+
+def case_hosts_train(R, P, args, tiny):
+    """The train step of case 2 between emulated hosts, one job per layout: hvdlite with
+    no compression, fp16 and top-k 1% against no communication in the same job."""
+    def run_layout(n_hosts, per_host, hv, env, wrap):
+        return R.job(n_hosts * per_host, TRAIN, train_args(P, P["hosts_train_rounds"], P["hosts_train_steps"]) +
+                     ["--modes", "nocomm,hvdlite", "--compression", "fp16,topk"],
+                     env=env, hvdrun_args=hv, wrap=wrap)
+    return over_layouts(args, P["hosts_train_layouts"], "hosts_train", run_layout)
 
 
 def case_autotune(R, P, args, tiny):
@@ -434,17 +428,12 @@ def case_autotune(R, P, args, tiny):
          "--autotune-steps-per-sample", str(P["autotune_steps_per_sample"])]
     if not P["autotune_layout"]:
         return R.job(args.np, TRAIN, a)
-    (n_hosts, per_host), = parse_layouts(P["autotune_layout"])
-    hosts, why = emulated_hosts(n_hosts, args)
-    if hosts is None:
-        return {"skipped": why}
-    try:
-        hv = ["-H", ",".join("%s:%d" % (name, per_host) for name in hosts.names), "-i", hosts.key]
-        env = {"PATH": hosts.bin_dir + os.pathsep + os.environ["PATH"], "UCX_TLS": "tcp,self"}
-        res = R.job(n_hosts * per_host, TRAIN, a, env=env, hvdrun_args=hv,
-                    wrap=lambda argv: hosts.on_host(1, argv, cwd=REPO))
-    finally:
-        hosts.down()
+    out = over_layouts(args, P["autotune_layout"], "autotune",
+                       lambda n_hosts, per_host, hv, env, wrap: R.job(n_hosts * per_host, TRAIN, a, env=env,
+                                                                      hvdrun_args=hv, wrap=wrap))
+    if "skipped" in out:
+        return out
+    res = next(iter(out["layouts"].values()))
     res["layout"], res["rate"] = P["autotune_layout"], args.rate
     return res
 
