@@ -66,8 +66,12 @@ def runtime_library(kind):
 
 
 def _fingerprint(kind):
-    """What the compiled engine depends on (the Python files are synced on every use)."""
+    """What the compiled engine depends on (the Python files are synced on every use):
+    the compiler, the sources and the environment whose MPI it links."""
     h = hashlib.sha256(kind.encode())
+    # The engine is linked with an rpath into this environment's MPI: a build
+    # made from another venv (another checkout, since deleted) must not be reused.
+    h.update(sys.prefix.encode())
     h.update(subprocess.run([os.environ.get("CXX", "c++"), "--version"], capture_output=True).stdout)
     for dirpath, dirnames, files in sorted(os.walk(os.path.join(REPO, "csrc"))):
         dirnames.sort()

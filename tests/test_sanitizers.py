@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from hosts_fixture import hosts_or_skip, hvdrun_argv
 from mpi_harness import TESTS, mpiexec, rank_env
 from sanitizer_build import build, runtime_library
 
@@ -138,6 +139,35 @@ def run_engine_suite(kind, tmp_path):
 
 def test_engine_under_asan_ubsan(tmp_path):
     run_engine_suite("address,undefined", tmp_path)
+
+
+def test_engine_between_hosts_under_asan_ubsan(tmp_path):
+    """engine_collectives.py on 2 network-namespace hosts x 2 ranks (MPI over
+    TCP, started by hvdrun) with the ring threshold lowered, so the ring, the
+    hierarchical allreduce, allgather and reducescatter and compression between
+    hosts all run sanitized. hvdrun itself is not: the preload and the
+    sanitized package reach only the ranks (-genv)."""
+    kind = "address,undefined"
+    root = build(kind)
+    hosts = hosts_or_skip(2)
+    try:
+        env = sanitizer_env(kind, root)
+        env.pop("PYTHONPATH")
+        prefix, extra = hvdrun_argv()
+        env.update(extra, PATH=hosts.bin_dir + os.pathsep + env["PATH"], UCX_TLS="tcp,self",
+                   HVDLITE_RING_THRESHOLD="1024", HVDLITE_RING_CHUNK_BYTES="4096",
+                   HVDLITE_HIERARCHICAL_PIECE_BYTES="24576")
+        env.pop("HVDLITE_MPIEXEC", None)
+        ranks_env = "-genv LD_PRELOAD %s -genv PYTHONPATH %s" % (runtime_library(kind),
+                                                                os.pathsep.join([root, TESTS]))
+        cmd = prefix + ["-np", "4", "-H", ",".join("%s:2" % n for n in hosts.names), "-i", hosts.key,
+                        "--mpi-args", ranks_env, sys.executable, *PYTEST,
+                        os.path.join(TESTS, "scripts/engine_collectives.py")]
+        proc = subprocess.run(hosts.on_host(1, cmd, cwd=str(tmp_path)), env=env, capture_output=True,
+                              text=True, timeout=900)
+    finally:
+        hosts.down()
+    check_clean(proc, 4, f"{kind}: engine_collectives.py on 2 hosts x 2 ranks")
 
 
 if os.environ.get("HVDLITE_TEST_TSAN") == "1":
