@@ -19,7 +19,7 @@ import torch
 from hvdlite import basics
 from hvdlite.elastic import HostsUpdatedInterrupt, ObjectState as _ObjectState, run
 
-from .functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 
 
 def _broadcast_object(obj):
@@ -57,11 +57,103 @@ class OptimizerStateHandler(StateHandler):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
+class ElasticSampler(torch.utils.data.Sampler):
+    """Splits a dataset among the ranks and remembers which samples of the
+    current epoch were processed, so that after a reset (a restore, or
+    another number of ranks) the rest of the epoch is split among the ranks
+    there are then: the processed samples are not repeated.
+
+        sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=32, sampler=sampler)
+        state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0)
+        for batch_idx, (x, y) in enumerate(loader):
+            ...
+            sampler.record_batch(batch_idx, 32)   # these samples are done
+
+    Every rank shuffles the whole epoch the same way (``seed + epoch``), drops
+    what was processed, and takes every ``size()``-th of the rest from its
+    rank on. As torch's DistributedSampler, each rank gets the same number
+    of samples: when the rest does not divide evenly, up to size() - 1
+    samples are repeated at the end of the split, so that every rank runs
+    the same number of steps. TorchState(sampler=...) saves, restores and
+    syncs it (sync joins the processed samples of every rank)."""
+
+    def __init__(self, dataset, shuffle=True, seed=0):
+        self.dataset = dataset
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.processed_indices = set()
+        self.indices = []
+        self.reset()
+
+    def set_epoch(self, epoch):
+        """A new epoch: nothing of it is processed yet."""
+        self.epoch = epoch
+        self.processed_indices = set()
+        self.reset()
+
+    def get_indices(self, batch_idx, batch_size):
+        """The dataset indices of this rank's batch ``batch_idx`` of the current split."""
+        start = batch_idx * batch_size
+        return self.indices[start:min(start + batch_size, len(self.indices))]
+
+    def record_batch(self, batch_idx, batch_size):
+        self.record_indices(self.get_indices(batch_idx, batch_size))
+
+    def record_indices(self, indices):
+        self.processed_indices.update(int(i) for i in indices)
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "processed_indices": set(self.processed_indices)}
+
+    def load_state_dict(self, state_dict):
+        self.epoch = state_dict["epoch"]
+        self.processed_indices = set(state_dict["processed_indices"])
+        self.reset()
+
+    def reset(self):
+        """Splits what is left of the epoch among the ranks there are now."""
+        self.num_replicas, self.rank = basics.size(), basics.rank()
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(len(self.dataset), generator=generator).tolist()
+        else:
+            order = list(range(len(self.dataset)))
+        remaining = [i for i in order if i not in self.processed_indices]
+        self.num_samples = -(-len(remaining) // self.num_replicas)  # ceil
+        total = self.num_samples * self.num_replicas
+        if remaining:
+            remaining += (remaining * (total // len(remaining) + 1))[:total - len(remaining)]
+        self.indices = remaining[self.rank:total:self.num_replicas]
+
+    def __iter__(self):
+        return iter(list(self.indices))
+
+    def __len__(self):
+        return self.num_samples
+
+
+class SamplerStateHandler(StateHandler):
+    """An ElasticSampler in a TorchState: sync makes every rank's record the
+    union of all ranks' processed samples (each rank only records its own)."""
+
+    def save(self):
+        self._saved = self.value.state_dict()
+
+    def sync(self):
+        processed = set().union(*allgather_object(self.value.processed_indices, name="elastic.sampler"))
+        state = self.value.state_dict()
+        state["processed_indices"] = processed
+        self.value.load_state_dict(broadcast_object(state, root_rank=0, name="elastic.sampler.state"))
+
+
 # (type, handler class): the first match handles a TorchState keyword argument.
-# A sampler handler joins here with elastic data loading.
 handler_registry = [
     (torch.nn.Module, ModelStateHandler),
     (torch.optim.Optimizer, OptimizerStateHandler),
+    (ElasticSampler, SamplerStateHandler),
 ]
 
 
@@ -127,5 +219,5 @@ class TorchState(_ObjectState):
         super().__setattr__(name, value)
 
 
-__all__ = ["TorchState", "ObjectState", "HostsUpdatedInterrupt", "StateHandler",
-           "ModelStateHandler", "OptimizerStateHandler", "handler_registry", "run"]
+__all__ = ["TorchState", "ObjectState", "HostsUpdatedInterrupt", "ElasticSampler", "StateHandler",
+           "ModelStateHandler", "OptimizerStateHandler", "SamplerStateHandler", "handler_registry", "run"]

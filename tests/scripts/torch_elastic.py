@@ -107,3 +107,73 @@ def test_object_state_reset_callbacks_and_run(rank):
 
     check("run() syncs from rank 0 and calls through", train(obj, 3) == (0, "rank0", 3))
     expect(TypeError, lambda: obj.register_reset_callbacks([42]))
+
+
+# ---------------------------------------------------------------- ElasticSampler
+
+DATASET = list(range(23))  # does not divide among 3 ranks: the last split is padded
+
+
+def splits(epoch_processed=(), epoch=0, ranks=None, shuffle=True):
+    """Every rank's split of DATASET as a sampler sees it with `ranks` ranks
+    (default: the job's), with `epoch_processed` already done."""
+    import hvdlite.torch.elastic as elastic
+    ranks = ranks or hvd.size()
+    out = []
+    real = elastic.basics.size, elastic.basics.rank
+    try:
+        for r in range(ranks):
+            elastic.basics.size, elastic.basics.rank = (lambda: ranks), (lambda r=r: r)
+            s = hvd.elastic.ElasticSampler(DATASET, shuffle=shuffle, seed=5)
+            s.load_state_dict({"epoch": epoch, "processed_indices": set(epoch_processed)})
+            out.append(list(s))
+    finally:
+        elastic.basics.size, elastic.basics.rank = real
+    return out
+
+
+def test_sampler_splits_an_epoch_evenly(rank, size):
+    sampler = hvd.elastic.ElasticSampler(DATASET, shuffle=True, seed=5)
+    mine = list(sampler)
+    everyone = hvd.allgather_object(mine, name="sampler.split")
+    check("every rank gets the same number of samples", {len(s) for s in everyone} == {len(sampler)})
+    seen = [i for s in everyone for i in s]
+    check("the epoch is covered", set(seen) == set(DATASET), f"{sorted(set(DATASET) - set(seen))}")
+    check("only the padding repeats", len(seen) - len(DATASET) < size, f"{len(seen)}")
+    check("ranks agree on the shuffle", everyone == splits(), "")
+    sampler.set_epoch(1)
+    check("another epoch, another order", list(sampler) != mine)
+    check("no shuffle: in order", splits(shuffle=False)[0][:3] == [0, size, 2 * size])
+
+
+def test_sampler_state_syncs_and_restores(rank, size):
+    sampler = hvd.elastic.ElasticSampler(DATASET, shuffle=True, seed=5)
+    state = hvd.elastic.TorchState(sampler=sampler, epoch=0)
+    state.commit()
+    sampler.record_batch(0, 3)  # each rank: the first 3 of its split
+    mine = set(sampler.get_indices(0, 3))
+    check("record_batch records the batch's samples", sampler.processed_indices == mine)
+    state.restore()
+    check("restore forgets what was recorded after the commit", sampler.processed_indices == set())
+    sampler.record_batch(0, 3)
+    sampler.record_batch(1, 3)
+    mine = set(sampler.processed_indices)
+    state.sync()
+    done = set().union(*hvd.allgather_object(mine, name="sampler.done"))
+    check("sync joins every rank's processed samples", sampler.processed_indices == done)
+    check("the rest is split again, without the processed", not set(sampler) & done)
+
+
+@pytest.mark.parametrize("ranks_after", [1, 2, 4])
+def test_sampler_reset_to_other_ranks_skips_nothing(size, ranks_after):
+    """Part of the epoch processed with the job's ranks, then split among
+    another number: no sample skipped, no processed sample seen again."""
+    before = splits()
+    processed = {i for s in before for i in s[:4]}  # every rank did 4 samples
+    after = splits(processed, ranks=ranks_after)
+    rest = set(DATASET) - processed
+    seen = [i for s in after for i in s]
+    check("nothing skipped", set(seen) == rest, f"{sorted(rest - set(seen))}")
+    check("nothing processed is repeated", not set(seen) & processed)
+    check("equal splits, padding only", {len(s) for s in after} == {-(-len(rest) // ranks_after)}
+          and len(seen) - len(rest) < ranks_after)
