@@ -125,7 +125,9 @@ Status Engine::Setup() {
   }
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   Status found = DiscoverTopology(comm_, &topology_);
+  if (found.ok()) found = ShareSettingsOfRoot(comm_, topology_.rank, &options_);
   if (!found.ok()) return found;
+  runner_.UseOptions(options_);
 
   std::vector<int32_t> all(topology_.size);
   for (int r = 0; r < topology_.size; ++r) all[r] = r;

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 namespace hvdlite {
@@ -150,6 +151,63 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
   o.autotune.tune_fusion = Lookup("FUSION_THRESHOLD", &name) == nullptr;
   o.autotune.tune_cycle = Lookup("CYCLE_TIME", &name) == nullptr;
   *out = o;
+  return Status::OK();
+}
+
+namespace {
+
+// SharedSettings' fields, with the variable that sets each.
+struct SharedField {
+  const char* variable;
+  int64_t EngineOptions::*field;
+};
+constexpr SharedField kShared[] = {
+    {"HVDLITE_FUSION_THRESHOLD", &EngineOptions::fusion_threshold_bytes},
+    {"HVDLITE_DIRECT_THRESHOLD", &EngineOptions::direct_threshold_bytes},
+    {"HVDLITE_CACHE_CAPACITY", &EngineOptions::cache_capacity},
+    {"HVDLITE_SHM_CHUNK_BYTES", &EngineOptions::shm_chunk_bytes},
+    {"HVDLITE_SHM_SLOTS", &EngineOptions::shm_slots},
+    {"HVDLITE_RING_THRESHOLD", &EngineOptions::ring_threshold_bytes},
+    {"HVDLITE_RING_CHUNK_BYTES", &EngineOptions::ring_chunk_bytes},
+    {"HVDLITE_HIERARCHICAL_PIECE_BYTES", &EngineOptions::hierarchical_piece_bytes},
+};
+
+}  // namespace
+
+std::vector<int64_t> EngineOptions::SharedSettings() const {
+  std::vector<int64_t> out;
+  for (const SharedField& f : kShared) out.push_back(this->*f.field);
+  return out;
+}
+
+std::vector<std::string> EngineOptions::AdoptSharedSettings(const std::vector<int64_t>& root) {
+  std::vector<std::string> changed;
+  size_t i = 0;
+  for (const SharedField& f : kShared) {
+    if (i >= root.size()) break;
+    if (this->*f.field != root[i]) {
+      changed.push_back(f.variable);
+      this->*f.field = root[i];
+    }
+    ++i;
+  }
+  return changed;
+}
+
+Status ShareSettingsOfRoot(MPI_Comm comm, int rank, EngineOptions* options) {
+  std::vector<int64_t> values = options->SharedSettings();
+  if (MPI_Bcast(values.data(), static_cast<int>(values.size()), MPI_INT64_T, 0, comm) != MPI_SUCCESS) {
+    return Status::Error(ErrorKind::kMpi, "MPI_Bcast of the engine settings failed");
+  }
+  const std::vector<std::string> changed = options->AdoptSharedSettings(values);
+  if (!changed.empty()) {
+    std::string names;
+    for (const std::string& n : changed) names += (names.empty() ? "" : ", ") + n;
+    std::fprintf(stderr,
+                 "hvdlite: rank %d: %s differ from rank 0's; using rank 0's values (every rank must "
+                 "use the same ones: they decide what goes on the wire)\n",
+                 rank, names.c_str());
+  }
   return Status::OK();
 }
 

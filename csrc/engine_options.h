@@ -2,8 +2,11 @@
 // (HOROVOD_* names accepted as aliases so existing job scripts keep working).
 #pragma once
 
+#include <mpi.h>
+
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "status.h"
 
@@ -97,6 +100,19 @@ struct EngineOptions {
 
   // Reads the environment; a malformed value is an error naming the variable.
   static Status FromEnvironment(EngineOptions* out);
+
+  // The settings every rank must share because they decide what goes on the
+  // wire (bucket plans, response-cache slots, chunk and piece sizes): with
+  // different values ranks would run different collectives. The engine
+  // broadcasts rank 0's at init and every rank adopts them.
+  std::vector<int64_t> SharedSettings() const;
+  // Takes rank 0's SharedSettings(); returns the variable names whose value
+  // this rank had set differently (for a warning).
+  std::vector<std::string> AdoptSharedSettings(const std::vector<int64_t>& root);
 };
+
+// Collective over `comm`: every rank adopts rank 0's SharedSettings(), and a
+// rank whose own differed says so on stderr.
+Status ShareSettingsOfRoot(MPI_Comm comm, int rank, EngineOptions* options);
 
 }  // namespace hvdlite

@@ -26,6 +26,8 @@ class OperationRunner {
   Status RunAll(ProcessSet& set, const std::vector<Response>& responses);
   // The autotuner's choice; buckets planned from now on use it.
   void SetFusionThreshold(int64_t bytes) { ctx_.options.fusion_threshold_bytes = bytes; }
+  // The settings agreed at init (rank 0's shared ones) replace the local ones.
+  void UseOptions(const EngineOptions& options) { ctx_.options = options; }
   // Drops error-feedback residuals (hvdlite.reset_compression_state()).
   void ResetCompression() { ctx_.compressors.Reset(); }
 

@@ -201,6 +201,39 @@ def test_cache_disabled(engine):
     assert delta(before, hvd.engine_stats(), "cache_hits") == 0
 
 
+# ---------------------------------------------------------------- shared settings
+
+def test_ranks_share_rank_0s_wire_settings(engine, rank, tmp_path):
+    """A rank started with other fusion, response-cache and chunk settings
+    than rank 0 (they decide which collectives run) uses rank 0's, says so on
+    stderr, and the results are right."""
+    mine = {"HVDLITE_TIMEOUT_SECONDS": 30}
+    if rank == 1:
+        mine.update(HVDLITE_FUSION_THRESHOLD=1024, HVDLITE_CACHE_CAPACITY=3, HVDLITE_SHM_CHUNK_BYTES=8192)
+    log = tmp_path / "stderr.txt"
+    saved = os.dup(2)
+    try:
+        with open(log, "w") as f:
+            os.dup2(f.fileno(), 2)  # the engine writes the warning from C
+            r, n = engine(**mine)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    said = log.read_text()
+    before = hvd.engine_stats()["fused_buffers"]
+    for step in range(3):  # negotiated, then from the response cache
+        outs = hvd.grouped_allreduce([np.full(1000 + i, r + 1.0, np.float32) for i in range(8)],
+                                     op=hvd.Sum, name="shared.settings")
+        for i, got in enumerate(outs):
+            assert np.array_equal(got, np.full(1000 + i, n * (n + 1) / 2, np.float32)), (step, i)
+    fused = hvd.engine_stats()["fused_buffers"] - before
+    assert len(set(hvd.allgather(np.array([fused]), name="shared.fused").tolist())) == 1
+    warned = "differ from rank 0's" in said
+    assert warned == (rank == 1), said
+    if rank == 1:
+        assert ("HVDLITE_FUSION_THRESHOLD, HVDLITE_CACHE_CAPACITY, HVDLITE_SHM_CHUNK_BYTES differ" in said), said
+
+
 # ---------------------------------------------------------------- compression
 
 def grad(r, step, size=20000, salt=0):
