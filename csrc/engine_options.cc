@@ -204,8 +204,8 @@ Status ShareSettingsOfRoot(MPI_Comm comm, int rank, EngineOptions* options) {
     std::string names;
     for (const std::string& n : changed) names += (names.empty() ? "" : ", ") + n;
     std::fprintf(stderr,
-                 "hvdlite: rank %d: %s differ from rank 0's; using rank 0's values (every rank must "
-                 "use the same ones: they decide what goes on the wire)\n",
+                 "hvdlite: rank %d: set differently than on rank 0: %s; using rank 0's values "
+                 "(every rank must use the same ones: they decide what goes on the wire)\n",
                  rank, names.c_str());
   }
   return Status::OK();
