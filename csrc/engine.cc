@@ -142,13 +142,14 @@ Status Engine::Setup() {
 }
 
 Status Engine::StartAutotune() {
-  // Rank 0's autotune settings and, when it tunes, its starting point.
+  // Rank 0's autotune settings and, when it tunes, its starting cycle time
+  // (the fusion threshold is rank 0's already: ShareSettingsOfRoot).
   EngineOptions::Autotune& a = options_.autotune;
-  double shared[8] = {static_cast<double>(a.enabled), static_cast<double>(a.warmup_samples),
+  double shared[7] = {static_cast<double>(a.enabled), static_cast<double>(a.warmup_samples),
                       static_cast<double>(a.steps_per_sample), static_cast<double>(a.samples_per_setting),
                       static_cast<double>(a.tune_fusion), static_cast<double>(a.tune_cycle),
-                      static_cast<double>(options_.fusion_threshold_bytes), options_.cycle_time_ms};
-  if (MPI_Bcast(shared, 8, MPI_DOUBLE, 0, comm_) != MPI_SUCCESS) {
+                      options_.cycle_time_ms};
+  if (MPI_Bcast(shared, 7, MPI_DOUBLE, 0, comm_) != MPI_SUCCESS) {
     return Status::Error(ErrorKind::kMpi, "MPI_Bcast of the autotune settings failed");
   }
   a.enabled = shared[0] != 0;
@@ -158,8 +159,7 @@ Status Engine::StartAutotune() {
   a.samples_per_setting = static_cast<int64_t>(shared[3]);
   a.tune_fusion = shared[4] != 0;
   a.tune_cycle = shared[5] != 0;
-  options_.fusion_threshold_bytes = static_cast<int64_t>(shared[6]);
-  options_.cycle_time_ms = shared[7];
+  options_.cycle_time_ms = shared[6];
   WireSettings wire;
   const bool tunable = sets_.Get(0)->transport().GetWireSettings(&wire);
   autotuner_ = std::make_unique<Autotuner>(options_, topology_.rank, tunable ? &wire : nullptr);

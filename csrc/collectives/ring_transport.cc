@@ -192,10 +192,10 @@ Status RingTransport::Allgatherv(const void* input, int64_t input_bytes, void* o
                                  const std::vector<int64_t>& bytes_per_rank) {
   int64_t total = 0;
   for (int64_t b : bytes_per_rank) total += b;
-  if (!hierarchical_allgather_ || total < threshold_bytes_) {
+  HostLevels levels;
+  if (!hierarchical_allgather_ || total < threshold_bytes_ || !GetHostLevels(&levels)) {
     return inner().Allgatherv(input, input_bytes, output, bytes_per_rank);
   }
-  HostLevels levels{host_.get(), across_.get()};
   Status s = HierarchicalAllgatherv(levels, grid_, input, input_bytes, output, bytes_per_rank, &gather_scratch_);
   if (s.ok()) stats_->Add(stats_->hierarchical_allgathers, 1);
   return s;
@@ -205,10 +205,11 @@ Status RingTransport::ReduceScatter(const void* input, void* output, const std::
                                     DataType dtype, ReduceOp op) {
   int64_t total = 0;
   for (int64_t c : counts) total += c;
-  if (!host_ || !hierarchical_on_ || total * static_cast<int64_t>(DataTypeSize(dtype)) < threshold_bytes_) {
+  HostLevels levels;
+  if (!hierarchical_on_ || total * static_cast<int64_t>(DataTypeSize(dtype)) < threshold_bytes_ ||
+      !GetHostLevels(&levels)) {
     return inner().ReduceScatter(input, output, counts, dtype, op);
   }
-  HostLevels levels{host_.get(), across_.get()};
   Status s = HierarchicalReduceScatter(levels, grid_, input, output, counts, dtype, op, &gather_scratch_);
   if (s.ok()) stats_->Add(stats_->hierarchical_reducescatters, 1);
   return s;
