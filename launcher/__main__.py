@@ -16,6 +16,9 @@ def main(argv=None):
         return 0
     from .job import run_job
     try:
+        if opts.elastic:
+            from .elastic import run_elastic
+            return run_elastic(opts)
         return run_job(opts)
     except KeyboardInterrupt:       # Ctrl-C before the job started (e.g. during the SSH check)
         sys.stderr.write("hvdrun: interrupted before the job started\n")

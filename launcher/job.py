@@ -39,6 +39,12 @@ OUTPUT_GRACE_S = 1.0
 _PR_SET_PDEATHSIG = 1
 
 EXIT_LAUNCH_ERROR = 1           # hvdrun could not start the job (SSH check, no MPI, ...)
+# An elastic rank leaves with this code to have hvdrun start the job again
+# (hvdlite.elastic uses the same number; EX_TEMPFAIL: "try again").
+EXIT_RESTART = 75
+# After the first rank of an elastic job leaves for a restart, the others get
+# this long to leave on their own before hvdrun stops them.
+RESTART_GRACE_S = 1.0
 
 
 def log(msg):
@@ -86,6 +92,7 @@ class Job:
         self.user_signal = None
         self.stop_at = None
         self.stop_due = None        # a stop that waits for the blamed rank's own output
+        self.stop_due_reason = None
         self.killed_at = None
         self.proc = None
 
@@ -136,7 +143,8 @@ class Job:
         ssh_script = None
         if opts.hosts:
             ssh = self._ssh_options()
-            self._check_hosts(ssh)
+            if not getattr(opts, "skip_ssh_check", False):    # the elastic driver checked them
+                self._check_hosts(ssh)
             ssh_script = os.path.join(tmp, "ssh")
             with open(ssh_script, "w") as f:
                 f.write(ssh.wrapper_script())
@@ -220,7 +228,7 @@ class Job:
                     del streams[key.fileobj]
             now = time.monotonic()
             if self.stop_due is not None and now >= self.stop_due:
-                self._begin_stop("rank %s failed" % self.first_failure[0])
+                self._begin_stop(self.stop_due_reason)
             if self.stop_at is None and len(self.started) < self.np and \
                     now - begun > self.opts.start_timeout:
                 self._start_timed_out()
@@ -270,7 +278,11 @@ class Job:
         elif report.get("event") == "exit":
             code = report.get("code", 1)
             self.exits[rank] = (code, host)
-            if code != 0:
+            if code == EXIT_RESTART and getattr(self.opts, "elastic", False):
+                # Not a failure: the rank left for hvdrun to restart the job.
+                if self.stop_due is None and self.stop_at is None:
+                    self._stop_soon(RESTART_GRACE_S, "restart")
+            elif code != 0:
                 sig = report.get("signal")
                 self._failed(rank, host, code, ("was killed by %s" % _signal_name(sig)) if sig
                              else ("exited with code %d" % code))
@@ -296,9 +308,13 @@ class Job:
             running = set(range(self.np)) - set(self.exits) - {rank}
             self.first_failure = (rank, host, code, how, len(running))
             if wait_for_output and rank not in self.exits:
-                self.stop_due = time.monotonic() + OUTPUT_GRACE_S
+                self._stop_soon(OUTPUT_GRACE_S, "rank %s failed" % rank)
             else:
                 self._begin_stop("rank %s failed" % rank)
+
+    def _stop_soon(self, delay, reason):
+        self.stop_due = time.monotonic() + delay
+        self.stop_due_reason = reason
 
     def _start_timed_out(self):
         missing = sorted(set(range(self.np)) - set(self.started))
@@ -325,6 +341,9 @@ class Job:
             return 128 + self.user_signal
         if self.stop_reason == "start timeout":
             return EXIT_LAUNCH_ERROR
+        if self.stop_reason == "restart" or (rc != 0 and self.exits and
+                                             all(c == EXIT_RESTART for c, _ in self.exits.values())):
+            return EXIT_RESTART
         if rc != 0:
             if rc < 0:
                 log("%s was killed by %s" % (os.path.basename(self.proc.args[0]), _signal_name(-rc)))

@@ -53,6 +53,27 @@ def build_parser():
     g.add_argument("--network-interface", "--network-interfaces", dest="network_interface",
                    metavar="NIC[,NIC]", help="network interface(s) for MPI and its launcher, e.g. eth0")
 
+    g = p.add_argument_group("elastic jobs (docs/elastic.md): keep training while hosts fail, leave or join")
+    g.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
+                   help="elastic: the fewest ranks to train with (default: -np, or 1)")
+    g.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N",
+                   help="elastic: the most ranks to use when more slots are available (default: all)")
+    g.add_argument("--slots-per-host", "--slots", dest="slots_per_host", type=int, metavar="N",
+                   help="elastic: slots of a discovered host that the script lists without ':SLOTS' "
+                        "(default 1)")
+    g.add_argument("--host-discovery-script", metavar="SCRIPT",
+                   help="elastic: a command printing the usable hosts, one HOST[:SLOTS] per line; "
+                        "hvdrun runs it every second")
+    g.add_argument("--elastic-timeout", type=float, metavar="SECONDS",
+                   default=float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT", 600)),
+                   help="elastic: give up when fewer than --min-np slots are usable this long "
+                        "(default 600)")
+    g.add_argument("--reset-limit", type=int, metavar="N",
+                   help="elastic: give up after N restarts (default: no limit)")
+    g.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"),
+                   help="elastic: a failed host may return after MIN seconds, doubling with each "
+                        "failure up to MAX (default: a failed host never returns)")
+
     g = p.add_argument_group("ranks' environment and output")
     g.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
                    help="set NAME in every rank (VALUE defaults to hvdrun's own); repeatable")
@@ -156,16 +177,19 @@ def _validate(parser, opts):
     except HostsError as e:
         parser.error(str(e))
 
-    if opts.np is None:
+    opts.elastic = bool(opts.host_discovery_script or opts.min_np is not None or opts.max_np is not None)
+    if opts.elastic:
+        _validate_elastic(parser, opts)
+    elif opts.np is None:
         if opts.hosts:
             opts.np = total_slots(opts.hosts)
         else:
             opts.np = slurm_np()
             if opts.np is None:
                 parser.error("-np is required when no -H/--hostfile is given")
-    if opts.np < 1:
+    if opts.np is not None and opts.np < 1:
         parser.error("-np must be at least 1, got %d" % opts.np)
-    if opts.hosts and opts.np > total_slots(opts.hosts):
+    if opts.hosts and not opts.elastic and opts.np > total_slots(opts.hosts):
         parser.error("-np %d is more than the %d slots of %s (%s); add slots or lower -np"
                      % (opts.np, total_slots(opts.hosts),
                         "-H" if hosts_text is not None else "hostfile", describe(opts.hosts)))
@@ -209,6 +233,37 @@ def _validate(parser, opts):
     if opts.output_filename:
         opts.output_filename = os.path.abspath(opts.output_filename)
     return opts
+
+
+def _validate_elastic(parser, opts):
+    if not opts.host_discovery_script and not opts.hosts:
+        parser.error("an elastic job (--min-np/--max-np) needs its hosts: --host-discovery-script, "
+                     "-H or --hostfile")
+    if opts.host_discovery_script and opts.hosts:
+        parser.error("give --host-discovery-script or -H/--hostfile, not both")
+    if opts.min_np is None:
+        opts.min_np = opts.np if opts.np is not None else 1
+    if opts.min_np < 1:
+        parser.error("--min-np must be at least 1, got %d" % opts.min_np)
+    if opts.max_np is None and opts.np is not None and opts.host_discovery_script is None:
+        opts.max_np = opts.np
+    if opts.max_np is not None and opts.max_np < opts.min_np:
+        parser.error("--max-np %d is less than --min-np %d" % (opts.max_np, opts.min_np))
+    if opts.slots_per_host is not None and opts.slots_per_host < 1:
+        parser.error("--slots-per-host must be at least 1")
+    if opts.elastic_timeout <= 0:
+        parser.error("--elastic-timeout must be positive")
+    if opts.reset_limit is not None and opts.reset_limit < 0:
+        parser.error("--reset-limit must not be negative")
+    if opts.blacklist_cooldown_range is not None:
+        lo, hi = opts.blacklist_cooldown_range
+        if not 0 <= lo <= hi:
+            parser.error("--blacklist-cooldown-range MIN MAX needs 0 <= MIN <= MAX")
+    if opts.hosts and opts.min_np > total_slots(opts.hosts):
+        parser.error("--min-np %d is more than the %d slots of %s" % (opts.min_np, total_slots(opts.hosts),
+                                                                      describe(opts.hosts)))
+    if opts.np is None:
+        opts.np = opts.min_np
 
 
 def version_text():

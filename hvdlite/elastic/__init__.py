@@ -1,29 +1,42 @@
-"""State objects for resumable training, shared by the framework adapters
-(``hvdlite.torch.elastic``, ``hvdlite.tensorflow.elastic``,
-``hvdlite.tensorflow.keras.elastic``); see :mod:`hvdlite.elastic.state`.
+"""Elastic training: state objects and ``run``, shared by the framework
+adapters (``hvdlite.torch.elastic``, ``hvdlite.tensorflow.elastic``,
+``hvdlite.tensorflow.keras.elastic``); see :mod:`hvdlite.elastic.state` and
+docs/elastic.md.
 
-``run(func)`` wraps a training function ``func(state, ...)``: it syncs the
-state from rank 0, then calls ``func``. What it does not do yet: hvdlite has
-no elastic driver, so ranks are never added or removed while a job runs,
-and a failed rank ends the job (as in any hvdlite run) instead of the
-others restoring the last commit and continuing.
+``run(func)`` wraps a training function ``func(state, ...)``.  In a plain
+job it syncs the state from rank 0 and calls ``func`` once.  Under elastic
+hvdrun (``--min-np``/``--max-np``/``--host-discovery-script``) it first
+resumes from the newest commit any host holds, and when the hosts change or
+a peer is lost, the rank leaves for hvdrun to start the job again on the
+hosts it has (:mod:`hvdlite.elastic.worker`).
 """
 import functools
 
+from ..exceptions import HvdliteShutdownError, MPIError
+from . import worker
 from .state import HostsUpdatedInterrupt, ObjectState, State
 
 
 def run(func):
-    """Decorator for a training function ``func(state, *args, **kwargs)``:
-    the wrapper syncs ``state`` from rank 0, then runs ``func`` once and
-    returns its result (see the module doc for what is missing)."""
+    """Decorator for a training function ``func(state, *args, **kwargs)``."""
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         if not isinstance(state, State):
             raise TypeError("an elastic training function takes a state object (e.g. "
                             f"hvd.elastic.TorchState) as its first argument, not {state!r}")
-        state.sync()
-        return func(state, *args, **kwargs)
+        ctx = worker.context()
+        if ctx is None:
+            state.sync()
+            return func(state, *args, **kwargs)
+        try:
+            worker.resume(state, ctx)
+            result = func(state, *args, **kwargs)
+            worker.finish(ctx)
+            return result
+        except HostsUpdatedInterrupt:
+            worker.leave("the hosts changed; the state is committed")
+        except (HvdliteShutdownError, MPIError) as e:
+            worker.leave("%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
     return wrapper
 
 

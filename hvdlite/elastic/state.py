@@ -5,17 +5,19 @@ A state holds what a training loop needs to continue after an interruption
 (model and optimizer handled by the framework subclasses, plus plain Python
 attributes such as ``state.epoch`` and ``state.batch``):
 
-- ``commit()`` saves a copy in host memory (``save()``), then checks for
-  host updates;
+- ``commit()`` saves a copy in host memory (``save()``); under elastic hvdrun
+  the host's local rank 0 also writes it to the host's shared memory, where
+  the next generation of the job finds it; then it checks for host updates;
 - ``restore()`` puts the last committed copy back;
 - ``sync()`` makes every rank's state equal to rank 0's and saves it;
-- ``register_reset_callbacks(fns)``: called by ``on_reset()``, after the job's
-  membership changed.
+- ``check_host_updates()`` raises HostsUpdatedInterrupt on every rank when
+  hvdrun found other hosts;
+- ``register_reset_callbacks(fns)``: called by ``on_reset()``, when a job
+  starts again after its membership changed.
 
-hvdlite runs a fixed set of ranks today: there is no elastic driver that
-adds or removes hosts, so ``check_host_updates()`` has nothing to check and
-``on_reset()`` is never called by hvdlite itself. The methods are the ones
-an elastic driver will call (see hvdlite.elastic.run).
+Subclasses say what a commit holds: ``_commit_payload()`` returns the saved
+copy as picklable objects, ``_load_commit_payload(p)`` makes ``p`` the saved
+copy (``restore()`` then applies it).
 """
 
 class HostsUpdatedInterrupt(RuntimeError):
@@ -55,18 +57,32 @@ class State:
         for fn in self._reset_callbacks:
             fn()
 
+    _commit_seq = 0
+
     def commit(self):
-        """Saves the current state as the one ``restore()`` returns to, then
+        """Saves the current state as the one ``restore()`` returns to (and,
+        under elastic hvdrun, the one a restarted job resumes from), then
         checks for host updates. A copy in host memory: commit every few
         batches rather than every batch when the state is large."""
+        from . import worker
         self.save()
+        self._commit_seq += 1
+        worker.persist(self)
         self.check_host_updates()
 
     def check_host_updates(self):
-        """Raises HostsUpdatedInterrupt on every rank when hosts were added or
-        removed. Without an elastic driver (hvdlite today) hosts never
-        change, so this returns at once and communicates nothing."""
-        return None
+        """Raises HostsUpdatedInterrupt on every rank when hvdrun's elastic
+        driver found other hosts than the job runs on. Outside an elastic
+        job this returns at once and communicates nothing."""
+        from . import worker
+        if worker.hosts_changed():
+            raise HostsUpdatedInterrupt(skip_sync=False)
+
+    def _commit_payload(self):
+        raise NotImplementedError
+
+    def _load_commit_payload(self, payload):
+        raise NotImplementedError
 
     def save(self):
         raise NotImplementedError
@@ -98,6 +114,12 @@ class ObjectState(State):
 
     def save(self):
         self._saved_state = {name: getattr(self, name) for name in self._saved_state}
+
+    def _commit_payload(self):
+        return {"attributes": dict(self._saved_state)}
+
+    def _load_commit_payload(self, payload):
+        self._saved_state = dict(payload["attributes"])
 
     def restore(self):
         self._set_attrs()

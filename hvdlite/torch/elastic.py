@@ -8,9 +8,9 @@
 
 Models (``torch.nn.Module``) and optimizers (``torch.optim.Optimizer``, also
 DistributedOptimizer) given as keyword arguments are kept through their
-``state_dict``; other values are Python attributes. See
-:mod:`hvdlite.elastic` for what is not there yet (ranks joining or leaving a
-running job).
+``state_dict``; other values are Python attributes. Under elastic hvdrun a
+commit also goes to the host's memory, where the job finds it when it
+starts again on other hosts (:mod:`hvdlite.elastic`, docs/elastic.md).
 """
 import copy
 
@@ -68,7 +68,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0)
         for batch_idx, (x, y) in enumerate(loader):
             ...
-            sampler.record_batch(batch_idx, 32)   # these samples are done
+            sampler.record_batch(batch_idx, 32)   # this batch is done, on every rank
 
     Every rank shuffles the whole epoch the same way (``seed + epoch``), drops
     what was processed, and takes every ``size()``-th of the rest from its
@@ -99,9 +99,19 @@ class ElasticSampler(torch.utils.data.Sampler):
         return self.indices[start:min(start + batch_size, len(self.indices))]
 
     def record_batch(self, batch_idx, batch_size):
-        self.record_indices(self.get_indices(batch_idx, batch_size))
+        """Batch ``batch_idx`` is done on every rank: records the samples of
+        that batch of every rank's split (the split is the same computation
+        on each rank), so each rank's record is the whole job's and any one
+        rank's commit can resume the epoch."""
+        start = batch_idx * batch_size
+        stop = min(start + batch_size, self.num_samples)
+        n = self.num_replicas
+        self.processed_indices.update(int(self._split_order[r + j * n])
+                                      for j in range(start, stop) for r in range(n))
 
     def record_indices(self, indices):
+        """This rank processed ``indices`` (its own only: ``sync()`` joins the
+        records of all ranks)."""
         self.processed_indices.update(int(i) for i in indices)
 
     def state_dict(self):
@@ -126,6 +136,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         total = self.num_samples * self.num_replicas
         if remaining:
             remaining += (remaining * (total // len(remaining) + 1))[:total - len(remaining)]
+        self._split_order = remaining
         self.indices = remaining[self.rank:total:self.num_replicas]
 
     def __iter__(self):
@@ -211,6 +222,17 @@ class TorchState(_ObjectState):
         for handler in self._handlers.values():
             handler.save()
         super().sync()
+
+    def _commit_payload(self):
+        payload = super()._commit_payload()
+        payload["handlers"] = {name: h._saved for name, h in self._handlers.items()}
+        return payload
+
+    def _load_commit_payload(self, payload):
+        super()._load_commit_payload(payload)
+        for name, saved in payload["handlers"].items():
+            if name in self._handlers:
+                self._handlers[name]._saved = saved
 
     def __setattr__(self, name, value):
         handlers = self.__dict__.get("_handlers", {})

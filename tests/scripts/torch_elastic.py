@@ -150,13 +150,16 @@ def test_sampler_state_syncs_and_restores(rank, size):
     sampler = hvd.elastic.ElasticSampler(DATASET, shuffle=True, seed=5)
     state = hvd.elastic.TorchState(sampler=sampler, epoch=0)
     state.commit()
-    sampler.record_batch(0, 3)  # each rank: the first 3 of its split
-    mine = set(sampler.get_indices(0, 3))
-    check("record_batch records the batch's samples", sampler.processed_indices == mine)
+    sampler.record_batch(0, 3)  # batch 0 of every rank's split
+    batch0 = set().union(*hvd.allgather_object(sampler.get_indices(0, 3), name="sampler.batch0"))
+    check("record_batch records the batch of every rank", sampler.processed_indices == batch0,
+          f"{sorted(sampler.processed_indices ^ batch0)}")
+    records = hvd.allgather_object(sampler.processed_indices, name="sampler.records")
+    check("every rank holds the same record", all(r == records[0] for r in records))
     state.restore()
     check("restore forgets what was recorded after the commit", sampler.processed_indices == set())
     sampler.record_batch(0, 3)
-    sampler.record_batch(1, 3)
+    sampler.record_indices(sampler.get_indices(1, 3))   # this rank's own samples only
     mine = set(sampler.processed_indices)
     state.sync()
     done = set().union(*hvd.allgather_object(mine, name="sampler.done"))
