@@ -76,8 +76,15 @@ def main(argv=None):
             group["lr"] = args.lr * hvd.size()
     state.register_reset_callbacks([on_reset])
 
+    def params_sha256():
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+
     @hvd.elastic.run
     def train(state):
+        # Here every rank holds the same state: rank 0's at the first start,
+        # the newest commit after a restart.
+        event("begin", all_ranks=True, step=state.step, epoch=state.epoch, params_sha256=params_sha256())
         while state.epoch < args.epochs:
             loader = DataLoader(train_set, batch_size=args.batch_size, sampler=state.sampler)
             for batch_idx, (x, y) in enumerate(loader):
@@ -99,9 +106,8 @@ def main(argv=None):
 
     train(state)
     accuracy = evaluate(model, test_set)
-    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().tobytes()
     event("done", all_ranks=True, steps=state.step, accuracy=round(100 * accuracy, 2),
-          params_sha256=hashlib.sha256(params).hexdigest())
+          params_sha256=params_sha256())
     if not args.events and hvd.rank() == 0:
         print(f"test accuracy {100 * accuracy:.2f}% after {state.step} steps on {hvd.size()} ranks")
 

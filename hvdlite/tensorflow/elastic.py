@@ -9,8 +9,9 @@
 
 ``commit()`` keeps a copy of the values in host memory, ``restore()`` writes
 it back, ``sync()`` broadcasts rank 0's variables and attributes. They work
-eagerly and, given a session, in TF1 graphs. See :mod:`hvdlite.elastic.state`
-for what is not there yet (changing the set of ranks while a job runs).
+eagerly and, given a session, in TF1 graphs. Under elastic hvdrun a commit
+also goes to the host's memory, for the job to resume from when it starts
+again on other hosts (:mod:`hvdlite.elastic`, docs/elastic.md).
 """
 import tensorflow as tf
 
@@ -131,6 +132,13 @@ class TensorFlowState(_ObjectState):
         self._snapshot.save()
         super().sync()
 
+    def _commit_payload(self):
+        return dict(super()._commit_payload(), variables=self._snapshot._values)
+
+    def _load_commit_payload(self, payload):
+        super()._load_commit_payload(payload)
+        self._snapshot._values = list(payload["variables"])
+
 
 class TensorFlowKerasState(_ObjectState):
     """State of a Keras model (Keras 3 or tf_keras), its optimizer and Python
@@ -179,10 +187,25 @@ class TensorFlowKerasState(_ObjectState):
         self._optimizer_snapshot.restore()
         super().restore()
 
-    def sync(self):
+    def _build_optimizer(self):
+        # A fresh optimizer has no slots yet: build it so that every rank
+        # has the same variables to broadcast or restore.
         if self.optimizer is not None and tf.executing_eagerly():
             from .keras import flavor
             flavor.build_optimizer(self.optimizer, self.model.trainable_variables)
+
+    def _commit_payload(self):
+        return dict(super()._commit_payload(), model=self._model_snapshot._values,
+                    optimizer=self._optimizer_snapshot._values)
+
+    def _load_commit_payload(self, payload):
+        super()._load_commit_payload(payload)
+        self._build_optimizer()
+        self._model_snapshot._values = list(payload["model"])
+        self._optimizer_snapshot._values = list(payload["optimizer"])
+
+    def sync(self):
+        self._build_optimizer()
         self._model_snapshot.broadcast()
         self._optimizer_snapshot.broadcast()
         self._save_model()

@@ -10,8 +10,9 @@
 The commit callback goes last, so a commit records the epoch and batch the
 update callbacks just set.
 
-See :mod:`hvdlite.elastic` for what is not there yet (ranks joining or
-leaving a running job).
+Under elastic hvdrun, wrap the fit() call in a function decorated with
+``hvd.elastic.run``: the job then resumes from the newest commit after a host
+is lost or added (docs/elastic.md).
 """
 from ...exceptions import InvalidArgumentError
 from ..elastic import HostsUpdatedInterrupt, ObjectState, TensorFlowKerasState, run
