@@ -75,10 +75,7 @@ def main():
     elastic = worker.context() is not None
     rows = []
     for name, state in states():
-        if elastic:
-            worker.resume(state, worker.context())
-        else:
-            state.sync()
+        state.sync()
         parts = {"save": [], "persist": [], "host check": [], "commit": []}
         written = 0
         for _ in range(args.repeat):

@@ -217,3 +217,20 @@ def test_launcher_that_never_starts_ranks(tmp_path, tag):
     assert p.returncode == 1
     assert "2 of 2 ranks did not start within 1 s (--start-timeout): ranks 0, 1" in p.stderr
     assert p.elapsed < 10
+
+
+@pytest.mark.parametrize("mode", ["plain", "elastic"])
+def test_elastic_script_runs_as_a_plain_job_and_under_elastic_hvdrun(tag, mode):
+    """The same elastic training script: one plain run, or an elastic job
+    (one generation, no host changes) that leaves no commit behind."""
+    from checks import require
+    require("torch")
+    hosts = ["-np", "2"] if mode == "plain" else ["--min-np", "2", "-H", "localhost:2"]
+    p = hvdrun(hosts + [sys.executable, os.path.join(SCRIPTS, "elastic_digits.py"), tag, "torch",
+                        "--events", "--epochs", "2"], timeout=120)
+    assert p.returncode == 0, p.stderr
+    done = [json.loads(line) for lines in rank_lines(p.stdout).values() for line in lines
+            if '"ev": "done"' in line]
+    assert len(done) == 2 and len({d["params_sha256"] for d in done}) == 1
+    assert ("elastic: generation 1 on localhost:2" in p.stderr) == (mode == "elastic")
+    assert not [d for d in os.listdir("/dev/shm") if d.startswith("hvdlite-elastic-")]

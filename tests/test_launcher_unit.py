@@ -452,3 +452,95 @@ def test_survivor_report_names_the_rank_that_exited():
     assert _cause_elsewhere(prefix + "rank 3 called hvdlite.shutdown()") is None
     assert _cause_elsewhere(prefix + "rank 2 called sys.exit(0) (exit code 0)") is None
     assert _cause_elsewhere("ValueError: simulated failure in rank 1") is None
+
+
+# ---- elastic jobs -------------------------------------------------------------------
+
+elastic = mod("elastic")
+
+
+def test_elastic_options():
+    opts = options.parse_args(["--min-np", "2", "--max-np", "4", "-H", "a,b,c", "python", "x.py"])
+    assert (opts.elastic, opts.min_np, opts.max_np, opts.np) == (True, 2, 4, 2)
+    opts = options.parse_args(["-np", "3", "--host-discovery-script", "./d.sh", "--slots-per-host", "2",
+                               "--reset-limit", "5", "--blacklist-cooldown-range", "10", "100",
+                               "--elastic-timeout", "60", "python", "x.py"])
+    assert (opts.min_np, opts.max_np, opts.slots_per_host, opts.reset_limit) == (3, None, 2, 5)
+    assert opts.blacklist_cooldown_range == [10.0, 100.0] and opts.elastic_timeout == 60
+    assert not options.parse_args(["-np", "2", "python", "x.py"]).elastic
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--min-np", "2"], "needs its hosts"),
+    (["--min-np", "2", "-H", "a", "--host-discovery-script", "d"], "not both"),
+    (["--min-np", "3", "--max-np", "2", "--host-discovery-script", "d"], "less than --min-np"),
+    (["--min-np", "3", "-H", "a,b"], "more than the 2 slots"),
+    (["--min-np", "0", "-H", "a"], "at least 1"),
+    (["--min-np", "1", "-H", "a", "--blacklist-cooldown-range", "5", "1"], "MIN <= MAX"),
+    (["--min-np", "1", "-H", "a", "--elastic-timeout", "0"], "must be positive"),
+])
+def test_elastic_usage_errors(argv, words, capsys):
+    assert words in parse_error(argv + ["python", "x.py"], capsys)
+
+
+def test_discovery_script_output(tmp_path):
+    script = tmp_path / "d.sh"
+    script.write_text("#!/bin/sh\necho 'a:2'\necho b\necho\necho '# c:4'\necho 'a:3'\n")
+    script.chmod(0o755)
+    found = elastic.HostDiscovery(str(script), slots_per_host=4).find()
+    assert [(h.name, h.slots) for h in found] == [("a", 2), ("b", 4)]
+    script.write_text("#!/bin/sh\necho 'a:x'\n")
+    with pytest.raises(elastic.DiscoveryError, match="expected HOST or HOST:SLOTS"):
+        elastic.HostDiscovery(str(script)).find()
+    script.write_text("#!/bin/sh\necho oops >&2; exit 3\n")
+    with pytest.raises(elastic.DiscoveryError, match="exited with 3: oops"):
+        elastic.HostDiscovery(str(script)).find()
+
+
+def test_plan_takes_slots_in_order_up_to_max_np():
+    found = [hosts.Host("a", 2), hosts.Host("b", 2), hosts.Host("c", 2)]
+    assert elastic.plan_hosts(found, None) == found
+    assert elastic.plan_hosts(found, 3) == [hosts.Host("a", 2), hosts.Host("b", 1)]
+
+
+def test_blacklist_forever_or_cooldown_doubling():
+    forever = elastic.Blacklist()
+    forever.add("a", "lost", now=0)
+    assert not forever.allows("a", now=1e9) and forever.allows("b", now=0)
+    cool = elastic.Blacklist((10, 25))
+    cool.add("a", "lost", now=0)
+    assert not cool.allows("a", now=9.9) and cool.allows("a", now=11.1)
+    cool.add("a", "lost again", now=100)            # 20 s the second time
+    assert not cool.allows("a", now=119.9) and cool.allows("a", now=122.1)
+    cool.add("a", "and again", now=200)             # 40 s, capped at 25
+    assert not cool.allows("a", now=224.9) and cool.allows("a", now=227.6)
+
+
+@pytest.mark.parametrize("how,user", [
+    ("failed: ValueError: bad shape", True),
+    ("failed: hvdlite.exceptions.HvdliteTimeoutError: MPI_Iallreduce did not complete", False),
+    ("failed: HvdliteShutdownError: hvdlite has shut down: rank 2 ...", False),
+    ("was killed by SIGKILL", False),
+    ("exited with code 3", False),
+])
+def test_user_errors_end_an_elastic_job(how, user):
+    assert elastic._user_error(how) is user
+
+
+def test_hosts_version_service_answers_the_version():
+    service = elastic.HostsVersionService()
+    address = service.serve_on("127.0.0.1")
+    host, _, port = address.rpartition(":")
+
+    def ask():
+        import socket
+        with socket.create_connection((host, int(port)), timeout=2) as s:
+            s.sendall(b"version\n")
+            return int(s.makefile().readline())
+    try:
+        assert ask() == 0
+        service.bump()
+        assert ask() == 1
+        assert service.serve_on("127.0.0.1") == address     # same address: same server
+    finally:
+        service.close()
