@@ -99,15 +99,23 @@ class ElasticSampler(torch.utils.data.Sampler):
         return self.indices[start:min(start + batch_size, len(self.indices))]
 
     def record_batch(self, batch_idx, batch_size):
-        """Batch ``batch_idx`` is done on every rank: records the samples of
-        that batch of every rank's split (the split is the same computation
-        on each rank), so each rank's record is the whole job's and any one
-        rank's commit can resume the epoch."""
-        start = batch_idx * batch_size
+        """The next batch is done on every rank: records the next
+        ``batch_size`` samples of every rank's split (the split is the same
+        computation on each rank), so each rank's record is the whole job's
+        and any one rank's commit can resume the epoch. Batches count in
+        order from the last reset, as in Horovod (``batch_idx`` is not used):
+        after a restore, the loader starts over on what is left."""
+        start = self._recorded
         stop = min(start + batch_size, self.num_samples)
+        self._recorded = stop
         n = self.num_replicas
         self.processed_indices.update(int(self._split_order[r + j * n])
                                       for j in range(start, stop) for r in range(n))
+
+    @property
+    def processed_num(self):
+        """How many samples of the epoch are recorded as processed (Horovod's name)."""
+        return len(self.processed_indices)
 
     def record_indices(self, indices):
         """This rank processed ``indices`` (its own only: ``sync()`` joins the
@@ -137,6 +145,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         if remaining:
             remaining += (remaining * (total // len(remaining) + 1))[:total - len(remaining)]
         self._split_order = remaining
+        self._recorded = 0          # samples of each rank's split recorded since the split
         self.indices = remaining[self.rank:total:self.num_replicas]
 
     def __iter__(self):
