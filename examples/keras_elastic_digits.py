@@ -9,9 +9,10 @@ The model, its optimizer, the epoch and the batch live in a ``KerasState``;
 the callbacks keep epoch and batch up to date and commit every
 --commit-every batches. ``fit`` runs inside a function decorated with
 ``hvd.elastic.run``: after a host is lost or added the job starts again from
-the newest commit, and ``fit`` does the epochs still to do (the first of them
-shortened by the batches already done) on the data shards of the ranks there
-are then.
+the newest commit, and ``fit`` does the epochs still to do on the data shards of
+the ranks there are then (as in Horovod, the epoch that was interrupted
+starts over on the new shards; the torch example's ElasticSampler resumes it
+sample by sample instead).
 
 With --events every rank prints one JSON line per event (start, begin, step,
 commit, done), as examples/pytorch_elastic_digits.py does.

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Subset
 
 import hvdlite.torch as hvd
 
-from pytorch_digits import load_data, make_model
+from pytorch_digits import evaluate, load_data, make_model
 
 
 def parse_args(argv=None):
@@ -105,24 +105,13 @@ def main(argv=None):
             event("commit", step=state.step)
 
     train(state)
-    accuracy = evaluate(model, test_set)
+    # Each rank evaluates a disjoint part of the test set.
+    accuracy = evaluate(model, DataLoader(Subset(test_set, range(hvd.rank(), len(test_set), hvd.size())),
+                                          batch_size=256))
     event("done", all_ranks=True, steps=state.step, accuracy=round(100 * accuracy, 2),
           params_sha256=params_sha256())
     if not args.events and hvd.rank() == 0:
         print(f"test accuracy {100 * accuracy:.2f}% after {state.step} steps on {hvd.size()} ranks")
-
-
-def evaluate(model, test_set):
-    model.eval()
-    part = Subset(test_set, range(hvd.rank(), len(test_set), hvd.size()))
-    correct = total = 0
-    with torch.no_grad():
-        for x, y in DataLoader(part, batch_size=256):
-            correct += int((model(x).argmax(1) == y).sum())
-            total += len(y)
-    counts = hvd.allreduce(torch.tensor([correct, total], dtype=torch.float64), op=hvd.Sum,
-                           name="metric.accuracy")
-    return float(counts[0] / counts[1])
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 
-from .hosts import Host, HostsError, describe, is_local, parse_hostfile
+from .hosts import Host, describe, is_local
 from .job import EXIT_LAUNCH_ERROR, EXIT_RESTART, Job, LaunchError, expected_hosts, log
 from .ssh_check import check_hosts
 
