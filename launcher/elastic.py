@@ -262,11 +262,14 @@ class ElasticDriver:
 
     def _watch_hosts(self):
         """While a generation runs: a change of the plan raises the hosts version."""
+        said = None
         while not self._stop_discovery.wait(DISCOVERY_PERIOD_S):
             try:
                 found = [h for h in self.discovery.find() if self.blacklist.allows(h.name)]
             except DiscoveryError as e:
-                log("elastic: %s" % e)
+                if str(e) != said:          # once per distinct failure, not every second
+                    log("elastic: %s; the job goes on with the hosts it has" % e)
+                    said = str(e)
                 continue
             if any(all(h.name != c.name for c in self.current) for h in found):
                 # Grow only onto hosts that answer: check them now, not at the restart.

@@ -132,12 +132,23 @@ def hosts_changed():
 
 # ---- start of a generation -----------------------------------------------------------
 
+# A commit crosses in pieces of this size: each piece is one engine wait,
+# which HVDLITE_TIMEOUT_SECONDS bounds (a whole 1 GB commit over a 1 Gbit/s
+# link would take longer than the elastic default of 10 s).
+BROADCAST_PIECE_BYTES = 64 << 20
+
+
 def _broadcast_bytes(data, root, name):
     length = ops.broadcast(np.array([len(data) if data is not None else 0], dtype=np.int64),
                            root_rank=root, name=name + ".length")
-    buf = np.frombuffer(data, dtype=np.uint8).copy() if data is not None else \
-        np.empty(int(length[0]), dtype=np.uint8)
-    return ops.broadcast(buf, root_rank=root, name=name).tobytes()
+    total = int(length[0])
+    out = bytearray(total)
+    for offset in range(0, total, BROADCAST_PIECE_BYTES):
+        end = min(total, offset + BROADCAST_PIECE_BYTES)
+        piece = np.frombuffer(data, dtype=np.uint8, count=end - offset, offset=offset).copy() \
+            if data is not None else np.empty(end - offset, dtype=np.uint8)
+        out[offset:end] = ops.broadcast(piece, root_rank=root, name="%s.%d" % (name, offset)).tobytes()
+    return bytes(out)
 
 
 def resume(state, ctx):
