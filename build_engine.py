@@ -103,6 +103,7 @@ ENGINE_SOURCES = [
     "collective_ops.cc",
     "common.cc",
     "controller.cc",
+    "device_jobs.cc",
     "engine.cc",
     "engine_options.cc",
     "fusion_buffer.cc",

@@ -212,6 +212,7 @@ int64_t hvd_enqueue(const hvd_tensor_request* r) {
   q.compression.topk_ratio = r->topk_ratio;
   q.compression.error_feedback = r->error_feedback != 0;
   args.process_set = r->process_set;
+  q.device = r->device != 0;
   args.input = r->input;
   args.output = r->output;
   int64_t handle = 0;
@@ -324,6 +325,43 @@ void hvd_release(int64_t handle) {
 }
 
 void hvd_free_output(void* data) { hvdlite::FreeAligned(data); }
+
+int hvd_device_enable(const char* backend) {
+  auto engine = CurrentEngine();
+  if (!engine) return -t_last_error_kind;
+  if (backend == nullptr || *backend == '\0') {
+    return SetError(ErrorKind::kInvalidArgument, "hvd_device_enable needs a backend name");
+  }
+  engine->device_jobs().Enable(backend);
+  return 0;
+}
+
+char* hvd_device_next_job(double timeout_seconds, int* status) {
+  auto engine = CurrentEngine();
+  if (!engine) {
+    *status = -1;
+    return nullptr;
+  }
+  std::string text;
+  *status = engine->device_jobs().Next(timeout_seconds, &text);
+  if (*status != 1) return nullptr;
+  char* out = static_cast<char*>(hvdlite::AllocateAligned(text.size() + 1));
+  if (out == nullptr) {
+    *status = -1;
+    return nullptr;
+  }
+  std::memcpy(out, text.c_str(), text.size() + 1);
+  return out;
+}
+
+int hvd_device_job_done(int64_t job_id, int error_kind, const char* message) {
+  auto engine = CurrentEngine();
+  if (!engine) return -1;
+  const Status s = error_kind == 0 ? Status::OK()
+                                   : Status::Error(static_cast<ErrorKind>(error_kind),
+                                                   message ? message : "the device collective failed");
+  return engine->device_jobs().Finish(job_id, s) ? 0 : -1;
+}
 
 int hvd_process_set_ids(int32_t* ids, int32_t capacity) {
   auto engine = CurrentEngine();

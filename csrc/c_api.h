@@ -29,6 +29,7 @@ typedef struct hvd_tensor_request {
   double topk_ratio;
   int32_t error_feedback;
   int32_t process_set;
+  int32_t device;         /* 1: input/output are device tensors; input is the front end's token */
 } hvd_tensor_request;
 
 /* comm: the Fortran handle of an MPI communicator (mpi4py's Comm.py2f()). */
@@ -87,6 +88,18 @@ int hvd_handle_received_splits(int64_t handle, int64_t* splits, int32_t count);
 int64_t hvd_handle_value(int64_t handle);
 void hvd_release(int64_t handle);
 void hvd_free_output(void* data);
+
+/* Device tensors (device_jobs.h). A front end that runs device collectives
+   enables the path with its backend's name ("nccl", "gloo"), then one thread
+   of it takes jobs and reports each done. hvd_device_next_job returns a
+   JSON description (free it with hvd_free_output) and sets *status to 1,
+   or returns NULL with *status 0 (nothing within the timeout) or -1 (the
+   engine stopped). hvd_device_job_done: error_kind 0 for success, else the
+   ErrorKind to fail the job's handles with; returns 0, or -1 for an unknown
+   job (already failed because the engine stopped). */
+int hvd_device_enable(const char* backend);
+char* hvd_device_next_job(double timeout_seconds, int* status);
+int hvd_device_job_done(int64_t job_id, int error_kind, const char* message);
 
 /* Process sets: ids, and the engine ranks of a set. */
 int hvd_process_set_ids(int32_t* ids, int32_t capacity);

@@ -39,7 +39,7 @@ void ApplyPriority(EnginePriority priority) {
 Engine::Engine(MPI_Comm user_comm, EngineOptions options)
     : user_comm_(user_comm),
       options_(std::move(options)),
-      runner_(options_, &stats_, &timeline_),
+      runner_(options_, &stats_, &timeline_, &device_jobs_),
       cycle_time_ms_(options_.cycle_time_ms) {}
 
 Status Engine::StartTimeline(const std::string& path, bool mark_cycles) {
@@ -363,6 +363,7 @@ void Engine::Stop(const Status& reason) {
   for (auto& set : sets_.All()) {
     for (auto& entry : set->queue().Close(reason)) entry.work->Fail(reason);
   }
+  device_jobs_.Close(reason);
   {
     std::lock_guard<std::mutex> lock(state_mutex_);
     stopped_ = true;
@@ -412,6 +413,11 @@ Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
   Status s = CompleteRequest(&q, set->size());
   if (s.ok()) s = ValidateRequest(q, set->size());
   if (!s.ok()) return s;
+  if (q.device && !device_jobs_.enabled()) {
+    return Status::InvalidArgument(
+        "a device tensor was submitted, but no device executor runs in this process (the framework "
+        "adapter starts one for its GPU tensors; hvdlite.torch does)");
+  }
   // Bad input is reported as such even when the engine has stopped.
   s = stopped_status();
   if (!s.ok()) return s;

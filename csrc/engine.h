@@ -57,6 +57,8 @@ class Engine {
   // Runtime timeline control; the file is written by this rank.
   Status StartTimeline(const std::string& path, bool mark_cycles);
   void StopTimeline();
+  // Where the device executor takes its jobs (c_api: hvd_device_*).
+  DeviceJobQueue& device_jobs() { return device_jobs_; }
   // Clears error-feedback residuals (applied by the engine thread).
   void ResetCompressionState() { reset_compression_ = true; }
 
@@ -86,6 +88,7 @@ class Engine {
   Topology topology_;
   EngineStats stats_;
   Timeline timeline_;
+  DeviceJobQueue device_jobs_{&timeline_};
   ProcessSetTable sets_;
   OperationRunner runner_;
   std::unique_ptr<Autotuner> autotuner_;  // while HVDLITE_AUTOTUNE searches

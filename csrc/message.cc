@@ -100,6 +100,7 @@ void PutRequest(Writer& w, const Request& q) {
   w.PutInts(q.splits);
   w.PutInts(q.set_ranks);
   w.Put<int32_t>(q.target_set);
+  w.Put<uint8_t>(q.device ? 1 : 0);
 }
 
 Request GetRequest(Reader& r) {
@@ -118,6 +119,7 @@ Request GetRequest(Reader& r) {
   q.splits = r.GetInts();
   q.set_ranks = r.GetInts<int32_t>();
   q.target_set = r.Get<int32_t>();
+  q.device = r.Get<uint8_t>() != 0;
   return q;
 }
 

@@ -41,6 +41,9 @@ struct Request {
   std::vector<int64_t> splits;     // alltoall: rows this rank sends to each member
   std::vector<int32_t> set_ranks;  // add_process_set: the new set's ranks, ascending
   int32_t target_set = -1;         // remove_process_set: the id of the set to remove
+  // The tensor lives in device memory: the engine agrees on it but a device
+  // executor runs the collective (device_jobs.h). All ranks must agree.
+  bool device = false;
 };
 
 // One rank's message of a negotiation round.

@@ -11,6 +11,7 @@
 
 #include "adasum_operation.h"
 #include "allreduce_pipeline.h"
+#include "device_jobs.h"
 #include "operation_context.h"
 #include "process_set.h"
 
@@ -18,8 +19,9 @@ namespace hvdlite {
 
 class OperationRunner {
  public:
-  OperationRunner(const EngineOptions& options, EngineStats* stats, Timeline* timeline)
-      : ctx_(options, stats, timeline), allreduces_(&ctx_), adasum_(&ctx_) {}
+  OperationRunner(const EngineOptions& options, EngineStats* stats, Timeline* timeline,
+                  DeviceJobQueue* device_jobs)
+      : ctx_(options, stats, timeline), allreduces_(&ctx_), adasum_(&ctx_), device_jobs_(device_jobs) {}
 
   // `responses` is the same ordered list on every rank of `set`. A non-OK
   // result means the communicator can no longer be trusted.
@@ -37,6 +39,9 @@ class OperationRunner {
   Status Take(ProcessSet& set, const std::vector<Response>& responses, std::vector<TensorEntry>* taken);
   // The collectives other than allreduce, one tensor each.
   Status RunOne(ProcessSet& set, const Response& response, TensorEntry& entry);
+  // Device tensors go to the device executor: an allreduce group in jobs of
+  // up to the fusion threshold, any other collective one job per tensor.
+  void HandOver(ProcessSet& set, const Response& response, std::vector<TensorEntry*> entries);
   // Negotiation is over: the row leaves NEGOTIATE_<OP> (unless this rank has
   // joined and never submitted the tensor) and enters the operation's span,
   // waiting in QUEUE for its turn.
@@ -45,6 +50,7 @@ class OperationRunner {
   OperationContext ctx_;
   AllreducePipeline allreduces_;
   AdasumOperation adasum_;
+  DeviceJobQueue* device_jobs_;
   std::deque<std::vector<uint8_t>> joined_scratch_;  // zeros in, results out, for a joined rank
 };
 

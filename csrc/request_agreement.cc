@@ -66,6 +66,11 @@ std::string FindMismatch(const std::vector<Request>& q) {
                       return std::string(DataTypeName(x.dtype));
                     }));
   }
+  if (!AllSame(q, [](const Request& x) { return x.device; })) {
+    return Mismatched(q[0].name, "device", DescribeByRank(q, [](const Request& x) {
+                      return std::string(x.device ? "device memory" : "host memory");
+                    }));
+  }
   const OpType op = q[0].op;
   const OpRules& rules = RulesFor(op);
   if (rules.whole_shape && !AllSame(q, [](const Request& x) { return x.shape; })) {

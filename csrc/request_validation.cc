@@ -37,6 +37,10 @@ Status ReduceArguments(const Request& q, int) {
 // What Adasum (collectives/adasum.h) can reduce, with Horovod's limits.
 Status Adasum(const Request& q, int set_size) {
   if (q.reduce_op != ReduceOp::kAdasum) return Status::OK();
+  if (q.device) {
+    return Fail("op=Adasum runs on host memory; the front end copies device tensors to the host for "
+                "it (submit a host tensor)");
+  }
   if (q.op != OpType::kAllreduce) {
     return Fail("op=Adasum works only with allreduce (Horovod's reducescatter refuses it too); use Sum "
                 "or Average");

@@ -197,7 +197,7 @@ _NO_COMPRESSION = (0, 0.0, False)
 
 def enqueue(op, *, name=None, dtype_code, shape, input_ptr=0, output_ptr=0, reduce_op=1,
             prescale=1.0, postscale=1.0, root_rank=0, splits=None, compression=_NO_COMPRESSION,
-            process_set=0, keep=None, finish=None, result=None):
+            process_set=0, keep=None, finish=None, result=None, device=0):
     """Submits one tensor to the engine; returns a :class:`Handle` at once.
 
     The request struct is reused per thread: the engine copies what it needs
@@ -226,6 +226,7 @@ def enqueue(op, *, name=None, dtype_code, shape, input_ptr=0, output_ptr=0, redu
     req.nsplits = nsplits
     req.compression, req.topk_ratio, req.error_feedback = compression
     req.process_set = process_set
+    req.device = device
     handle_id = lib.hvd_enqueue(req)
     if handle_id < 0:
         raise last_error()

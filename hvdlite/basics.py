@@ -92,6 +92,19 @@ def init(comm=None, process_sets=None):
         register_at_init(process_sets, _init_comm)
 
 
+# Functions a framework adapter runs after every start of the engine (on
+# every rank: they may be collective) and after every stop: the torch
+# adapter's device executor lives and dies with the engine.
+_start_hooks = []
+_stop_hooks = []
+
+
+def add_engine_hooks(on_start, on_stop):
+    if on_start not in _start_hooks:
+        _start_hooks.append(on_start)
+        _stop_hooks.append(on_stop)
+
+
 def _start(comm):
     global _init_comm, _atexit_registered, _homogeneous
     resolved = _resolve_comm(comm)
@@ -107,6 +120,8 @@ def _start(comm):
         _install_excepthook()
         _install_exit_hook()
         _atexit_registered = True
+    for hook in _start_hooks:
+        hook()
 
 
 def _same_comm(comm, current):
@@ -127,6 +142,8 @@ def _stop(reason):
     kind = lib.hvd_shutdown(reason)
     if kind in exceptions.PEER_LOST_KINDS:
         _peer_lost = True
+    for hook in _stop_hooks:
+        hook()
 
 
 def shutdown():

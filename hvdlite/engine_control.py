@@ -12,10 +12,16 @@ def engine_stats():
     return {name: int(values[i]) for i, name in enumerate(names)}
 
 
+# Residuals kept outside the engine (the torch device executor's top-k).
+reset_hooks = []
+
+
 def reset_compression_state():
     """Drops the error-feedback residuals of every compressor (e.g. after
     loading a checkpoint or changing the model)."""
     _binding.check(lib.hvd_reset_compression_state())
+    for hook in reset_hooks:
+        hook()
 
 
 def start_timeline(file_path, mark_cycles=False):

@@ -227,41 +227,35 @@ def test_large_count_allreduce(rank_launch):
                             if "LARGE" in line))
 
 
-TORCH_CUDA = r"""
-import sys, torch
-import hvdlite.torch as hvd
-
-class FakeCuda(torch.Tensor):
-    # What a CUDA tensor looks like to the adapter; this torch has no CUDA.
-    @property
-    def device(self):
-        return torch.device("cuda", 0)
-    @property
-    def is_cuda(self):
-        return True
-
-hvd.init()
-assert not hvd.cuda_built()
-t = torch.ones(4).as_subclass(FakeCuda)
-calls = [lambda: hvd.allreduce(t), lambda: hvd.allreduce_(t), lambda: hvd.allgather(t),
-         lambda: hvd.broadcast(t, 0), lambda: hvd.alltoall(t), lambda: hvd.reducescatter(t),
-         lambda: hvd.grouped_allreduce([t]), lambda: hvd.broadcast_parameters({"w": t}, 0)]
-for fn in calls:
-    try:
-        fn()
-    except hvd.HvdliteError as e:
-        assert "cuda:0" in str(e) and "tensor.cpu()" in str(e), e
-    else:
-        raise AssertionError("a CUDA tensor was accepted by a CPU-only build")
-print("RANK %d OK" % hvd.rank(), flush=True)
-"""
-
-
-def test_cuda_tensor_on_cpu_only_build(tmp_path):
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_device_path_rank_failure_fails_fast(ranks):
+    """A rank dies while the device executor (gloo) has its collectives in
+    flight: every survivor's handles fail at once, naming it."""
     require("torch")
-    script = tmp_path / "cuda_on_cpu.py"
-    script.write_text(TORCH_CUDA)
-    run_ranks(str(script), 2)
+    proc, _, _ = launch("scripts/device_faults.py", ranks, ["raise"], env={"HVDLITE_DEVICE_TRANSPORT": "gloo"})
+    out = proc.stdout + proc.stderr
+    ready, fail_at, survivors = parse(proc.stdout)
+    assert len(ready) == ranks and fail_at is not None, out[-4000:]
+    assert set(survivors) == set(range(ranks)) - {1}, out[-4000:]
+    for r, (at, message) in survivors.items():
+        assert message.startswith("HvdliteShutdownError") and "rank 1 exited with an unhandled exception" \
+            in message, f"rank {r}: {message}"
+        assert at - fail_at < FAILURE_LIMIT_S, f"rank {r} learnt it after {at - fail_at:.1f} s"
+    print("\ndevice path, rank 1 of %d raised: survivors failed within %.3f s"
+          % (ranks, max(at for at, _ in survivors.values()) - fail_at))
+
+
+def test_device_path_shutdown_with_jobs_in_flight():
+    """shutdown() while 20 device allreduces of 4 MB are queued: each
+    completes with the right result or fails with HvdliteShutdownError."""
+    require("torch")
+    proc, _, _ = launch("scripts/device_faults.py", 2, ["shutdown"], env={"HVDLITE_DEVICE_TRANSPORT": "gloo"})
+    done = re.findall(r"DONE (\d+) (\d+) (\d+)", proc.stdout)
+    assert proc.returncode == 0 and len(done) == 2, (proc.stdout + proc.stderr)[-4000:]
+    for _, completed, failed in done:
+        assert int(completed) + int(failed) == 20
+    print("\nshutdown with 20 device jobs queued: %s" % ", ".join(
+        "rank %s %s completed, %s failed" % d for d in done))
 
 
 # ---------------------------------------------------------------- long and threaded runs

@@ -24,6 +24,15 @@ def test_collectives_objects_syncbn(ranks, case, rank_launch):
     rank_launch(COLLECTIVES, ranks).check(case)
 
 
+@pytest.mark.parametrize("case", COLLECTIVES.cases)
+@pytest.mark.parametrize("transport,ranks", [("gloo", 2), ("gloo", 4), ("host", 2)])
+def test_collectives_on_the_device_path(transport, ranks, case, rank_launch):
+    """The same checks with every tensor taken by the device executor
+    (torch.distributed on gloo: the path of GPU tensors, NCCL aside) or by
+    host staging (the fallback where NCCL cannot run)."""
+    rank_launch(COLLECTIVES, ranks, env={"HVDLITE_DEVICE_TRANSPORT": transport}).check(case)
+
+
 @pytest.mark.parametrize("case", OPTIMIZER.cases)
 def test_distributed_optimizer(case, rank_launch):
     rank_launch(OPTIMIZER, 2).check(case)
@@ -61,9 +70,13 @@ def test_digits_identical_and_matches_single_process(ranks, epochs):
 
 
 @pytest.mark.parametrize("case", DIGITS_ACCURACY.cases)
-def test_digits_compression_accuracy(case, rank_launch):
+@pytest.mark.parametrize("transport", ["engine", "gloo"])
+def test_digits_compression_accuracy(transport, case, rank_launch):
+    """The accuracy targets on the engine's path and through the device
+    executor (HVDLITE_DEVICE_TRANSPORT=gloo, the path of GPU tensors)."""
     require("sklearn", import_module=False)  # the ranks skip the module without it
-    reports = rank_launch(DIGITS_ACCURACY, 2).check(case)
+    env = {"HVDLITE_DEVICE_TRANSPORT": "gloo"} if transport == "gloo" else None
+    reports = rank_launch(DIGITS_ACCURACY, 2, env=env).check(case)
     if case != JOB_EXIT:
         print(reports[0]["stdout"])
 

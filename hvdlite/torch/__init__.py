@@ -12,17 +12,19 @@ Change ``import horovod.torch as hvd`` to ``import hvdlite.torch as hvd``::
 
 See docs/torch.md.
 """
+import torch
+
 import hvdlite as _hvdlite
-from hvdlite import (HvdliteError, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+from hvdlite import (HvdliteError, ccl_built, cross_rank, cross_size, ddl_built,
                      gloo_built, gloo_enabled, init, is_homogeneous, is_initialized, local_rank,
                      local_size,
-                     mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                     mpi_built, mpi_enabled, mpi_threads_supported, rank,
                      rocm_built, shutdown, size)
 from hvdlite.compression import Compression, Compressor
 from hvdlite.process_sets import (ProcessSet, add_process_set, global_process_set,
                                   remove_process_set)
 
-from . import elastic
+from . import device, elastic
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
 from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async,
@@ -38,6 +40,22 @@ from .optimizer import DistributedOptimizer, OptimizerMisuseError
 from .sync_batch_norm import SyncBatchNorm
 
 HorovodInternalError = HvdliteError  # the name Horovod scripts catch
+
+
+# The device executor (NCCL for CUDA tensors, docs/gpu.md) starts with every
+# engine start, whichever module's init() started it, and stops with it.
+_hvdlite.basics.add_engine_hooks(device.start, device.stop)
+
+
+def nccl_built():
+    """Whether CUDA tensors can go through NCCL here (torch's NCCL, at run time)."""
+    import torch.distributed as dist
+    return int(torch.cuda.is_available() and dist.is_available() and dist.is_nccl_available())
+
+
+def cuda_built():
+    """Whether this torch can hold CUDA tensors (they go through NCCL or host staging)."""
+    return torch.backends.cuda.is_built() and torch.cuda.is_available()
 
 __all__ = [
     "init", "shutdown", "is_initialized", "is_homogeneous", "size", "rank", "local_size",

@@ -31,6 +31,8 @@ from hvdlite.compression import Compression
 from hvdlite.process_sets import global_process_set, process_set_id
 from hvdlite.request import Adasum, Average, Max, Min, Product, Sum  # noqa: F401  (public names)
 
+from . import device
+
 _DTYPE_CODES = {
     getattr(torch, name): code for name, code in _binding.DTYPE_CODES.items()
     if isinstance(getattr(torch, name, None), torch.dtype)
@@ -48,11 +50,10 @@ def _check_tensor(tensor, what):
     if not isinstance(tensor, torch.Tensor):
         raise exceptions.InvalidArgumentError(
             f"{what} takes a torch.Tensor, not {type(tensor).__name__}")
-    if tensor.device.type != "cpu":
+    if tensor.device.type not in ("cpu", "cuda"):
         raise exceptions.InvalidArgumentError(
-            f"{what}: the tensor is on {tensor.device}, but hvdlite was built without GPU support "
-            "(hvdlite.torch.cuda_built() is False); move it to the CPU with tensor.cpu() or build "
-            "hvdlite with NCCL")
+            f"{what}: the tensor is on {tensor.device}; hvdlite takes CPU tensors and CUDA tensors "
+            "(through NCCL, or copied to the host); move it with tensor.cpu()")
     if tensor.layout != torch.strided:
         raise exceptions.InvalidArgumentError(
             f"{what}: {tensor.layout} tensors are not supported; pass a dense tensor "
@@ -95,6 +96,28 @@ def _engine_tensor(dtype):
     return request.engine_output(lambda owned, nbytes, shape: _wrap(owned, nbytes, shape, dtype))
 
 
+# ---------------------------------------------------------------- device tensors
+
+def _staged(tensor, run, target=None):
+    """Host staging: ``run`` enqueues a host copy of ``tensor``; the result
+    comes back to the tensor's device (into ``target`` for in-place forms)."""
+    host = tensor.detach().to("cpu", copy=True)
+    with device.staging():
+        handle = run(host)
+
+    def back(results):
+        result = results[0]
+        if isinstance(result, tuple):       # alltoall: (rows, received splits)
+            return (result[0].to(tensor.device),) + tuple(result[1:])
+        result = result.to(tensor.device)
+        if target is None:
+            return result
+        with torch.no_grad():
+            target.copy_(result)
+        return target
+    return request.GroupHandle([handle], back)
+
+
 # ---------------------------------------------------------------- handles
 
 _GroupHandle = request.GroupHandle
@@ -127,6 +150,18 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     code = _check_reduce(tensor, op, what)
     pid = process_set_id(process_set)
     inplace = output is tensor
+    ex = device.executor_for(tensor) if op != Adasum else None
+    if ex is not None:
+        src = tensor.contiguous()
+        return ex.submit(_binding.ALLREDUCE, src, output, name=name, dtype_code=code,
+                         shape=tuple(src.shape), reduce_op=op,
+                         prescale=request.factor(prescale_factor, "prescale_factor", what),
+                         postscale=request.factor(postscale_factor, "postscale_factor", what),
+                         compression=spec, process_set=pid)
+    if device.needs_staging(tensor) or tensor.device.type != "cpu":
+        return _staged(tensor, lambda host: _allreduce_async(
+            host, host, name, op, prescale_factor, postscale_factor, process_set, compression, what),
+            target=output if output is not None else None)
     if tensor.is_contiguous():
         src = tensor
     else:
@@ -305,6 +340,12 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     dimension 0 of every rank's tensor (first dimensions may differ)."""
     code = _check_tensor(tensor, "allgather_async")
     src = tensor.contiguous().reshape(request.gather_shape(tensor.shape))
+    ex = device.executor_for(tensor)
+    if ex is not None:
+        return ex.submit(_binding.ALLGATHER, src, name=name, dtype_code=code, shape=tuple(src.shape),
+                         process_set=process_set_id(process_set))
+    if device.needs_staging(tensor):
+        return _staged(tensor, lambda host: allgather_async(host, name, process_set))
     return _binding.enqueue(
         _binding.ALLGATHER, name=name, dtype_code=code, shape=tuple(src.shape),
         input_ptr=src.data_ptr(), process_set=process_set_id(process_set),
@@ -378,7 +419,18 @@ def _broadcast_async(tensor, inplace, root_rank, name, process_set, what):
     code = _check_tensor(tensor, what)
     root = _set_root(root_rank, process_set, what)
     src = tensor if tensor.is_contiguous() else tensor.contiguous()
+    if device.needs_staging(tensor):
+        return _staged(tensor, lambda host: _broadcast_async(host, True, root_rank, name, process_set, what),
+                       target=tensor if inplace else None)
     work = src if inplace else torch.empty_like(src, memory_format=torch.contiguous_format)
+    ex = device.executor_for(tensor)
+    if ex is not None:
+        handle = ex.submit(_binding.BROADCAST, src, work, name=name, dtype_code=code,
+                           shape=tuple(src.shape), root_rank=root,
+                           process_set=process_set_id(process_set))
+        if inplace and work is not tensor:
+            return request.GroupHandle([handle], lambda results: tensor.copy_(results[0]))
+        return handle
 
     def finish(_handle_id):
         if inplace and work is not tensor:
@@ -441,6 +493,12 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     split_list = request.splits_list(splits, "alltoall_async")
     src = tensor.contiguous()
     pid = process_set_id(process_set)
+    ex = device.executor_for(tensor)
+    if ex is not None:
+        return ex.submit(_binding.ALLTOALL, src, name=name, dtype_code=code, shape=tuple(src.shape),
+                         splits=split_list, process_set=pid)
+    if device.needs_staging(tensor):
+        return _staged(tensor, lambda host: alltoall_async(host, splits, name, process_set))
     data = _engine_tensor(tensor.dtype)
 
     def finish(handle_id):
@@ -489,6 +547,16 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     op = _resolve_op(op, None, "reducescatter_async")
     code = _check_reduce(tensor, op, "reducescatter_async")
     src = tensor.contiguous()
+    ex = device.executor_for(tensor)
+    if ex is not None:
+        return ex.submit(
+            _binding.REDUCESCATTER, src, name=name, dtype_code=code, shape=tuple(src.shape), reduce_op=op,
+            prescale=request.factor(prescale_factor, "prescale_factor", "reducescatter_async"),
+            postscale=request.factor(postscale_factor, "postscale_factor", "reducescatter_async"),
+            compression=request.split_compression(compression)[0], process_set=process_set_id(process_set))
+    if device.needs_staging(tensor):
+        return _staged(tensor, lambda host: reducescatter_async(host, name, op, process_set, prescale_factor,
+                                                                postscale_factor, compression))
     return _binding.enqueue(
         _binding.REDUCESCATTER, name=name, dtype_code=code, shape=tuple(src.shape),
         input_ptr=src.data_ptr(), reduce_op=op,

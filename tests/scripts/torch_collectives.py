@@ -499,9 +499,49 @@ def test_sync_batch_norm(rank, size):
     check("convert_sync_batchnorm", isinstance(conv[0], hvd.SyncBatchNorm))
 
 
+def test_device_path_in_use(rank, size):
+    """Under HVDLITE_DEVICE_TRANSPORT=gloo/host the tensors really take that path."""
+    import os
+    mode = os.environ.get("HVDLITE_DEVICE_TRANSPORT", "auto")
+    before = dict(hvd.device.counts)
+    hvd.allreduce(torch.ones(3), name="device.path")
+    hvd.allgather(torch.ones(1, 2), name="device.path.g")
+    after = hvd.device.counts
+    jobs, staged = after["device_jobs"] - before["device_jobs"], after["staged"] - before["staged"]
+    check("backend", hvd.device.backend_name() == ("gloo" if mode == "gloo" else None))
+    check("executor jobs", jobs == (2 if mode == "gloo" else 0), f"{jobs}")
+    check("staged copies", staged == (2 if mode == "host" else 0), f"{staged}")
+
+    class FakeCuda(torch.Tensor):
+        # What a CUDA tensor looks like to the adapter; this torch has no CUDA.
+        @property
+        def device(self):
+            return torch.device("cuda", 0)
+
+        @property
+        def is_cuda(self):
+            return True
+    t = torch.ones(4).as_subclass(FakeCuda)
+    check("a CUDA tensor without NCCL is staged through the host",
+          hvd.device.executor_for(t) is None and hvd.device.needs_staging(t))
+    check("no NCCL on this CPU torch", not hvd.nccl_built() and not hvd.device.nccl_usable())
+
+    import tempfile
+    path = os.path.join(tempfile.gettempdir(), "hvdl-device-timeline-%d-%%r.json" % os.getpid())
+    hvd.start_timeline(path)
+    hvd.allreduce(torch.ones(3), name="device.timeline")
+    hvd.stop_timeline()
+    written = path.replace("%r", str(rank))
+    with open(written) as f:
+        text = f.read()
+    os.unlink(written)
+    check("the timeline names the device collective",
+          ("GLOO_ALLREDUCE" in text) == (mode == "gloo") and "allreduce.device.timeline" in text)
+
+
 def test_errors(rank, size):
     expect(hvdlite.InvalidArgumentError,
-           lambda: hvd.allreduce(torch.empty(3, device="meta")), "without GPU support")
+           lambda: hvd.allreduce(torch.empty(3, device="meta")), "takes CPU tensors and CUDA tensors")
     expect(hvdlite.UnsupportedDTypeError, lambda: hvd.allreduce(torch.ones(2, dtype=torch.uint32)),
            "uint32")
     expect(hvdlite.UnsupportedDTypeError,

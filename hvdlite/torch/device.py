@@ -1,0 +1,479 @@
+"""Collectives on device tensors: the engine agrees, torch.distributed runs them.
+
+The engine treats a device tensor like any other (queue, negotiation, response
+cache, fusion decisions, stall inspection, timeline) but never touches its
+memory: it hands each agreed group to this module's executor thread as a job
+(csrc/device_jobs.h), in the same order on every rank. The executor runs the
+job with torch.distributed on a process group it made for the job's process
+set: NCCL for CUDA tensors (on its own stream, after the stream that produced
+the tensor), gloo for CPU tensors routed here with HVDLITE_DEVICE_TRANSPORT=gloo
+(how CI runs this whole path without a GPU). Fusion (one flat buffer per
+allreduce job), pre/post scaling, Average, fp16 compression and top-k with
+error feedback happen here with torch ops on the tensor's device.
+
+HVDLITE_DEVICE_TRANSPORT:
+
+=========  ==================================================================
+auto       (default) CUDA tensors: NCCL when torch has it and every rank of
+           the host has a GPU of its own, else host staging. CPU tensors: the
+           engine, as always.
+nccl       CUDA tensors through NCCL (an error at init if unavailable)
+gloo       CPU tensors through the executor on c10d's gloo (tests, CI)
+host       host staging for every tensor the executor would take (tests)
+=========  ==================================================================
+
+Host staging copies a device tensor to host memory, runs the engine's own
+path, and copies the result back.
+"""
+import itertools
+import json
+import math
+import os
+import socket
+import threading
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from hvdlite import _binding, basics, engine_control, exceptions
+from hvdlite.request import Adasum, Average, Max, Min, Product, Sum
+
+MODE_VAR = "HVDLITE_DEVICE_TRANSPORT"
+MODES = ("auto", "nccl", "gloo", "host")
+_TORCH_DTYPES = {code: getattr(torch, name) for name, code in _binding.DTYPE_CODES.items()
+                 if isinstance(getattr(torch, name, None), torch.dtype)}
+_C10D_OPS = {Sum: dist.ReduceOp.SUM, Average: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
+             Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
+_FP16, _TOPK = 1, 2         # csrc/common.h CompressionType
+_TOPK_SEND_WHOLE_BELOW = 1024   # as the engine's top-k (csrc/compressors/topk.h)
+# Neither gloo nor NCCL has 16-bit integers: they are reduced as int32 and
+# moved as bytes.
+_NO_WIRE_TYPE = (torch.int16, torch.uint16)
+_NEXT_JOB_WAIT_S = 0.2      # the executor checks for a stop this often while idle
+
+_executor = None
+_lock = threading.Lock()
+# What went where, for users and tests: jobs the executor ran, tensors staged.
+counts = {"device_jobs": 0, "staged": 0}
+
+
+def mode():
+    value = os.environ.get(MODE_VAR, "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise exceptions.InvalidArgumentError(
+            f"{MODE_VAR}={value!r}: expected one of {', '.join(MODES)}")
+    return value
+
+
+def nccl_usable():
+    """NCCL can run this job's CUDA tensors: torch has it, and each rank of
+    this host has a GPU of its own (NCCL refuses two ranks on one GPU)."""
+    return (torch.cuda.is_available() and dist.is_available() and dist.is_nccl_available()
+            and basics.local_size() <= torch.cuda.device_count())
+
+
+def start():
+    """After hvdlite.init(): starts the executor where this job needs one
+    (collective: every rank decides the same from the same settings)."""
+    global _executor
+    m = mode()
+    backend = None
+    if m == "gloo":
+        backend = "gloo"
+    elif m == "nccl" or (m == "auto" and torch.cuda.is_available()):
+        if nccl_usable():
+            backend = "nccl"
+        elif m == "nccl":
+            raise exceptions.InvalidArgumentError(
+                f"{MODE_VAR}=nccl, but NCCL cannot run here (torch.cuda.is_available()="
+                f"{torch.cuda.is_available()}, NCCL in torch: {dist.is_available() and dist.is_nccl_available()}, "
+                f"{basics.local_size()} ranks on this host for {torch.cuda.device_count()} GPUs)")
+    with _lock:
+        if _executor is not None and _executor.alive():
+            return _executor
+        _executor = DeviceExecutor(backend).start() if backend else None
+        return _executor
+
+
+def _reset_compression():
+    ex = _executor
+    if ex is not None:
+        ex.reset_compression()
+
+
+def stop():
+    """After the engine stopped: the executor's thread has nothing left to
+    take; wait for it to end (it tears its process group down)."""
+    global _executor
+    with _lock:
+        ex, _executor = _executor, None
+    if ex is not None and ex._thread is not None and ex._thread is not threading.current_thread():
+        ex._thread.join(timeout=30)
+
+
+def executor_for(tensor):
+    """The executor that takes ``tensor``, or None (the engine's own path)."""
+    ex = _executor
+    if ex is None or not ex.alive():
+        return None
+    if ex.backend == "nccl":
+        return ex if tensor.is_cuda else None
+    return ex if tensor.device.type == "cpu" else None
+
+
+_staging = threading.local()
+
+
+class staging:
+    """While a host copy is enqueued: it goes to the engine as it is."""
+
+    def __enter__(self):
+        _staging.active = True
+        counts["staged"] += 1
+
+    def __exit__(self, *exc):
+        _staging.active = False
+
+
+def needs_staging(tensor):
+    """A tensor no executor takes and the engine cannot (or, in the "host"
+    test mode, should not) read directly."""
+    if getattr(_staging, "active", False):
+        return False
+    if tensor.device.type != "cpu":
+        return executor_for(tensor) is None
+    return mode() == "host"
+
+
+def backend_name():
+    ex = _executor
+    return ex.backend if ex is not None and ex.alive() else None
+
+
+class _Pending:
+    __slots__ = ("input", "output", "result", "ready", "done")
+
+    def __init__(self, input_tensor, output):
+        self.input = input_tensor
+        self.output = output
+        self.result = None
+        self.ready = None       # CUDA: the producer stream's event the executor waits for
+        self.done = None        # CUDA: the executor stream's event the consumer waits for
+
+
+class DeviceExecutor:
+    """One thread that takes the engine's device jobs in order and runs them."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self._tokens = itertools.count(1)
+        self._pending = {}
+        self._groups = {}
+        self._residuals = {}    # top-k error feedback: tensor name -> residual
+        self._thread = None
+        self._stream = None
+
+    # ---- set-up -----------------------------------------------------------------
+    def start(self):
+        self._init_process_group()
+        _binding.check(_binding.lib.hvd_device_enable(self.backend.encode()))
+        self._thread = threading.Thread(target=self._loop, name="hvdlite-device", daemon=True)
+        self._thread.start()
+        return self
+
+    def _init_process_group(self):
+        from .functions import broadcast_object
+        if dist.is_initialized():
+            if dist.get_world_size() != basics.size() or dist.get_rank() != basics.rank():
+                raise exceptions.InvalidArgumentError(
+                    "torch.distributed is initialized with another rank layout than hvdlite's; "
+                    "destroy it before hvdlite.init(), or let hvdlite create it")
+            self._world = dist.group.WORLD
+            return
+        local_job = basics.local_size() == basics.size()
+        if self.backend == "gloo" and local_job:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")   # one host: nothing beyond loopback
+        host = "127.0.0.1" if local_job else socket.gethostbyname(socket.gethostname())
+        store = None
+        if basics.rank() == 0:
+            store = dist.TCPStore(host, 0, basics.size(), is_master=True, wait_for_workers=False,
+                                  timeout=timedelta(seconds=60))
+            address = (host, store.port)
+        else:
+            address = None
+        host, port = broadcast_object(address, root_rank=0, name="hvdlite.device.rendezvous")
+        if store is None:
+            store = dist.TCPStore(host, port, basics.size(), is_master=False, timeout=timedelta(seconds=60))
+        timeout = float(os.environ.get("HVDLITE_TIMEOUT_SECONDS") or 0) or 600.0
+        dist.init_process_group(self.backend, store=store, rank=basics.rank(), world_size=basics.size(),
+                                timeout=timedelta(seconds=timeout))
+        self._store = store
+        self._world = dist.group.WORLD
+
+    def alive(self):
+        return self._thread is not None and self._thread.is_alive()
+
+    def _group(self, job):
+        pid = job["process_set"]
+        if pid == 0:
+            return None
+        ranks = tuple(_set_ranks(pid))   # an id can come back for other ranks after a removal
+        group = self._groups.get((pid, ranks))
+        if group is None:
+            group = self._groups[(pid, ranks)] = dist.new_group(list(ranks), use_local_synchronization=True)
+        return group
+
+    # ---- submitting (user threads) --------------------------------------------------
+    def submit(self, kind, src, output=None, **enqueue_args):
+        """Enqueues ``src`` as a device tensor; the handle's result is what the
+        executor leaves in the pending record (``output`` when given)."""
+        token = next(self._tokens)
+        pending = _Pending(src, output)
+        if src.is_cuda:
+            pending.ready = torch.cuda.Event()
+            pending.ready.record(torch.cuda.current_stream(src.device))
+        self._pending[token] = pending
+
+        def finish(_handle_id):
+            if pending.done is not None:  # the consumer's stream waits for the collective
+                torch.cuda.current_stream(src.device).wait_event(pending.done)
+            return pending.result
+
+        try:
+            return _binding.enqueue(kind, input_ptr=token, device=1, keep=(src, output), finish=finish,
+                                    **enqueue_args)
+        except BaseException:
+            self._pending.pop(token, None)
+            raise
+
+    # ---- the executor thread ------------------------------------------------------------
+    def _loop(self):
+        lib, ffi = _binding.lib, _binding.ffi
+        status = ffi.new("int *")
+        try:
+            while True:
+                text = lib.hvd_device_next_job(_NEXT_JOB_WAIT_S, status)
+                if status[0] == 0:
+                    continue
+                if status[0] < 0:
+                    return
+                try:
+                    job = json.loads(ffi.string(text).decode())
+                finally:
+                    lib.hvd_free_output(text)
+                self._run(job)
+        finally:
+            self._pending.clear()
+            self._groups.clear()
+            if dist.is_initialized():
+                try:
+                    dist.destroy_process_group()
+                except Exception:  # noqa: BLE001 - a peer may be gone already
+                    pass
+
+    def _run(self, job):
+        lib = _binding.lib
+        try:
+            entries = [(e, self._pending.pop(e["token"], None) if e["token"] else None)
+                       for e in job["entries"]]
+            run = getattr(self, "_" + job["op"])
+            if self._stream is None and self.backend == "nccl":
+                self._stream = torch.cuda.Stream()
+            if self.backend == "nccl":
+                with torch.cuda.stream(self._stream):
+                    for _, p in entries:
+                        if p is not None and p.ready is not None:
+                            self._stream.wait_event(p.ready)
+                    run(job, entries)
+                    for _, p in entries:
+                        if p is not None:
+                            p.done = torch.cuda.Event()
+                            p.done.record(self._stream)
+            else:
+                run(job, entries)
+            counts["device_jobs"] += 1
+            lib.hvd_device_job_done(job["id"], 0, _binding.ffi.NULL)
+        except Exception as e:  # noqa: BLE001 - reported to every waiting handle
+            kind = 3 if isinstance(e, (RuntimeError, dist.DistBackendError)) else 6
+            message = "device %s (%s) failed: %s: %s" % (job["op"], self.backend, type(e).__name__, e)
+            if os.environ.get("HVDLITE_DEVICE_DEBUG"):
+                traceback.print_exc()
+            lib.hvd_device_job_done(job["id"], kind, message.encode(errors="replace"))
+
+    # ---- the collectives ------------------------------------------------------------------
+    def _device(self):
+        return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+
+    def _input(self, e, p):
+        """The entry's tensor, or the zeros a joined rank contributes."""
+        if p is not None:
+            return p.input
+        return torch.zeros(e["shape"], dtype=_TORCH_DTYPES[e["dtype"]], device=self._device())
+
+    def _allreduce(self, job, entries):
+        reduced = self._reduce(job, [(e, self._input(e, p)) for e, p in entries])
+        for (e, p), value in zip(entries, reduced):
+            if p is None:
+                continue
+            if p.output is not None:
+                p.output.copy_(value.view_as(p.output))
+                p.result = p.output
+            else:
+                p.result = value.reshape(e["shape"])
+
+    def _reduce(self, job, tensors):
+        """Flat results of an allreduce of ``tensors`` [(entry, tensor)], each
+        in its own dtype: 16-bit floats summed in float32 and rounded once,
+        integers in their own type, prescale before and postscale (and
+        Average's 1/size) after, as the engine does."""
+        op, size = job["reduce_op"], job["set_size"]
+        dtype = tensors[0][1].dtype
+        acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else \
+            torch.int32 if dtype in _NO_WIRE_TYPE else dtype
+        floating = acc.is_floating_point
+        flats = []
+        for e, t in tensors:
+            x = t.detach().reshape(-1).to(acc)
+            if e["prescale"] != 1.0:
+                x = x * e["prescale"] if floating else (x.double() * e["prescale"]).to(acc)
+            flats.append(x)
+        sizes = [x.numel() for x in flats]
+        buf = torch.cat(flats) if len(flats) > 1 else flats[0].clone()
+        group = self._group(job)
+        compression = job["compression"]
+        if compression == _TOPK:
+            buf = self._topk_allreduce(job, tensors, buf, sizes, group)
+        elif compression == _FP16 and floating:
+            wire = buf.half()
+            dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=group)
+            buf = wire.to(acc)
+        else:
+            dist.all_reduce(buf, op=_C10D_OPS[op], group=group)
+        out = []
+        for (e, t), piece in zip(tensors, torch.split(buf, sizes)):
+            factor = e["postscale"] / size if op == Average else e["postscale"]
+            if factor != 1.0:
+                piece = piece * factor if floating else (piece.double() * factor).to(acc)
+            out.append(piece.to(dtype))
+        return out
+
+    def _topk_allreduce(self, job, tensors, buf, sizes, group):
+        """Each tensor keeps its k largest magnitudes (k = ratio x size, at
+        least 1) plus, with error feedback, what it left out last time; the
+        ranks allgather (index, value) and sum them."""
+        ratio, feedback = job["topk_ratio"], job["error_feedback"]
+        n_ranks = job["set_size"]
+        dense = torch.zeros_like(buf)
+        offset = 0
+        for (e, _), n in zip(tensors, sizes):
+            x = buf[offset:offset + n]
+            if feedback:
+                residual = self._residuals.get(e["name"])
+                if residual is not None and residual.numel() == n:
+                    x = x + residual
+            k = _topk_k(ratio, n)
+            index = torch.topk(x.abs(), k, sorted=False).indices
+            values = x[index]
+            if feedback:
+                kept = torch.zeros_like(x)
+                kept[index] = values
+                self._residuals[e["name"]] = x - kept
+            indices = [torch.empty_like(index) for _ in range(n_ranks)]
+            gathered = [torch.empty_like(values) for _ in range(n_ranks)]
+            dist.all_gather(indices, index, group=group)
+            dist.all_gather(gathered, values, group=group)
+            dense[offset:offset + n].index_add_(0, torch.cat(indices), torch.cat(gathered))
+            offset += n
+        return dense
+
+    def reset_compression(self):
+        self._residuals.clear()
+
+    def _broadcast(self, job, entries):
+        (e, p), = entries
+        out = p.output if p is not None else self._input(e, None)
+        if job["set_rank"] == job["root"] and p is not None and out.data_ptr() != p.input.data_ptr():
+            out.copy_(p.input)
+        wire = _as_wire(out)
+        dist.broadcast(wire, src=_global_rank(job, job["root"]), group=self._group(job))
+        if wire.data_ptr() != out.data_ptr():
+            out.copy_(wire.view(out.dtype).view_as(out))
+        if p is not None:
+            p.result = out
+
+    def _allgather(self, job, entries):
+        (e, p), = entries
+        t = self._input(e, p)
+        rows = job["rows"]
+        trailing = list(t.shape[1:])
+        most = max(rows)
+        padded = torch.zeros([most] + trailing, dtype=t.dtype, device=t.device)
+        padded[:t.shape[0]] = t
+        wire = _as_wire(padded)
+        parts = [torch.empty_like(wire) for _ in rows]
+        dist.all_gather(parts, wire, group=self._group(job))
+        if p is not None:
+            p.result = torch.cat([part.view(t.dtype).reshape([most] + trailing)[:r]
+                                  for part, r in zip(parts, rows)])
+
+    def _reducescatter(self, job, entries):
+        (e, p), = entries
+        t = self._input(e, p)
+        full = self._reduce(job, [(e, t)])[0].reshape(t.shape)
+        rows, me = job["rows"], job["set_rank"]
+        start = sum(rows[:me])
+        if p is not None:
+            p.result = full[start:start + rows[me]].clone()
+
+    def _alltoall(self, job, entries):
+        (e, p), = entries
+        t = self._input(e, p)
+        n, me = job["set_size"], job["set_rank"]
+        matrix = job["splits"]
+        send = [matrix[me * n + j] for j in range(n)]
+        receive = [matrix[j * n + me] for j in range(n)]
+        out = torch.empty([sum(receive)] + list(t.shape[1:]), dtype=t.dtype, device=t.device)
+        # Rows cross whole, so a byte view of each row is the same split.
+        dist.all_to_all_single(_as_wire(out), _as_wire(t), output_split_sizes=receive,
+                               input_split_sizes=send, group=self._group(job))
+        if p is not None:
+            p.result = (out, torch.tensor(receive, dtype=torch.int32))
+
+
+def _topk_k(ratio, count):
+    """The engine's k for a tensor of ``count`` elements."""
+    if count < _TOPK_SEND_WHOLE_BELOW:
+        return count
+    r = ratio * count
+    if not r > 1.0:
+        return 1
+    return count if r >= count else int(math.ceil(r))
+
+
+def _as_wire(t):
+    """``t`` as a tensor the backends can move: 16-bit integers as a
+    [rows, bytes per row] uint8 view (rows stay rows, for splits)."""
+    if t.dtype not in _NO_WIRE_TYPE:
+        return t
+    rows = t.shape[0] if t.dim() else 1
+    per_row = math.prod(t.shape[1:]) if t.dim() else 1
+    return t.contiguous().reshape(rows, per_row).view(torch.uint8)
+
+
+def _set_ranks(pid):
+    ranks = _binding.ffi.new("int32_t[]", basics.size())
+    n = _binding.check(_binding.lib.hvd_process_set_ranks(pid, ranks, basics.size()))
+    return [ranks[i] for i in range(n)]
+
+
+def _global_rank(job, set_rank):
+    if job["process_set"] == 0:
+        return set_rank
+    return _set_ranks(job["process_set"])[set_rank]
+
+
+engine_control.reset_hooks.append(_reset_compression)
+
+__all__ = ["start", "executor_for", "needs_staging", "backend_name", "nccl_usable", "mode", "Adasum"]
