@@ -363,12 +363,14 @@ void Engine::Stop(const Status& reason) {
   for (auto& set : sets_.All()) {
     for (auto& entry : set->queue().Close(reason)) entry.work->Fail(reason);
   }
-  device_jobs_.Close(reason);
   {
     std::lock_guard<std::mutex> lock(state_mutex_);
     stopped_ = true;
     stopped_status_ = reason;
   }
+  // After the stop is visible: a device tensor submitted now gets the
+  // engine's reason, not "no device executor".
+  device_jobs_.Close(reason);
   state_cv_.notify_all();
 }
 
@@ -413,14 +415,14 @@ Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
   Status s = CompleteRequest(&q, set->size());
   if (s.ok()) s = ValidateRequest(q, set->size());
   if (!s.ok()) return s;
+  // Bad input is reported as such even when the engine has stopped.
+  s = stopped_status();
+  if (!s.ok()) return s;
   if (q.device && !device_jobs_.enabled()) {
     return Status::InvalidArgument(
         "a device tensor was submitted, but no device executor runs in this process (the framework "
         "adapter starts one for its GPU tensors; hvdlite.torch does)");
   }
-  // Bad input is reported as such even when the engine has stopped.
-  s = stopped_status();
-  if (!s.ok()) return s;
   if (q.name.empty()) {
     q.name = set->NextAutoName(q.op);
     q.auto_named = true;

@@ -36,13 +36,22 @@ def _hvdlite():
 
 
 def _gpu_support(hvd):
-    fn = getattr(hvd, "nccl_built", None) if hvd is not None else None
-    if fn is None:
-        return "no"
+    """CUDA torch tensors run on torch.distributed's NCCL (docs/gpu.md): ask
+    torch (this imports it, the one framework import here: only torch knows
+    whether it has CUDA and NCCL)."""
+    if hvd is None or _dist_version(("torch",)) is None:
+        return "no", "no torch"
     try:
-        return "yes" if fn() else "no"
+        import torch
+        import torch.distributed as dist
+        if not torch.cuda.is_available():
+            return "no", "torch %s has no CUDA device here; CUDA tensors would be staged through the host" \
+                % torch.__version__
+        if not (dist.is_available() and dist.is_nccl_available()):
+            return "no", "torch has no NCCL; CUDA tensors are staged through the host"
+        return "yes", "torch.distributed, %d GPUs" % torch.cuda.device_count()
     except Exception as e:
-        return "unknown (%s)" % e
+        return "unknown", str(e)
 
 
 def _box(found):
@@ -62,7 +71,7 @@ def check_build():
         lines.append("    [X] %s (%s, launcher %s)" % (mpi.version or mpi.flavour, mpi.flavour, mpi.mpiexec))
     except MpiNotFound as e:
         lines.append("    [ ] none found: %s" % e)
-    gpu = _gpu_support(hvd)
-    lines += ["", "GPU support:", "    %s NCCL%s" % (_box(gpu == "yes"), "" if gpu in ("yes", "no") else " " + gpu)]
+    gpu, why = _gpu_support(hvd)
+    lines += ["", "GPU support:", "    %s NCCL for CUDA torch tensors (%s)" % (_box(gpu == "yes"), why)]
     lines += ["", "Compressors:", "    " + ", ".join(COMPRESSORS)]
     return "\n".join(lines)

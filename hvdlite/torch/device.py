@@ -173,7 +173,8 @@ class DeviceExecutor:
         self._groups = {}
         self._residuals = {}    # top-k error feedback: tensor name -> residual
         self._thread = None
-        self._stream = None
+        self._streams = {}      # CUDA device -> the executor's stream on it
+        self._last_device = None
 
     # ---- set-up -----------------------------------------------------------------
     def start(self):
@@ -232,6 +233,7 @@ class DeviceExecutor:
         token = next(self._tokens)
         pending = _Pending(src, output)
         if src.is_cuda:
+            self._last_device = src.device
             pending.ready = torch.cuda.Event()
             pending.ready.record(torch.cuda.current_stream(src.device))
         self._pending[token] = pending
@@ -279,18 +281,23 @@ class DeviceExecutor:
             entries = [(e, self._pending.pop(e["token"], None) if e["token"] else None)
                        for e in job["entries"]]
             run = getattr(self, "_" + job["op"])
-            if self._stream is None and self.backend == "nccl":
-                self._stream = torch.cuda.Stream()
             if self.backend == "nccl":
-                with torch.cuda.stream(self._stream):
-                    for _, p in entries:
-                        if p is not None and p.ready is not None:
-                            self._stream.wait_event(p.ready)
-                    run(job, entries)
-                    for _, p in entries:
-                        if p is not None:
-                            p.done = torch.cuda.Event()
-                            p.done.record(self._stream)
+                # The CUDA current device is per thread: take the tensors'.
+                cuda = next((p.input.device for _, p in entries if p is not None), None) or \
+                    self._last_device or torch.device("cuda", basics.local_rank() % torch.cuda.device_count())
+                with torch.cuda.device(cuda):
+                    stream = self._streams.get(cuda)
+                    if stream is None:
+                        stream = self._streams[cuda] = torch.cuda.Stream(cuda)
+                    with torch.cuda.stream(stream):
+                        for _, p in entries:
+                            if p is not None and p.ready is not None:
+                                stream.wait_event(p.ready)
+                        run(job, entries)
+                        for _, p in entries:
+                            if p is not None:
+                                p.done = torch.cuda.Event()
+                                p.done.record(stream)
             else:
                 run(job, entries)
             counts["device_jobs"] += 1

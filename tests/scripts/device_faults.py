@@ -33,10 +33,15 @@ def main():
     assert torch.equal(got, torch.full((1000,), float(n)))
     print("READY %d %d" % (r, os.getpid()), flush=True)
     if mode == "shutdown":
-        handles = [hvd.allreduce_async(torch.full((1 << 20,), float(r)), name="big.%d" % i)
-                   for i in range(20)]
+        # The first rank to shut down stops the others' engines too: a rank
+        # still submitting gets HvdliteShutdownError at once.
+        handles, completed, failed = [], 0, 0
+        for i in range(20):
+            try:
+                handles.append(hvd.allreduce_async(torch.full((1 << 20,), float(r)), name="big.%d" % i))
+            except hvdlite.HvdliteShutdownError:
+                failed += 1
         hvd.shutdown()
-        completed = failed = 0
         for h in handles:
             try:
                 out = hvd.synchronize(h)
