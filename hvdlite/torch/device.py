@@ -30,6 +30,7 @@ import json
 import math
 import os
 import socket
+import sys
 import threading
 import traceback
 from datetime import timedelta
@@ -93,7 +94,15 @@ def start():
     with _lock:
         if _executor is not None and _executor.alive():
             return _executor
-        _executor = DeviceExecutor(backend).start() if backend else None
+        _executor = None
+        if backend:
+            try:
+                _executor = DeviceExecutor(backend).start()
+            except exceptions.InvalidArgumentError as e:
+                if m != "auto":
+                    raise
+                # Asked for nothing in particular: CUDA tensors still work, staged.
+                sys.stderr.write("hvdlite: CUDA tensors will be copied through host memory: %s\n" % e)
         return _executor
 
 
