@@ -79,7 +79,7 @@ setup(
     cffi_modules=["build_engine.py:ffibuilder"],
     install_requires=["numpy>=1.23", "cffi>=1.16", "mpi4py>=3.1", "mpich"],
     extras_require={
-        "test": ["pytest>=7", "scikit-learn"],
+        "test": ["pytest>=7", "scikit-learn", "pyyaml"],
         "torch": ["torch>=2.1"],
         "tensorflow": ["tensorflow-cpu>=2.16"],
         "bench": ["matplotlib"],

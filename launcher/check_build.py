@@ -71,6 +71,10 @@ def check_build():
         lines.append("    [X] %s (%s, launcher %s)" % (mpi.version or mpi.flavour, mpi.flavour, mpi.mpiexec))
     except MpiNotFound as e:
         lines.append("    [ ] none found: %s" % e)
+    from .hosts import scheduler_description
+    scheduler = scheduler_description()
+    lines += ["", "Scheduler:", "    %s %s" % (_box(scheduler), scheduler or
+                                             "none seen (hosts come from -H, --hostfile, or this machine)")]
     gpu, why = _gpu_support(hvd)
     lines += ["", "GPU support:", "    %s NCCL for CUDA torch tensors (%s)" % (_box(gpu == "yes"), why)]
     lines += ["", "Compressors:", "    " + ", ".join(COMPRESSORS)]

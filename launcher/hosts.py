@@ -162,3 +162,39 @@ def slurm_np():
         if value.isdigit() and int(value) > 0:
             return int(value)
     return None
+
+
+# Where the Kubeflow MPI operator's launcher finds the MPIJob's hostfile (it
+# mounts /etc/mpi/hostfile and names it in the MPI implementation's variable).
+MPIJOB_HOSTFILE_VARS = ("OMPI_MCA_orte_default_hostfile", "HYDRA_HOST_FILE", "I_MPI_HYDRA_HOST_FILE")
+
+
+def scheduler_hostfile(environ=None):
+    """(variable, path) of a hostfile a scheduler named for this job's MPI
+    launcher (an MPIJob's /etc/mpi/hostfile), or None."""
+    environ = os.environ if environ is None else environ
+    for var in MPIJOB_HOSTFILE_VARS:
+        path = environ.get(var, "")
+        if path and os.path.isfile(path):
+            return var, path
+    return None
+
+
+def scheduler_description(environ=None):
+    """One line naming the scheduler this process runs under, or None."""
+    environ = os.environ if environ is None else environ
+    if environ.get("SLURM_JOB_ID"):
+        nodes = environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or "?"
+        tasks = environ.get("SLURM_NTASKS") or environ.get("SLURM_NPROCS") or "?"
+        return "SLURM job %s: %s tasks on %s nodes (%s)" % (
+            environ["SLURM_JOB_ID"], tasks, nodes, environ.get("SLURM_JOB_NODELIST", "?"))
+    found = scheduler_hostfile(environ)
+    if found:
+        var, path = found
+        try:
+            hosts = parse_hostfile(path)
+            what = "%d hosts, %d slots" % (len(hosts), total_slots(hosts))
+        except HostsError as e:
+            what = str(e)
+        return "hostfile %s from $%s (Kubeflow MPIJob or another scheduler): %s" % (path, var, what)
+    return None

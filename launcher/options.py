@@ -7,7 +7,8 @@ import sys
 
 from . import __version__
 from .engine_env import engine_env, user_env
-from .hosts import HostsError, describe, parse_hostfile, parse_hosts_arg, slurm_np, total_slots
+from .hosts import (HostsError, describe, parse_hostfile, parse_hosts_arg, scheduler_hostfile, slurm_np,
+                    total_slots)
 
 EPILOG = """\
 examples:
@@ -169,6 +170,11 @@ def _validate(parser, opts):
     hosts_text = opts.hosts_text
     if opts.hostfile and hosts_text:
         parser.error("give -H or --hostfile, not both")
+    if hosts_text is None and not opts.hostfile and not os.environ.get("SLURM_JOB_ID"):
+        # A Kubeflow MPIJob's launcher: its hostfile, as the MPI launcher would take it.
+        found = scheduler_hostfile()
+        if found:
+            opts.hostfile = found[1]
     try:
         if hosts_text is not None:
             opts.hosts = parse_hosts_arg(hosts_text)

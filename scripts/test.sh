@@ -9,6 +9,11 @@ if [ "$(id -u)" = 0 ] && ! command -v sshd >/dev/null && [ ! -x /usr/sbin/sshd ]
   apt-get update -qq && apt-get install -y -qq --no-install-recommends \
     openssh-server openssh-client iproute2 util-linux >/dev/null
 fi
+# The SLURM tests run a real slurmctld and slurmd on those hosts.
+if [ "$(id -u)" = 0 ] && ! command -v slurmctld >/dev/null && [ ! -x /usr/sbin/slurmctld ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    slurm-wlm munge >/dev/null
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q mpich mpi4py cffi setuptools wheel numpy

@@ -544,3 +544,45 @@ def test_hosts_version_service_answers_the_version():
         assert service.serve_on("127.0.0.1") == address     # same address: same server
     finally:
         service.close()
+
+
+# ---- clusters -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("var", hosts.MPIJOB_HOSTFILE_VARS)
+def test_mpijob_hostfile_is_taken_without_h(tmp_path, monkeypatch, var):
+    f = tmp_path / "hostfile"
+    f.write_text("hvdlite-train-worker-0.hvdlite-train-worker.default.svc slots=2\n"
+                 "hvdlite-train-worker-1.hvdlite-train-worker.default.svc:2\n")
+    for v in hosts.MPIJOB_HOSTFILE_VARS + ("SLURM_JOB_ID",):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv(var, str(f))
+    opts = options.parse_args(["python", "x.py"])
+    assert [(h.name, h.slots) for h in opts.hosts] == [
+        ("hvdlite-train-worker-0.hvdlite-train-worker.default.svc", 2),
+        ("hvdlite-train-worker-1.hvdlite-train-worker.default.svc", 2)] and opts.np == 4
+    assert "2 hosts, 4 slots" in hosts.scheduler_description()
+    # -H still wins
+    assert [h.name for h in options.parse_args(["-H", "a:2", "python", "x.py"]).hosts] == ["a"]
+
+
+def test_slurm_allocation_is_described(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
+    assert hosts.scheduler_description() == "SLURM job 12: 4 tasks on 2 nodes (node[1-2])"
+
+
+def test_mpijob_manifest_in_docs_is_an_mpijob():
+    yaml = pytest.importorskip("yaml") if not REQUIRE_ALL else importlib.import_module("yaml")
+    text = open(os.path.join(REPO, "docs", "launcher.md")).read()
+    blocks = [b for b in text.split("```yaml\n")[1:]]
+    manifests = [yaml.safe_load(b.split("```")[0]) for b in blocks]
+    jobs = [m for m in manifests if isinstance(m, dict) and m.get("kind") == "MPIJob"]
+    assert len(jobs) == 1, manifests
+    job = jobs[0]
+    assert job["apiVersion"] == "kubeflow.org/v2beta1"
+    spec = job["spec"]
+    assert set(spec["mpiReplicaSpecs"]) == {"Launcher", "Worker"} and spec["slotsPerWorker"] >= 1
+    launcher = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    assert launcher["command"][0] == "hvdrun" and "pytorch_digits.py" in launcher["command"][-1]
