@@ -202,17 +202,30 @@ void WithOp(ReduceOp op, F f) {
 
 // out = post(src[0] op src[1] op ...); `post` (the caller's scale) is folded
 // into the last pass instead of a pass of its own.
+// The last pass writes `copy` too, when there is one: each element is read
+// before it is written, so `copy` may alias a source.
 template <typename T, typename F, typename Post>
-void ReduceAll(const std::vector<const uint8_t*>& src, void* out_bytes, int64_t n, F f, Post post) {
+void ReduceAll(const std::vector<const uint8_t*>& src, void* out_bytes, int64_t n, F f, Post post,
+               void* copy_bytes) {
   T* out = static_cast<T*>(out_bytes);
+  T* copy = static_cast<T*>(copy_bytes);
   const T* a = reinterpret_cast<const T*>(src[0]);
   if (src.size() == 1) {
     for (int64_t i = 0; i < n; ++i) out[i] = post(a[i]);
+    if (copy) std::memcpy(copy, out, static_cast<size_t>(n) * sizeof(T));
     return;
   }
   const T* b = reinterpret_cast<const T*>(src[1]);
   if (src.size() == 2) {
-    for (int64_t i = 0; i < n; ++i) out[i] = post(f(a[i], b[i]));
+    if (copy) {
+      for (int64_t i = 0; i < n; ++i) {
+        const T v = post(f(a[i], b[i]));
+        out[i] = v;
+        copy[i] = v;
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i) out[i] = post(f(a[i], b[i]));
+    }
     return;
   }
   for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
@@ -221,17 +234,25 @@ void ReduceAll(const std::vector<const uint8_t*>& src, void* out_bytes, int64_t 
     for (int64_t i = 0; i < n; ++i) out[i] = f(out[i], c[i]);
   }
   const T* last = reinterpret_cast<const T*>(src.back());
-  for (int64_t i = 0; i < n; ++i) out[i] = post(f(out[i], last[i]));
+  if (copy) {
+    for (int64_t i = 0; i < n; ++i) {
+      const T v = post(f(out[i], last[i]));
+      out[i] = v;
+      copy[i] = v;
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = post(f(out[i], last[i]));
+  }
 }
 
 template <typename T>
 void ReduceTyped(const std::vector<const uint8_t*>& src, void* out, int64_t n, ReduceOp op,
-                 double scale) {
+                 double scale, void* copy) {
   WithOp<T>(op, [&](auto f) {
     if (scale == 1.0) {
-      ReduceAll<T>(src, out, n, f, [](T x) { return x; });
+      ReduceAll<T>(src, out, n, f, [](T x) { return x; }, copy);
     } else {
-      ReduceAll<T>(src, out, n, f, [scale](T x) { return Scaled(x, scale); });
+      ReduceAll<T>(src, out, n, f, [scale](T x) { return Scaled(x, scale); }, copy);
     }
   });
 }
@@ -310,11 +331,11 @@ void ReduceInto(const void* in, void* inout, int64_t n, DataType dtype, ReduceOp
   // Operand order as MPI applies a user op: in op inout.
   const std::vector<const uint8_t*> src = {static_cast<const uint8_t*>(in),
                                            static_cast<const uint8_t*>(inout)};
-  Dispatch(dtype, [&](auto tag) { ReduceTyped<decltype(tag)>(src, inout, n, op, 1.0); });
+  Dispatch(dtype, [&](auto tag) { ReduceTyped<decltype(tag)>(src, inout, n, op, 1.0, nullptr); });
 }
 
 void ReduceSources(const std::vector<const uint8_t*>& src, void* out, int64_t n, DataType dtype,
-                   ReduceOp op, double scale) {
+                   ReduceOp op, double scale, void* copy) {
   if (n <= 0) return;
   if (Is16BitFloat(dtype)) {
     auto* acc = static_cast<uint16_t*>(out);
@@ -323,9 +344,10 @@ void ReduceSources(const std::vector<const uint8_t*>& src, void* out, int64_t n,
       Reduce16(reinterpret_cast<const uint16_t*>(src[k]), acc, n, dtype, op);
     }
     if (scale != 1.0) CopyScaled(acc, acc, n, dtype, scale);
+    if (copy) std::memcpy(copy, acc, static_cast<size_t>(n) * sizeof(uint16_t));
     return;
   }
-  Dispatch(dtype, [&](auto tag) { ReduceTyped<decltype(tag)>(src, out, n, op, scale); });
+  Dispatch(dtype, [&](auto tag) { ReduceTyped<decltype(tag)>(src, out, n, op, scale, copy); });
 }
 
 }  // namespace hvdlite

@@ -41,7 +41,9 @@ void ReduceInto(const void* in, void* inout, int64_t n, DataType dtype, ReduceOp
 // out = scale * (src[0] op src[1] op ... op src[k-1]), combined in that order
 // so every rank that runs it computes the same bits; the scale uses the
 // arithmetic of CopyScaled (scale.h). `out` may alias src[0]. k >= 1.
+// `copy`, when given, receives the same result in the same pass (it may alias
+// any source, not `out`): one read of the result fewer than a memcpy after.
 void ReduceSources(const std::vector<const uint8_t*>& src, void* out, int64_t n, DataType dtype,
-                   ReduceOp op, double scale);
+                   ReduceOp op, double scale, void* copy = nullptr);
 
 }  // namespace hvdlite

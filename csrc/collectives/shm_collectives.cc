@@ -308,13 +308,13 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
       for (int r = 0; r < size_; ++r) {
         sources_[static_cast<size_t>(r)] = r == rank_ ? mine : slot(r, seq) + lo * elem;
       }
-      // Summed into the shared result first, then copied out: the output
-      // may be the input this rank just read from.
+      // Summed into the shared result for the peers and, in the same pass,
+      // into this rank's output (which may be the input it reads: each
+      // element is read before it is written).
       uint8_t* result = result_slot(rank_, seq) + lo * elem;
-      ReduceSources(sources_, result, hi - lo, dtype, op, scale);
+      ReduceSources(sources_, result, hi - lo, dtype, op, scale, out + (reduced * per_chunk + lo) * elem);
       control(rank_)->reduced.store(seq, std::memory_order_release);
       Signal();
-      std::memcpy(out + (reduced * per_chunk + lo) * elem, result, static_cast<size_t>((hi - lo) * elem));
       ++reduced;
     } else if (can_copy()) {
       const uint64_t seq = seq_of(copied);
