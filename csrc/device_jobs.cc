@@ -137,7 +137,6 @@ std::string DeviceJobQueue::Describe(const DeviceJob& job) {
   AppendInt(&out, job.set_size);
   out += ",\"reduce_op\":";
   AppendInt(&out, static_cast<int64_t>(q.reduce_op));
-  out += ",\"prescale\":" + Number(q.prescale) + ",\"postscale\":" + Number(q.postscale);
   out += ",\"root\":";
   AppendInt(&out, q.root_rank);
   out += ",\"compression\":";

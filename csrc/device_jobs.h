@@ -57,9 +57,10 @@ class DeviceJobQueue {
   void Close(const Status& reason);
 
   // The job as the executor reads it: {"id", "op", "process_set",
-  // "set_rank", "set_size", "reduce_op", "prescale", "postscale", "root",
-  // "compression", "topk_ratio", "error_feedback", "rows", "splits",
-  // "entries": [{"token", "name", "dtype", "shape"}]}. "token" is the
+  // "set_rank", "set_size", "reduce_op", "root", "compression",
+  // "topk_ratio", "error_feedback", "rows", "splits", "entries": [{"token",
+  // "name", "dtype", "shape", "prescale", "postscale"}]} (an allreduce job's
+  // tensors may differ in their factors). "token" is the
   // address the front end passed as input (its own key for the tensor; 0 for
   // the zeros of a rank that has joined).
   static std::string Describe(const DeviceJob& job);

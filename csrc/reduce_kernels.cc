@@ -200,10 +200,23 @@ void WithOp(ReduceOp op, F f) {
   }
 }
 
+// The final pass: out[i] = value(i), and copy[i] too when there is a copy.
+// Each element is read before it is written, so `copy` may alias a source.
+template <typename T, typename V>
+void FinalPass(T* out, T* copy, int64_t n, V value) {
+  if (copy == nullptr) {
+    for (int64_t i = 0; i < n; ++i) out[i] = value(i);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const T v = value(i);
+    out[i] = v;
+    copy[i] = v;
+  }
+}
+
 // out = post(src[0] op src[1] op ...); `post` (the caller's scale) is folded
-// into the last pass instead of a pass of its own.
-// The last pass writes `copy` too, when there is one: each element is read
-// before it is written, so `copy` may alias a source.
+// into the last pass instead of a pass of its own, and so is the copy.
 template <typename T, typename F, typename Post>
 void ReduceAll(const std::vector<const uint8_t*>& src, void* out_bytes, int64_t n, F f, Post post,
                void* copy_bytes) {
@@ -211,21 +224,12 @@ void ReduceAll(const std::vector<const uint8_t*>& src, void* out_bytes, int64_t 
   T* copy = static_cast<T*>(copy_bytes);
   const T* a = reinterpret_cast<const T*>(src[0]);
   if (src.size() == 1) {
-    for (int64_t i = 0; i < n; ++i) out[i] = post(a[i]);
-    if (copy) std::memcpy(copy, out, static_cast<size_t>(n) * sizeof(T));
+    FinalPass(out, copy, n, [&](int64_t i) { return post(a[i]); });
     return;
   }
   const T* b = reinterpret_cast<const T*>(src[1]);
   if (src.size() == 2) {
-    if (copy) {
-      for (int64_t i = 0; i < n; ++i) {
-        const T v = post(f(a[i], b[i]));
-        out[i] = v;
-        copy[i] = v;
-      }
-    } else {
-      for (int64_t i = 0; i < n; ++i) out[i] = post(f(a[i], b[i]));
-    }
+    FinalPass(out, copy, n, [&](int64_t i) { return post(f(a[i], b[i])); });
     return;
   }
   for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
@@ -234,15 +238,7 @@ void ReduceAll(const std::vector<const uint8_t*>& src, void* out_bytes, int64_t 
     for (int64_t i = 0; i < n; ++i) out[i] = f(out[i], c[i]);
   }
   const T* last = reinterpret_cast<const T*>(src.back());
-  if (copy) {
-    for (int64_t i = 0; i < n; ++i) {
-      const T v = post(f(out[i], last[i]));
-      out[i] = v;
-      copy[i] = v;
-    }
-  } else {
-    for (int64_t i = 0; i < n; ++i) out[i] = post(f(out[i], last[i]));
-  }
+  FinalPass(out, copy, n, [&](int64_t i) { return post(f(out[i], last[i])); });
 }
 
 template <typename T>

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from hvdlite import _binding, basics, engine_control, exceptions
-from hvdlite.request import Adasum, Average, Max, Min, Product, Sum
+from hvdlite.request import Average, Max, Min, Product, Sum
 
 MODE_VAR = "HVDLITE_DEVICE_TRANSPORT"
 MODES = ("auto", "nccl", "gloo", "host")
@@ -56,6 +56,7 @@ _NEXT_JOB_WAIT_S = 0.2      # the executor checks for a stop this often while id
 
 _executor = None
 _lock = threading.Lock()
+_staging_all = False    # mode "host", read at start(): needs_staging runs once per tensor
 # What went where, for users and tests: jobs the executor ran, tensors staged.
 counts = {"device_jobs": 0, "staged": 0}
 
@@ -78,8 +79,9 @@ def nccl_usable():
 def start():
     """After hvdlite.init(): starts the executor where this job needs one
     (collective: every rank decides the same from the same settings)."""
-    global _executor
+    global _executor, _staging_all
     m = mode()
+    _staging_all = m == "host"
     backend = None
     if m == "gloo":
         backend = "gloo"
@@ -153,7 +155,7 @@ def needs_staging(tensor):
         return False
     if tensor.device.type != "cpu":
         return executor_for(tensor) is None
-    return mode() == "host"
+    return _staging_all
 
 
 def backend_name():
@@ -492,4 +494,4 @@ def _global_rank(job, set_rank):
 
 engine_control.reset_hooks.append(_reset_compression)
 
-__all__ = ["start", "executor_for", "needs_staging", "backend_name", "nccl_usable", "mode", "Adasum"]
+__all__ = ["start", "stop", "executor_for", "needs_staging", "backend_name", "nccl_usable", "mode", "counts"]

@@ -158,10 +158,11 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
                          prescale=request.factor(prescale_factor, "prescale_factor", what),
                          postscale=request.factor(postscale_factor, "postscale_factor", what),
                          compression=spec, process_set=pid)
-    if device.needs_staging(tensor) or tensor.device.type != "cpu":
+    # Adasum runs on host memory: a CUDA tensor goes there even with an executor.
+    if device.needs_staging(tensor) or (op == Adasum and tensor.device.type != "cpu"):
         return _staged(tensor, lambda host: _allreduce_async(
             host, host, name, op, prescale_factor, postscale_factor, process_set, compression, what),
-            target=output if output is not None else None)
+            target=output)
     if tensor.is_contiguous():
         src = tensor
     else:
