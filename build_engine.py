@@ -133,8 +133,13 @@ ENGINE_SOURCES = [
     "collectives/ring_transport.cc",
     "collectives/shm_collectives.cc",
     "collectives/shm_transport.cc",
+    "compressors/bf16.cc",
+    "compressors/density_warmup.cc",
     "compressors/error_feedback.cc",
     "compressors/fp16.cc",
+    "compressors/momentum_correction.cc",
+    "compressors/norm_clip.cc",
+    "compressors/powersgd.cc",
     "compressors/registry.cc",
     "compressors/topk.cc",
 ]

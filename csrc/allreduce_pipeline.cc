@@ -38,6 +38,7 @@ struct AllreducePipeline::Bucket {
   CompressionType compression = CompressionType::kNone;
   bool direct = false;  // one tensor straight from its own buffers
   bool across_hosts = false;  // compressed between hosts only: staged dense
+  bool exchange = false;      // the compressor's own exchange (PowerSGD): staged dense
   HostLevels levels;
   int slot = 0;
   int64_t count = 0;      // elements
@@ -53,8 +54,16 @@ struct AllreducePipeline::Bucket {
 Status AllreducePipeline::Run(ProcessSet& set, const std::vector<TensorEntry*>& entries) {
   const Request& first = entries[0]->request;
   Compressor* compressor = ctx_->compressors.For(EffectiveCompression(first));
+  const bool exchange = compressor && compressor->wire() == Compressor::Wire::kExchange;
   HostLevels levels;
-  const bool across_hosts = compressor && set.transport().GetHostLevels(&levels);
+  // An exchange of its own runs over the whole set (PowerSGD's factors
+  // describe whole matrices, not a host's block of them).
+  const bool across_hosts = compressor && !exchange && set.transport().GetHostLevels(&levels);
+  if (compressor && !across_hosts) {  // between hosts, each block begins its own round
+    std::vector<Segment> segs;
+    for (TensorEntry* e : entries) segs.push_back(SegmentOf(*e, 0));
+    compressor->BeginRound(segs);
+  }
   const bool widen = Is16BitFloat(first.dtype);
   const int64_t staged_elem = (compressor || widen) ? 4 : static_cast<int64_t>(DataTypeSize(first.dtype));
   std::vector<PlanItem> items;
@@ -64,7 +73,7 @@ Status AllreducePipeline::Run(ProcessSet& set, const std::vector<TensorEntry*>& 
     item.bytes = item.count * staged_elem;
     // Top-k's wire form (value + index) is larger than the dense input at
     // high ratios; the bucket must fit one wire call too.
-    if (compressor && !across_hosts) {
+    if (compressor && !across_hosts && !exchange) {
       item.bytes = std::max<int64_t>(item.bytes, compressor->CompressedBytes(OneSegment(*e, item.count)));
     }
     items.push_back(item);
@@ -97,6 +106,7 @@ Status AllreducePipeline::Run(ProcessSet& set, const std::vector<TensorEntry*>& 
     b.compression = EffectiveCompression(first).type;
     b.direct = plan.kind == BucketPlan::Kind::kDirect;
     b.across_hosts = across_hosts;
+    b.exchange = exchange;
     b.levels = levels;
     b.count = plan.count;
     b.slot = static_cast<int>(buckets.size() - 1) % FusionBuffer::kSlots;
@@ -126,7 +136,7 @@ Status AllreducePipeline::Prepare(ProcessSet& set, Bucket& b, TransportWork* in_
     b.recv = e.output;
     return Status::OK();
   }
-  if (b.compressor == nullptr || b.across_hosts) {
+  if (b.compressor == nullptr || b.across_hosts || b.exchange) {
     const bool widen = Is16BitFloat(b.dtype);
     const int64_t elem = widen ? 4 : static_cast<int64_t>(DataTypeSize(b.dtype));
     b.staged = ctx_->buffers.Get(FusionBuffer::kSend, b.slot, static_cast<size_t>(b.count * elem));
@@ -188,14 +198,22 @@ Status AllreducePipeline::Start(ProcessSet& set, Bucket& b) {
     b.activity = wire.Activity(OpType::kAllreduce, DataType::kFloat32, ReduceOp::kSum);
     ctx_->Phase(b.entries, b.activity, true);
     std::vector<Segment> segs;
-    for (size_t i = 0; i < b.entries.size(); ++i) {
-      const TensorEntry& e = *b.entries[i];
-      segs.push_back(Segment{e.request.name, b.offsets[i], NumElements(e.request.shape)});
-    }
+    for (size_t i = 0; i < b.entries.size(); ++i) segs.push_back(SegmentOf(*b.entries[i], b.offsets[i]));
     int64_t sent = 0;
     b.work = std::make_unique<DoneWork>(across_hosts_.Run(b.levels, b.compressor,
                                                           reinterpret_cast<float*>(b.staged), b.count,
                                                           segs, &sent));
+    b.wire_bytes = static_cast<size_t>(sent);
+    stats->Add(WireBytes(stats, b.compression), sent);
+  } else if (b.exchange) {
+    // Synchronous too: its collectives depend on each other.
+    b.activity = wire.Activity(OpType::kAllreduce, DataType::kFloat32, ReduceOp::kSum);
+    ctx_->Phase(b.entries, b.activity, true);
+    std::vector<Segment> segs;
+    for (size_t i = 0; i < b.entries.size(); ++i) segs.push_back(SegmentOf(*b.entries[i], b.offsets[i]));
+    int64_t sent = 0;
+    b.work = std::make_unique<DoneWork>(
+        b.compressor->Exchange(wire, reinterpret_cast<float*>(b.staged), segs, &sent));
     b.wire_bytes = static_cast<size_t>(sent);
     stats->Add(WireBytes(stats, b.compression), sent);
   } else if (b.compressor != nullptr && b.compressor->wire() == Compressor::Wire::kAllgather) {
@@ -234,7 +252,7 @@ Status AllreducePipeline::Finish(ProcessSet& set, Bucket& b, TransportWork* in_f
   const int size = set.size();
   if (b.direct) {
     // Reduced and scaled in place by the wire.
-  } else if (b.compressor == nullptr || b.across_hosts) {
+  } else if (b.compressor == nullptr || b.across_hosts || b.exchange) {
     ctx_->Phase(b.entries, activity::kMemcpyOutFusionBuffer, true);
     const bool widen = Is16BitFloat(b.dtype);
     const int64_t elem = widen ? 4 : static_cast<int64_t>(DataTypeSize(b.dtype));

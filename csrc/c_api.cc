@@ -39,6 +39,37 @@ Runtime& runtime() {
 
 std::atomic<bool> g_in_forked_child{false};
 
+// Compressors with options, by id - kConfigBase (hvd_compression_config).
+// Process-wide and append-only, outside the engine: ids stay valid across
+// shutdown() and init() (elastic restarts), like the front ends that hold them.
+constexpr int32_t kConfigBase = 1024;
+struct CompressionConfigs {
+  std::mutex mutex;
+  std::vector<hvdlite::CompressionSpec> specs;
+};
+CompressionConfigs& compression_configs() {
+  static CompressionConfigs* c = new CompressionConfigs();
+  return *c;
+}
+
+// The spec a request's compression fields name; false for an unknown code or id.
+bool ResolveCompression(int32_t code, double topk_ratio, int32_t error_feedback, hvdlite::CompressionSpec* out) {
+  if (code >= kConfigBase) {
+    CompressionConfigs& c = compression_configs();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    const size_t index = static_cast<size_t>(code - kConfigBase);
+    if (index >= c.specs.size()) return false;
+    *out = c.specs[index];
+    return true;
+  }
+  if (!hvdlite::IsValidCompression(code)) return false;
+  *out = hvdlite::CompressionSpec();
+  out->type = static_cast<CompressionType>(code);
+  out->topk_ratio = topk_ratio;
+  out->error_feedback = error_feedback != 0;
+  return true;
+}
+
 thread_local std::string t_last_error;
 thread_local int t_last_error_kind = 0;
 
@@ -185,7 +216,8 @@ int64_t hvd_enqueue(const hvd_tensor_request* r) {
   if (r->ndim < 0 || (r->ndim > 0 && r->shape == nullptr)) {
     return SetError(ErrorKind::kInvalidArgument, "invalid shape");
   }
-  if (!hvdlite::IsValidCompression(r->compression)) {
+  hvdlite::CompressionSpec compression;
+  if (!ResolveCompression(r->compression, r->topk_ratio, r->error_feedback, &compression)) {
     return SetError(ErrorKind::kInvalidArgument, "unknown compression code");
   }
   hvdlite::EnqueueArgs args;
@@ -208,9 +240,7 @@ int64_t hvd_enqueue(const hvd_tensor_request* r) {
       q.splits.assign(r->splits, r->splits + r->nsplits);
     }
   }
-  q.compression.type = static_cast<CompressionType>(r->compression);
-  q.compression.topk_ratio = r->topk_ratio;
-  q.compression.error_feedback = r->error_feedback != 0;
+  q.compression = compression;
   args.process_set = r->process_set;
   q.device = r->device != 0;
   args.input = r->input;
@@ -433,6 +463,30 @@ const char* hvd_engine_stats_names(void) {
 }
 
 int32_t hvd_compression_code(const char* name) { return hvdlite::CompressionCode(name ? name : ""); }
+
+int32_t hvd_compression_config(int32_t kind, double topk_ratio, int32_t error_feedback, double momentum,
+                               int64_t warmup_steps, double clip_norm, int32_t rank, int64_t start_iter) {
+  if (!hvdlite::IsValidCompression(kind)) return SetError(ErrorKind::kInvalidArgument, "unknown compression code");
+  hvdlite::CompressionSpec spec;
+  spec.type = static_cast<CompressionType>(kind);
+  spec.topk_ratio = topk_ratio;
+  spec.error_feedback = error_feedback != 0;
+  spec.momentum = momentum;
+  spec.warmup_steps = warmup_steps;
+  spec.clip_norm = clip_norm;
+  spec.rank = rank;
+  spec.start_iter = start_iter;
+  // The arguments' own checks, on a float32 tensor of one element.
+  const std::string error = hvdlite::CheckCompression(spec, OpType::kAllreduce, DataType::kFloat32, 1);
+  if (!error.empty()) return SetError(ErrorKind::kInvalidArgument, error);
+  CompressionConfigs& c = compression_configs();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  for (size_t i = 0; i < c.specs.size(); ++i) {
+    if (c.specs[i] == spec) return kConfigBase + static_cast<int32_t>(i);
+  }
+  c.specs.push_back(spec);
+  return kConfigBase + static_cast<int32_t>(c.specs.size() - 1);
+}
 
 int hvd_reset_compression_state(void) {
   auto engine = CurrentEngine();

@@ -113,6 +113,14 @@ int hvd_engine_stats(int64_t* values, int32_t capacity);
 const char* hvd_engine_stats_names(void);
 /* The code of the compressor called `name` ("none", "fp16", "topk", ...), -1 if none is. */
 int32_t hvd_compression_code(const char* name);
+/* A compressor with options (top-k's momentum correction, warm-up and
+   clipping; PowerSGD's rank and start): registered once per process, then
+   named by the returned id (>= 1024) in a request's `compression` field, as
+   process sets are named by theirs; the request's topk_ratio and
+   error_feedback are then ignored. The same arguments give the same id.
+   Returns the negated ErrorKind when the kind or an argument is invalid. */
+int32_t hvd_compression_config(int32_t kind, double topk_ratio, int32_t error_feedback, double momentum,
+                               int64_t warmup_steps, double clip_norm, int32_t rank, int64_t start_iter);
 int hvd_reset_compression_state(void);
 /* Timeline: "%r" in the path becomes the rank; without it only rank 0 writes. */
 int hvd_start_timeline(const char* path, int mark_cycles);

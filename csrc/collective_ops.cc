@@ -144,6 +144,7 @@ Status CompressedReducescatter(OperationContext& ctx, ProcessSet& set, TensorEnt
     src = ctx.scratch_in.data();
   }
   const auto segs = OneSegment(e, count);
+  c->BeginRound(segs);
   const size_t wire_bytes = c->CompressedBytes(segs);
   uint8_t* staged = ctx.buffers.Get(FusionBuffer::kSend, 0, wire_bytes);
   if (!staged) return OutOfMemory("a compression buffer", wire_bytes);

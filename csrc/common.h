@@ -54,6 +54,8 @@ enum class CompressionType : int32_t {
   kNone = 0,
   kFP16 = 1,
   kTopK = 2,
+  kBF16 = 3,
+  kPowerSGD = 4,
 };
 constexpr int kMaxCompressionKinds = 16;
 

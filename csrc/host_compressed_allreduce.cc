@@ -38,6 +38,7 @@ Status HostCompressedAllreduce::Run(const HostLevels& levels, Compressor* compre
   if (!s.ok()) return s;
 
   BlockSegments(segs, lo, lo + mine);
+  compressor->BeginRound(block_segs_);  // a block's part is its own tensor here
   const size_t bytes = compressor->CompressedBytes(block_segs_);
   wire_.resize(std::max<size_t>(bytes, 1));
   const size_t sent = compressor->Compress(block_.data(), block_segs_, wire_.data());

@@ -75,6 +75,11 @@ void PutCompression(Writer& w, const CompressionSpec& c) {
   w.Put<int32_t>(static_cast<int32_t>(c.type));
   w.Put<double>(c.topk_ratio);
   w.Put<uint8_t>(c.error_feedback ? 1 : 0);
+  w.Put<double>(c.momentum);
+  w.Put<int64_t>(c.warmup_steps);
+  w.Put<double>(c.clip_norm);
+  w.Put<int32_t>(c.rank);
+  w.Put<int64_t>(c.start_iter);
 }
 
 CompressionSpec GetCompression(Reader& r) {
@@ -82,6 +87,11 @@ CompressionSpec GetCompression(Reader& r) {
   c.type = static_cast<CompressionType>(r.Get<int32_t>());
   c.topk_ratio = r.Get<double>();
   c.error_feedback = r.Get<uint8_t>() != 0;
+  c.momentum = r.Get<double>();
+  c.warmup_steps = r.Get<int64_t>();
+  c.clip_norm = r.Get<double>();
+  c.rank = r.Get<int32_t>();
+  c.start_iter = r.Get<int64_t>();
   return c;
 }
 

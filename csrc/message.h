@@ -10,13 +10,26 @@
 
 namespace hvdlite {
 
+// A compressor and its arguments; each kind reads the fields it has
+// (compressors/registry.h) and leaves the others at their defaults.
 struct CompressionSpec {
   CompressionType type = CompressionType::kNone;
   double topk_ratio = 0.0;
   bool error_feedback = false;
+  // Top-k's Deep Gradient Compression decorators (0: off): the optimizer's
+  // momentum, applied before selection; steps from dense to topk_ratio; the
+  // largest L2 norm of a tensor's gradient on one rank.
+  double momentum = 0.0;
+  int64_t warmup_steps = 0;
+  double clip_norm = 0.0;
+  // PowerSGD: rank of the approximation, and rounds reduced dense first.
+  int32_t rank = 0;
+  int64_t start_iter = 0;
 
   bool operator==(const CompressionSpec& o) const {
-    return type == o.type && topk_ratio == o.topk_ratio && error_feedback == o.error_feedback;
+    return type == o.type && topk_ratio == o.topk_ratio && error_feedback == o.error_feedback &&
+           momentum == o.momentum && warmup_steps == o.warmup_steps && clip_norm == o.clip_norm &&
+           rank == o.rank && start_iter == o.start_iter;
   }
   bool operator!=(const CompressionSpec& o) const { return !(*this == o); }
   std::string ToString() const;

@@ -76,8 +76,15 @@ CompressionSpec EffectiveCompression(const Request& q) {
   return q.dtype == DataType::kFloat32 ? q.compression : CompressionSpec();
 }
 
+Segment SegmentOf(const TensorEntry& e, int64_t offset) {
+  const auto& shape = e.request.shape;
+  return Segment{e.request.name, offset, NumElements(shape), shape.size() >= 2 ? shape[0] : 0};
+}
+
 std::vector<Segment> OneSegment(const TensorEntry& e, int64_t count) {
-  return {Segment{e.request.name, 0, count}};
+  Segment s = SegmentOf(e, 0);
+  s.count = count;
+  return {s};
 }
 
 }  // namespace hvdlite

@@ -54,5 +54,7 @@ Status OutOfMemory(const std::string& what, size_t bytes);
 CompressionSpec EffectiveCompression(const Request& q);
 // The tensor as the one segment of its own wire form (residuals follow names).
 std::vector<Segment> OneSegment(const TensorEntry& e, int64_t count);
+// The tensor as a segment of a buffer, at `offset` elements.
+Segment SegmentOf(const TensorEntry& e, int64_t offset);
 
 }  // namespace hvdlite

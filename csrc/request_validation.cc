@@ -63,7 +63,7 @@ Status Adasum(const Request& q, int set_size) {
 
 Status Compression(const Request& q, int) {
   const auto& c = q.compression;
-  const std::string error = CheckCompression(c, q.dtype, NumElements(q.shape));
+  const std::string error = CheckCompression(c, q.op, q.dtype, NumElements(q.shape));
   if (!error.empty()) return Fail(error);
   if (c.type != CompressionType::kNone && q.reduce_op != ReduceOp::kSum &&
       q.reduce_op != ReduceOp::kAverage) {

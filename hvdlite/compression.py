@@ -1,9 +1,10 @@
 """Gradient compression, run inside the engine on every reducing collective.
 
-Pass ``compression=Compression.fp16`` (or ``Compression.topk(0.01)``) to
-``allreduce``/``grouped_allreduce``/``reducescatter`` or to a
-``DistributedOptimizer``. The engine compresses fused buffers on the way to
-the wire and decompresses on the way back; nothing happens in Python.
+Pass ``compression=Compression.fp16`` (or ``.bf16``, ``Compression.topk(0.01)``,
+``Compression.powersgd(rank=2)``) to ``allreduce``/``grouped_allreduce``/
+``reducescatter`` or to a ``DistributedOptimizer``. The engine compresses fused
+buffers on the way to the wire and decompresses on the way back; nothing
+happens in Python.
 
 The compressors also have Horovod's methods, ``compress(tensor) -> (tensor,
 ctx)`` and ``decompress(tensor, ctx)``, on torch, TensorFlow and NumPy
@@ -26,6 +27,14 @@ def _framework_cast(tensor, dtype_name):
     if tf is not None and (tf.is_tensor(tensor) or isinstance(tensor, tf.Variable)):
         return tf.cast(tensor, getattr(tf, dtype_name))
     import numpy as np
+    if dtype_name == "bfloat16" or str(getattr(tensor, "dtype", "")) == "bfloat16":
+        try:
+            import ml_dtypes  # noqa: F401  (NumPy's bfloat16 comes from it)
+        except ImportError:
+            raise exceptions.InvalidArgumentError(
+                "bfloat16 NumPy arrays need the ml_dtypes package (pip install ml_dtypes); "
+                "the engine's Compression.bf16 itself does not") from None
+        return np.asarray(tensor).astype(ml_dtypes.bfloat16 if dtype_name == "bfloat16" else dtype_name)
     return np.asarray(tensor).astype(dtype_name)
 
 
@@ -103,38 +112,166 @@ class FP16Compressor(Compressor):
         return "Compression.fp16"
 
 
+class BF16Compressor(Compressor):
+    """float32 gradients cross the wire as bfloat16 and are summed in float32
+    precision; half the bytes, float32's range (no overflow where fp16 would
+    overflow), 8 bits of mantissa."""
+
+    kind = "bf16"
+
+    @staticmethod
+    def compress(tensor):
+        """Floating-point tensors become bfloat16 (ctx: the original dtype);
+        others pass unchanged. NumPy has no bfloat16 of its own: there it
+        needs the ``ml_dtypes`` package (TensorFlow installs it)."""
+        name = _dtype_name(tensor)
+        if name in _FLOAT_NAMES and name != "bfloat16":
+            return _framework_cast(tensor, "bfloat16"), name
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor if ctx is None else _framework_cast(tensor, ctx)
+
+    def __repr__(self):
+        return "Compression.bf16"
+
+
+def _number(value, what):
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise exceptions.InvalidArgumentError(f"{what} must be a number, not {value!r}") from None
+    if math.isnan(value):
+        raise exceptions.InvalidArgumentError(f"{what} must be a number, not nan")
+    return value
+
+
+def _count(value, what):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise exceptions.InvalidArgumentError(f"{what} must be an integer >= 0, not {value!r}")
+    return value
+
+
 class TopKCompressor(Compressor):
     """Each rank sends its ceil(ratio * n) largest-magnitude entries with their
     indices (tensors of fewer than 1024 entries whole); with error feedback the
-    rest is kept and added to the next step."""
+    rest is kept and added to the next step.
+
+    Deep Gradient Compression's additions (Lin et al., 2018), each a
+    decorator around top-k in the engine:
+
+    - ``momentum_correction``: the optimizer's momentum applied per rank
+      before selection (velocity u = m u + g feeds the accumulation), and a
+      sent entry's velocity cleared (momentum factor masking). ``True`` takes
+      it from the optimizer that a ``DistributedOptimizer`` wraps (and sets
+      that optimizer's own momentum to 0); a number gives it directly (then
+      apply the result with plain SGD). Needs error feedback.
+    - ``warmup_steps``: a tensor's first steps send a density falling
+      exponentially from dense to ``ratio`` (ratio ** (step / warmup_steps)).
+    - ``clip_norm``: each tensor's gradient on each rank is scaled to an L2
+      norm of at most this before it accumulates (DGC divides the global
+      clipping limit by sqrt(ranks)).
+    """
 
     kind = "topk"
 
-    def __init__(self, ratio=0.01, error_feedback=True):
-        try:
-            ratio = float(ratio)
-        except (TypeError, ValueError):
-            raise exceptions.InvalidArgumentError(f"topk ratio must be a number, not {ratio!r}") from None
-        if not (0.0 < ratio <= 1.0) or math.isnan(ratio):
+    def __init__(self, ratio=0.01, error_feedback=True, momentum_correction=None, warmup_steps=0,
+                 clip_norm=None):
+        ratio = _number(ratio, "topk ratio")
+        if not (0.0 < ratio <= 1.0):
             raise exceptions.InvalidArgumentError(
                 f"topk ratio must be in (0, 1], got {ratio}; e.g. Compression.topk(0.01) keeps 1%")
         self.ratio = ratio
         self.error_feedback = bool(error_feedback)
+        if momentum_correction is None or momentum_correction is False:
+            momentum_correction = 0.0
+        if momentum_correction is not True:
+            momentum_correction = _number(momentum_correction, "topk momentum_correction")
+            if not (0.0 <= momentum_correction < 1.0):
+                raise exceptions.InvalidArgumentError(
+                    f"topk momentum_correction must be True (the optimizer's momentum) or a momentum "
+                    f"in [0, 1), got {momentum_correction}")
+        if momentum_correction and not self.error_feedback:
+            raise exceptions.InvalidArgumentError(
+                "topk momentum_correction accumulates what top-k leaves out: it needs "
+                "error_feedback=True")
+        self.momentum_correction = momentum_correction
+        self.warmup_steps = _count(warmup_steps, "topk warmup_steps")
+        clip_norm = 0.0 if clip_norm is None else _number(clip_norm, "topk clip_norm")
+        if clip_norm < 0:
+            raise exceptions.InvalidArgumentError(f"topk clip_norm must be > 0 (None: off), got {clip_norm}")
+        self.clip_norm = clip_norm
+
+    def with_momentum(self, momentum):
+        """This compressor with ``momentum_correction=True`` resolved to the
+        optimizer's ``momentum`` (the DistributedOptimizers call it)."""
+        return TopKCompressor(self.ratio, self.error_feedback, float(momentum), self.warmup_steps,
+                              self.clip_norm or None)
+
+    def spec(self):
+        if self.momentum_correction is True:
+            raise exceptions.InvalidArgumentError(
+                "Compression.topk(momentum_correction=True) takes the momentum from the optimizer a "
+                "DistributedOptimizer wraps; with allreduce() and other direct calls give the "
+                "momentum, e.g. momentum_correction=0.9, and apply the result with plain SGD")
+        if not (self.momentum_correction or self.warmup_steps or self.clip_norm):
+            return super().spec()
+        return (_config_id(self.kind, ratio=self.ratio, error_feedback=self.error_feedback,
+                           momentum=self.momentum_correction, warmup_steps=self.warmup_steps,
+                           clip_norm=self.clip_norm), 0.0, 0)
 
     def __repr__(self):
-        return f"Compression.topk(ratio={self.ratio}, error_feedback={self.error_feedback})"
+        extra = ""
+        if self.momentum_correction:
+            extra += f", momentum_correction={self.momentum_correction}"
+        if self.warmup_steps:
+            extra += f", warmup_steps={self.warmup_steps}"
+        if self.clip_norm:
+            extra += f", clip_norm={self.clip_norm}"
+        return f"Compression.topk(ratio={self.ratio}, error_feedback={self.error_feedback}{extra})"
+
+
+class PowerSGDCompressor(Compressor):
+    """PowerSGD (Vogels et al., 2019): each matrix gradient (rows x the rest of
+    its dimensions) crosses the wire as rank-``rank`` factors P and Q found by
+    one power-iteration step warm-started from the last, in two fused
+    allreduces, with error feedback; tensors with one dimension, and matrices
+    too small to gain, go dense. The first ``start_iter`` steps of each tensor
+    go dense (no error kept). Allreduce only (not reducescatter)."""
+
+    kind = "powersgd"
+
+    def __init__(self, rank=1, start_iter=10):
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= 64:
+            raise exceptions.InvalidArgumentError(f"powersgd rank must be an integer in [1, 64], not {rank!r}")
+        self.rank = rank
+        self.start_iter = _count(start_iter, "powersgd start_iter")
+
+    def spec(self):
+        return (_config_id(self.kind, rank=self.rank, start_iter=self.start_iter), 0.0, 0)
+
+    def __repr__(self):
+        return f"Compression.powersgd(rank={self.rank}, start_iter={self.start_iter})"
 
 
 class Compression:
     """Namespace of compressors, as in Horovod: ``Compression.none``,
-    ``Compression.fp16``, and ``Compression.topk(ratio, error_feedback)``."""
+    ``Compression.fp16``, and hvdlite's ``Compression.bf16``,
+    ``Compression.topk(ratio, error_feedback, momentum_correction,
+    warmup_steps, clip_norm)`` and ``Compression.powersgd(rank, start_iter)``."""
 
     none = NoneCompressor()
     fp16 = FP16Compressor()
+    bf16 = BF16Compressor()
 
     @staticmethod
-    def topk(ratio=0.01, error_feedback=True):
-        return TopKCompressor(ratio, error_feedback)
+    def topk(ratio=0.01, error_feedback=True, momentum_correction=None, warmup_steps=0, clip_norm=None):
+        return TopKCompressor(ratio, error_feedback, momentum_correction, warmup_steps, clip_norm)
+
+    @staticmethod
+    def powersgd(rank=1, start_iter=10):
+        return PowerSGDCompressor(rank, start_iter)
 
 
 _NONE_SPEC = (0, 0.0, 0)
@@ -156,6 +293,55 @@ def _engine_code(kind):
     return code
 
 
+def wants_optimizer_momentum(compression):
+    """Whether ``compression`` is top-k with ``momentum_correction=True``."""
+    return isinstance(compression, TopKCompressor) and compression.momentum_correction is True
+
+
+def resolve_momentum_correction(compression, momenta, nesterov, what):
+    """(compression, whether the optimizer's own momentum must be set to 0)
+    for an optimizer whose parameter groups have ``momenta``:
+    ``momentum_correction=True`` becomes the optimizer's momentum, which the
+    engine then applies before top-k instead of the optimizer after it."""
+    if not wants_optimizer_momentum(compression):
+        return compression, False
+    values = set(momenta)
+    if not values or any(not isinstance(m, (int, float)) or isinstance(m, bool) for m in values):
+        raise exceptions.InvalidArgumentError(
+            f"{what}: Compression.topk(momentum_correction=True) takes the momentum of the wrapped "
+            "optimizer, which has none (SGD with momentum= has one); give the momentum as a number "
+            "or leave momentum_correction off")
+    if len(values) > 1:
+        raise exceptions.InvalidArgumentError(
+            f"{what}: momentum_correction=True needs one momentum for every parameter group, "
+            f"found {sorted(values)}")
+    if nesterov:
+        raise exceptions.InvalidArgumentError(
+            f"{what}: momentum_correction applies plain (heavy-ball) momentum; the optimizer uses "
+            "Nesterov momentum: set nesterov=False or leave momentum_correction off")
+    momentum = float(values.pop())
+    return compression.with_momentum(momentum), momentum > 0
+
+
+_config_ids = {}
+
+
+def _config_id(kind, ratio=0.0, error_feedback=False, momentum=0.0, warmup_steps=0, clip_norm=0.0,
+               rank=0, start_iter=0):
+    """The engine's id of a compressor with options (c_api.h's
+    hvd_compression_config), registered once per process."""
+    key = (kind, float(ratio), bool(error_feedback), float(momentum), int(warmup_steps),
+           float(clip_norm), int(rank), int(start_iter))
+    cid = _config_ids.get(key)
+    if cid is None:
+        from ._binding import lib, last_error
+        cid = lib.hvd_compression_config(_engine_code(kind), *key[1:])
+        if cid < 0:
+            raise exceptions.InvalidArgumentError(last_error())
+        _config_ids[key] = cid
+    return cid
+
+
 def is_engine_compressor(compression):
     """True for hvdlite's own compressors (instances or classes), which run
     inside the engine; False for a subclass that overrides compress() or
@@ -175,6 +361,6 @@ def as_spec(compression):
         compression = compression()
     if not isinstance(compression, Compressor):
         raise exceptions.InvalidArgumentError(
-            f"compression must be Compression.none, Compression.fp16, Compression.topk(...) or an "
+            f"compression must be Compression.none, .fp16, .bf16, .topk(...), .powersgd(...) or an "
             f"object with compress(tensor) and decompress(tensor, ctx), not {compression!r}")
     return compression.spec()

@@ -70,13 +70,14 @@ def test_digits_identical_and_matches_single_process(ranks, epochs):
 
 
 @pytest.mark.parametrize("case", DIGITS_ACCURACY.cases)
-@pytest.mark.parametrize("transport", ["engine", "gloo"])
-def test_digits_compression_accuracy(transport, case, rank_launch):
-    """The accuracy targets on the engine's path and through the device
-    executor (HVDLITE_DEVICE_TRANSPORT=gloo, the path of GPU tensors)."""
+@pytest.mark.parametrize("transport,ranks", [("engine", 2), ("gloo", 2), ("engine", 4)])
+def test_digits_compression_accuracy(transport, ranks, case, rank_launch):
+    """The accuracy targets on the engine's path at 2 and 4 ranks and through
+    the device executor (HVDLITE_DEVICE_TRANSPORT=gloo, the path of GPU
+    tensors; compressors with engine state run on the engine's path there)."""
     require("sklearn", import_module=False)  # the ranks skip the module without it
     env = {"HVDLITE_DEVICE_TRANSPORT": "gloo"} if transport == "gloo" else None
-    reports = rank_launch(DIGITS_ACCURACY, 2, env=env).check(case)
+    reports = rank_launch(DIGITS_ACCURACY, ranks, env=env).check(case)
     if case != JOB_EXIT:
         print(reports[0]["stdout"])
 

@@ -17,19 +17,28 @@
 
 #include "../engine_stats.h"
 #include "../message.h"
+#include "../status.h"
 
 namespace hvdlite {
+
+class Transport;
 
 // One tensor inside a (possibly fused) float32 buffer; offsets/counts in elements.
 struct Segment {
   std::string name;
   int64_t offset = 0;
   int64_t count = 0;
+  // The tensor's first dimension when it has two or more (its matrix view is
+  // rows x count / rows, as PowerSGD sees it); 0 otherwise or unknown.
+  int64_t rows = 0;
 };
 
 class Compressor {
  public:
-  enum class Wire { kAllreduce, kAllgather };  // how ranks' wire forms combine
+  // How ranks' wire forms combine: summed, gathered, or (kExchange) by the
+  // compressor itself over dense float32 data, when it needs more than one
+  // collective per step (PowerSGD's two allreduces).
+  enum class Wire { kAllreduce, kAllgather, kExchange };
   virtual ~Compressor() = default;
   virtual std::string Describe() const = 0;  // e.g. "fp16", "topk(0.01)+ef"
   virtual Wire wire() const = 0;
@@ -52,6 +61,21 @@ class Compressor {
   virtual DataType wire_dtype() const { return DataType::kUInt8; }
   // Forget carried state (error-feedback residuals).
   virtual void Reset() {}
+  // Whether this segment's wire form leaves entries out (top-k with k below
+  // the count): decorators that must treat a dense send differently ask.
+  virtual bool Sparsifies(const Segment& s) const { (void)s; return false; }
+  // Called once per collective before any other call for these segments:
+  // a compressor whose form changes with the step (density warm-up) moves
+  // on here, so every call of one collective agrees. Decorators forward it.
+  virtual void BeginRound(const std::vector<Segment>& segs) { (void)segs; }
+  // kExchange only: reduces `data` (the segments' dense float32 values, laid
+  // out as the segments say) across `wire`'s ranks in place, as a Sum;
+  // *wire_bytes: what this rank sent.
+  virtual Status Exchange(Transport& wire, float* data, const std::vector<Segment>& segs,
+                          int64_t* wire_bytes) {
+    (void)wire, (void)data, (void)segs, (void)wire_bytes;
+    return Status::Error(ErrorKind::kInternal, Describe() + " has no exchange of its own");
+  }
 };
 
 // The registered kind's compressor for `spec` (registry.h); nullptr for
@@ -67,8 +91,8 @@ int32_t CompressionCode(const std::string& name);
 // What follows the name in descriptions: its arguments, "" if it has none.
 std::string CompressionArguments(const CompressionSpec& spec);
 // The compressor's own checks of its arguments for a tensor of `elements`
-// of `dtype`: the error for the user, "" when fine.
-std::string CheckCompression(const CompressionSpec& spec, DataType dtype, int64_t elements);
+// of `dtype` in an `op`: the error for the user, "" when fine.
+std::string CheckCompression(const CompressionSpec& spec, OpType op, DataType dtype, int64_t elements);
 // The counter of the bytes that compression puts on the wire (engine_stats()'s
 // "wire_bytes_<name>").
 std::atomic<int64_t>& WireBytes(EngineStats* stats, CompressionType type);

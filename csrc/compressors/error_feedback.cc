@@ -35,6 +35,7 @@ size_t ErrorFeedback::Compress(const float* input, const std::vector<Segment>& s
   // separate buffers), relying on the wire being per-segment concatenated.
   size_t pos = 0;
   for (size_t j = 0; j < segs.size(); ++j) {
+    single_[0].name = segs[j].name;  // a warm-up below reads its density by name
     single_[0].count = segs[j].count;
     inner_->DecompressAdd(out + pos, single_, seg_residuals_[j]);
     pos += inner_->CompressedBytes(single_);

@@ -33,6 +33,8 @@ class ErrorFeedback : public Compressor {
   }
   DataType wire_dtype() const override { return inner_->wire_dtype(); }
   void Reset() override;
+  void BeginRound(const std::vector<Segment>& segs) override { inner_->BeginRound(segs); }
+  bool Sparsifies(const Segment& s) const override { return inner_->Sparsifies(s); }
 
   Compressor* inner() const { return inner_.get(); }
   // The residual carried for a tensor name (false if none); for tests and stats.

@@ -69,9 +69,13 @@ std::string CompressionArguments(const CompressionSpec& spec) {
   return kind && kind->arguments ? kind->arguments(spec) : "";
 }
 
-std::string CheckCompression(const CompressionSpec& spec, DataType dtype, int64_t elements) {
+std::string CheckCompression(const CompressionSpec& spec, OpType op, DataType dtype, int64_t elements) {
   const CompressorKind* kind = FindCompressorKind(spec.type);
   if (kind == nullptr) return "unknown compression code " + std::to_string(static_cast<int>(spec.type));
+  if (op == OpType::kReducescatter && !kind->reducescatter) {
+    return std::string(kind->name) + " compression applies to allreduce only; use Compression.none, fp16, "
+           "bf16 or topk for a reducescatter";
+  }
   return kind->check ? kind->check(spec, dtype, elements) : "";
 }
 

@@ -26,6 +26,8 @@ struct CompressorKind {
   std::string (*check)(const CompressionSpec& spec, DataType dtype, int64_t elements) = nullptr;
   // Its arguments as they follow the name, e.g. "(ratio=0.01, error_feedback=True)". Optional.
   std::string (*arguments)(const CompressionSpec& spec) = nullptr;
+  // The operations it serves besides allreduce: reducescatter too unless false.
+  bool reducescatter = true;
 };
 
 // Called from a namespace-scope initializer; aborts on a duplicate or

@@ -8,7 +8,10 @@
 #include <limits>
 #include <string>
 
+#include "density_warmup.h"
 #include "error_feedback.h"
+#include "momentum_correction.h"
+#include "norm_clip.h"
 #include "registry.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -323,11 +326,21 @@ std::string CheckArguments(const CompressionSpec& spec, DataType dtype, int64_t 
   if (!(spec.topk_ratio > 0.0 && spec.topk_ratio <= 1.0)) {
     return "top-k ratio must be in (0, 1], got " + std::to_string(spec.topk_ratio);
   }
+  if (!(spec.momentum >= 0.0 && spec.momentum < 1.0)) {
+    return "top-k momentum correction must be in [0, 1), got " + std::to_string(spec.momentum);
+  }
+  if (spec.momentum > 0.0 && !spec.error_feedback) {
+    return "top-k momentum correction accumulates what top-k leaves out: it needs error_feedback=True";
+  }
+  if (spec.warmup_steps < 0) return "top-k warmup_steps must be >= 0, got " + std::to_string(spec.warmup_steps);
+  if (!(spec.clip_norm >= 0.0)) return "top-k clip_norm must be >= 0 (0: off), got " + std::to_string(spec.clip_norm);
   if (dtype != DataType::kFloat32) {
     return std::string("top-k compression needs float32 tensors, not ") + DataTypeName(dtype) +
            "; cast to float32 or use Compression.none / fp16";
   }
-  if (std::ceil(spec.topk_ratio * static_cast<double>(elements)) * 8 > INT32_MAX) {
+  // With a warm-up the first rounds are dense: the largest wire form is k = count.
+  const double ratio = spec.warmup_steps > 0 ? 1.0 : spec.topk_ratio;
+  if (std::ceil(ratio * static_cast<double>(elements)) * 8 > INT32_MAX) {
     // The k (value, index) pairs go out in one allgather whose count is an int.
     return "top-k would put more than 2^31-1 bytes on the wire for this tensor; lower the ratio "
            "or split the tensor";
@@ -336,17 +349,39 @@ std::string CheckArguments(const CompressionSpec& spec, DataType dtype, int64_t 
 }
 
 std::string Arguments(const CompressionSpec& spec) {
-  char ratio[32];
-  std::snprintf(ratio, sizeof(ratio), "%g", spec.topk_ratio);
-  return std::string("(ratio=") + ratio + ", error_feedback=" + (spec.error_feedback ? "True" : "False") + ")";
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "(ratio=%g, error_feedback=%s", spec.topk_ratio,
+                spec.error_feedback ? "True" : "False");
+  std::string out = buf;
+  if (spec.momentum > 0.0) {
+    std::snprintf(buf, sizeof(buf), ", momentum_correction=%g", spec.momentum);
+    out += buf;
+  }
+  if (spec.warmup_steps > 0) out += ", warmup_steps=" + std::to_string(spec.warmup_steps);
+  if (spec.clip_norm > 0.0) {
+    std::snprintf(buf, sizeof(buf), ", clip_norm=%g", spec.clip_norm);
+    out += buf;
+  }
+  return out + ")";
 }
 
+// Deep Gradient Compression's parts are decorators around top-k, innermost
+// first: warm-up (the density), error feedback (the accumulation), momentum
+// correction (the velocity before it), clipping (the gradient before that).
 std::unique_ptr<Compressor> Make(const CompressionSpec& spec) {
   if (!(spec.topk_ratio > 0.0 && spec.topk_ratio <= 1.0)) return nullptr;
-  std::unique_ptr<Compressor> topk = std::make_unique<TopKCompressor>(
-      spec.topk_ratio, TopKCompressor::kDefaultSampleSize, TopKCompressor::kEngineSendWholeBelow);
-  if (spec.error_feedback) return std::make_unique<ErrorFeedback>(std::move(topk));
-  return topk;
+  auto topk = std::make_unique<TopKCompressor>(spec.topk_ratio, TopKCompressor::kDefaultSampleSize,
+                                               TopKCompressor::kEngineSendWholeBelow);
+  std::unique_ptr<Compressor> c;
+  if (spec.warmup_steps > 0) {
+    c = std::make_unique<DensityWarmup>(std::move(topk), spec.warmup_steps);
+  } else {
+    c = std::move(topk);
+  }
+  if (spec.error_feedback) c = std::make_unique<ErrorFeedback>(std::move(c));
+  if (spec.momentum > 0.0) c = std::make_unique<MomentumCorrection>(std::move(c), spec.momentum);
+  if (spec.clip_norm > 0.0) c = std::make_unique<NormClip>(std::move(c), spec.clip_norm);
+  return c;
 }
 
 const bool kRegistered =

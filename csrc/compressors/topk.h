@@ -40,8 +40,10 @@ class TopKCompressor : public Compressor {
   // k = ceil(ratio * count) computed in double (the same expression as
   // math.ceil(ratio * n) in Python), at least 1 if count > 0, at most count.
   static int64_t K(double ratio, int64_t count);
-  // This compressor's k for a segment (send_whole_below applied).
-  int64_t K(int64_t count) const { return count < send_whole_below_ ? count : K(ratio_, count); }
+  // This compressor's k for a segment (send_whole_below applied), at its own
+  // ratio or at `ratio`.
+  int64_t K(int64_t count) const { return KAt(ratio_, count); }
+  int64_t KAt(double ratio, int64_t count) const { return count < send_whole_below_ ? count : K(ratio, count); }
 
   std::string Describe() const override;
   Wire wire() const override { return Wire::kAllgather; }
@@ -53,8 +55,11 @@ class TopKCompressor : public Compressor {
   size_t Compress(const float* input, const std::vector<Segment>& segs, uint8_t* out) override;
   void Decompress(const uint8_t* in, const std::vector<Segment>& segs, float* out) override;
   void DecompressAdd(const uint8_t* in, const std::vector<Segment>& segs, float* out) override;
+  bool Sparsifies(const Segment& s) const override { return K(s.count) < s.count; }
 
   double ratio() const { return ratio_; }
+  // The density of the next calls (DensityWarmup sets it per segment).
+  void set_ratio(double ratio) { ratio_ = ratio; }
   // How often selection had to repeat a pass (threshold too high) and how
   // often the candidate buffer filled and was trimmed mid-pass; for tests/stats.
   int64_t repeated_passes() const { return repeated_passes_; }

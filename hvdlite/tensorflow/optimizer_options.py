@@ -3,7 +3,7 @@ and the tf.compat.v1 optimizer wrappers."""
 import warnings
 
 from .. import exceptions, request
-from ..compression import Compression
+from ..compression import Compression, resolve_momentum_correction, wants_optimizer_momentum
 from ..ops import Average
 from ..process_sets import global_process_set
 from .reduction import ReduceSettings
@@ -27,6 +27,19 @@ class DistributedOptions:
 
     def reduce_settings(self, postscale=1.0):
         return ReduceSettings(postscale=postscale, **self._reduce_args)
+
+
+def take_optimizer_momentum(optimizer, compression, what):
+    """For ``Compression.topk(momentum_correction=True)``: the compression with
+    the Keras optimizer's momentum, which the engine then applies, and the
+    optimizer's own set to 0. Other compressions come back as they are."""
+    if not wants_optimizer_momentum(compression):
+        return compression
+    compression, own_off = resolve_momentum_correction(
+        compression, [getattr(optimizer, "momentum", None)], bool(getattr(optimizer, "nesterov", False)), what)
+    if own_off:
+        optimizer.momentum = 0.0
+    return compression
 
 
 def check_groups(num_groups, groups, what):

@@ -47,7 +47,8 @@ _TORCH_DTYPES = {code: getattr(torch, name) for name, code in _binding.DTYPE_COD
                  if isinstance(getattr(torch, name, None), torch.dtype)}
 _C10D_OPS = {Sum: dist.ReduceOp.SUM, Average: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
              Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
-_FP16, _TOPK = 1, 2         # csrc/common.h CompressionType
+_FP16, _TOPK, _BF16 = 1, 2, 3   # csrc/common.h CompressionType
+_EXECUTED_COMPRESSIONS = (0, _FP16, _TOPK, _BF16)
 _TOPK_SEND_WHOLE_BELOW = 1024   # as the engine's top-k (csrc/compressors/topk.h)
 # Neither gloo nor NCCL has 16-bit integers: they are reduced as int32 and
 # moved as bytes.
@@ -156,6 +157,14 @@ def needs_staging(tensor):
     if tensor.device.type != "cpu":
         return executor_for(tensor) is None
     return _staging_all
+
+
+def executes(spec):
+    """Whether the executor implements the engine compression ``spec`` (the
+    plain kinds); compressors with options (top-k's momentum correction,
+    warm-up or clipping, PowerSGD) keep state in the engine, so a device
+    tensor that uses them is staged through host memory instead."""
+    return spec[0] in _EXECUTED_COMPRESSIONS
 
 
 def backend_name():
@@ -363,8 +372,8 @@ class DeviceExecutor:
         compression = job["compression"]
         if compression == _TOPK:
             buf = self._topk_allreduce(job, tensors, buf, sizes, group)
-        elif compression == _FP16 and floating:
-            wire = buf.half()
+        elif compression in (_FP16, _BF16) and floating:
+            wire = buf.half() if compression == _FP16 else buf.bfloat16()
             dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=group)
             buf = wire.to(acc)
         else:

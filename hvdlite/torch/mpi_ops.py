@@ -150,7 +150,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     code = _check_reduce(tensor, op, what)
     pid = process_set_id(process_set)
     inplace = output is tensor
-    ex = device.executor_for(tensor) if op != Adasum else None
+    ex = device.executor_for(tensor) if op != Adasum and device.executes(spec) else None
     if ex is not None:
         src = tensor.contiguous()
         return ex.submit(_binding.ALLREDUCE, src, output, name=name, dtype_code=code,
@@ -158,8 +158,9 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
                          prescale=request.factor(prescale_factor, "prescale_factor", what),
                          postscale=request.factor(postscale_factor, "postscale_factor", what),
                          compression=spec, process_set=pid)
-    # Adasum runs on host memory: a CUDA tensor goes there even with an executor.
-    if device.needs_staging(tensor) or (op == Adasum and tensor.device.type != "cpu"):
+    # Adasum and the compressors with engine state run on host memory: a CUDA
+    # tensor goes there even with an executor.
+    if device.needs_staging(tensor) or (tensor.device.type != "cpu" and ex is None):
         return _staged(tensor, lambda host: _allreduce_async(
             host, host, name, op, prescale_factor, postscale_factor, process_set, compression, what),
             target=output)
@@ -548,14 +549,15 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     op = _resolve_op(op, None, "reducescatter_async")
     code = _check_reduce(tensor, op, "reducescatter_async")
     src = tensor.contiguous()
-    ex = device.executor_for(tensor)
+    spec = request.split_compression(compression)[0]
+    ex = device.executor_for(tensor) if device.executes(spec) else None
     if ex is not None:
         return ex.submit(
             _binding.REDUCESCATTER, src, name=name, dtype_code=code, shape=tuple(src.shape), reduce_op=op,
             prescale=request.factor(prescale_factor, "prescale_factor", "reducescatter_async"),
             postscale=request.factor(postscale_factor, "postscale_factor", "reducescatter_async"),
-            compression=request.split_compression(compression)[0], process_set=process_set_id(process_set))
-    if device.needs_staging(tensor):
+            compression=spec, process_set=process_set_id(process_set))
+    if device.needs_staging(tensor) or tensor.device.type != "cpu":
         return _staged(tensor, lambda host: reducescatter_async(host, name, op, process_set, prescale_factor,
                                                                 postscale_factor, compression))
     return _binding.enqueue(

@@ -14,7 +14,7 @@ import torch
 
 from hvdlite import exceptions
 from hvdlite import request
-from hvdlite.compression import Compression
+from hvdlite.compression import Compression, resolve_momentum_correction
 from hvdlite.process_sets import global_process_set, process_set_id
 
 from . import mpi_ops
@@ -487,8 +487,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         named_parameters: ``model.named_parameters()``; the names key the
             reductions, so they must be the same on every rank. Without it,
             names are made from the parameter's position in its group.
-        compression: ``Compression.none`` (default), ``Compression.fp16``, or
-            ``Compression.topk(ratio, error_feedback=True)``; runs in the engine.
+        compression: ``Compression.none`` (default), ``.fp16``, ``.bf16``,
+            ``Compression.topk(ratio, ...)`` or ``Compression.powersgd(rank)``;
+            runs in the engine. ``topk(momentum_correction=True)`` moves this
+            optimizer's momentum into the engine (its own is set to 0).
         backward_passes_per_step: reduce once every k backward passes
             (gradient accumulation); ``step()`` after each k.
         op: ``Average`` (default) or ``Sum`` (or Min/Max/Product); ``Adasum``
@@ -533,6 +535,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                         raise exceptions.InvalidArgumentError(
                             "a parameter may appear in only one group")
                     seen.add(id(p))
+    # momentum_correction=True: the engine applies the optimizer's momentum
+    # before top-k, and the optimizer steps without its own.
+    compression, own_momentum_off = resolve_momentum_correction(
+        compression, [g.get("momentum") for g in optimizer.param_groups],
+        any(g.get("nesterov", False) for g in optimizer.param_groups), "DistributedOptimizer")
+    if own_momentum_off:
+        for group in optimizer.param_groups:
+            group["momentum"] = 0.0
     request.split_compression(compression)  # clear error for a bad compression argument
     if process_set is None:
         process_set = global_process_set

@@ -16,9 +16,13 @@
 #include <string>
 #include <vector>
 
+#include "compressors/bf16.h"
 #include "compressors/compressor.h"
+#include "compressors/density_warmup.h"
 #include "compressors/error_feedback.h"
 #include "compressors/fp16.h"
+#include "compressors/momentum_correction.h"
+#include "compressors/norm_clip.h"
 #include "collectives/mpi_transport.h"
 #include "compressors/registry.h"
 #include "compressors/topk.h"
@@ -578,14 +582,14 @@ void TestRegistry() {
   CompressionSpec weird;
   weird.type = static_cast<CompressionType>(99);
   CHECK(CreateCompressor(weird) == nullptr, "unknown type -> nullptr");
-  CHECK(!IsValidCompression(99) && !CheckCompression(weird, DataType::kFloat32, 1).empty(), "unknown code");
+  CHECK(!IsValidCompression(99) && !CheckCompression(weird, OpType::kAllreduce, DataType::kFloat32, 1).empty(), "unknown code");
   CHECK(CompressionCode("fp16") == 1 && CompressionCode("topk") == 2 && CompressionCode("none") == 0,
         "codes by name");
   CHECK(CompressionCode("zstd") == -1, "unknown name");
   topk.topk_ratio = 0.25;
   CHECK(topk.ToString() == "topk(ratio=0.25, error_feedback=True)", "%s", topk.ToString().c_str());
-  CHECK(CheckCompression(topk, DataType::kFloat64, 10).find("float32") != std::string::npos, "topk dtype");
-  CHECK(CheckCompression(topk, DataType::kFloat32, 10).empty(), "topk ok");
+  CHECK(CheckCompression(topk, OpType::kAllreduce, DataType::kFloat64, 10).find("float32") != std::string::npos, "topk dtype");
+  CHECK(CheckCompression(topk, OpType::kAllreduce, DataType::kFloat32, 10).empty(), "topk ok");
 }
 
 // A compressor that this program alone defines: the one registration line
@@ -612,12 +616,102 @@ void TestRegisteredElsewhere() {
   auto c = CreateCompressor(spec);
   CHECK(c && c->Describe() == "test_halving", "built through the registry");
   CHECK(spec.ToString() == "test_halving", "%s", spec.ToString().c_str());
-  CHECK(CheckCompression(spec, DataType::kFloat64, 4) == "test_halving needs float32", "its own check");
+  CHECK(CheckCompression(spec, OpType::kAllreduce, DataType::kFloat64, 4) == "test_halving needs float32", "its own check");
   EngineStats stats;
   stats.Add(WireBytes(&stats, spec.type), 12);
   CHECK(stats.wire_bytes[9].load() == 12 && stats.wire_bytes[1].load() == 0, "its own wire counter");
   CompressorCache cache;
   CHECK(cache.For(spec) == cache.For(spec) && cache.For(spec) != nullptr, "cached per spec");
+}
+
+// Warm-up: the density schedule, and every call of one round agreeing on it.
+void TestDensityWarmup() {
+  DensityWarmup w(std::make_unique<TopKCompressor>(0.01), 4);
+  CHECK(w.RatioAt(0) == 1.0 && w.RatioAt(4) == 0.01 && w.RatioAt(9) == 0.01, "schedule ends");
+  CHECK(std::fabs(w.RatioAt(2) - 0.1) < 1e-12, "halfway: %g", w.RatioAt(2));
+  const int64_t n = 5000;
+  std::vector<float> x(n);
+  std::mt19937 gen(7);
+  std::normal_distribution<float> normal;
+  for (auto& v : x) v = normal(gen);
+  std::vector<Segment> segs{{"a", 0, 3000, 0}, {"b", 3000, 2000, 0}};
+  for (int round = 0; round < 6; ++round) {
+    w.BeginRound(segs);
+    const size_t bytes = w.CompressedBytes(segs);
+    const int64_t ka = TopKCompressor::K(w.RatioAt(round), 3000), kb = TopKCompressor::K(w.RatioAt(round), 2000);
+    CHECK(bytes == static_cast<size_t>(8 * (ka + kb)), "round %d: %zu bytes", round, bytes);
+    CHECK(w.Sparsifies(segs[0]) == (ka < 3000), "round %d: sparsifies", round);
+    std::vector<uint8_t> wire(bytes);
+    CHECK(w.Compress(x.data(), segs, wire.data()) == bytes, "round %d: compress size", round);
+    std::vector<float> out(n, 0.0f);
+    w.DecompressAdd(wire.data(), segs, out.data());
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (out[i] != 0.0f) {
+        ++kept;
+        CHECK(out[i] == x[i], "round %d: value %lld", round, static_cast<long long>(i));
+      }
+    }
+    CHECK(kept == ka + kb, "round %d: %lld kept", round, static_cast<long long>(kept));
+  }
+}
+
+// Momentum correction: velocity u = m u + g goes to error feedback; where
+// top-k sparsifies, a sent entry's velocity is cleared; where everything is
+// sent, the velocity carries on (ordinary momentum).
+void TestMomentumCorrection() {
+  const float m = 0.5f;
+  MomentumCorrection mc(std::make_unique<ErrorFeedback>(std::make_unique<TopKCompressor>(0.001, 16384, 1024)), m);
+  std::vector<float> g(4096, 1.0f);
+  g[10] = 100.0f;  // k = 5 of 4096: entry 10 and the first four ties (0-3: lower indices first)
+  std::vector<Segment> big{{"w", 0, 4096, 64}};
+  std::vector<uint8_t> wire(mc.CompressedBytes(big));
+  mc.Compress(g.data(), big, wire.data());
+  std::vector<float> u;
+  CHECK(mc.GetVelocity("w", &u), "velocity kept");
+  CHECK(u[10] == 0.0f && u[0] == 0.0f && u[3] == 0.0f, "sent entries masked");
+  CHECK(u[4] == 1.0f, "the next tie was not sent: %g", u[4]);
+  CHECK(u[100] == 1.0f, "unsent entry keeps its velocity: %g", u[100]);
+  mc.Compress(g.data(), big, wire.data());
+  mc.GetVelocity("w", &u);
+  CHECK(u[100] == 1.5f, "u = m u + g: %g", u[100]);
+  CHECK(u[10] == 0.0f, "entry 10 leads again, is sent and masked: %g", u[10]);
+
+  std::vector<float> b(100);
+  for (int i = 0; i < 100; ++i) b[i] = static_cast<float>(i);
+  std::vector<Segment> small{{"b", 0, 100, 0}};  // below 1024: sent whole
+  std::vector<uint8_t> w2(mc.CompressedBytes(small));
+  std::vector<float> out(100);
+  mc.Compress(b.data(), small, w2.data());
+  mc.Compress(b.data(), small, w2.data());
+  mc.Decompress(w2.data(), small, out.data());
+  CHECK(out[7] == 7.0f * (1 + m), "dense: ordinary momentum, got %g", out[7]);
+}
+
+void TestNormClip() {
+  NormClip clip(std::make_unique<TopKCompressor>(1.0), 5.0);
+  std::vector<float> x{3.0f, 4.0f, 0.0f, 30.0f, 40.0f, 0.0f};  // norms 5 (kept) and 50 (scaled to 5)
+  std::vector<Segment> segs{{"a", 0, 3, 0}, {"b", 3, 3, 0}};
+  std::vector<uint8_t> wire(clip.CompressedBytes(segs));
+  CHECK(clip.Compress(x.data(), segs, wire.data()) == wire.size(), "size");
+  std::vector<float> out(6, 0.0f);
+  clip.Decompress(wire.data(), segs, out.data());
+  CHECK(out[0] == 3.0f && out[1] == 4.0f, "under the limit: unchanged");
+  CHECK(std::fabs(out[3] - 3.0f) < 1e-6 && std::fabs(out[4] - 4.0f) < 1e-6, "clipped: %g %g", out[3], out[4]);
+  CHECK(x[3] == 30.0f, "input untouched");
+}
+
+void TestBF16Compressor() {
+  BF16Compressor c;
+  std::vector<float> x{1.0f, 1.00390625f, 1.01171875f, 3e38f, -2.5f, std::numeric_limits<float>::quiet_NaN()};
+  std::vector<Segment> segs{{"a", 0, 6, 0}};
+  std::vector<uint8_t> wire(c.CompressedBytes(segs));
+  CHECK(wire.size() == 12 && c.Compress(x.data(), segs, wire.data()) == 12, "2 bytes each");
+  std::vector<float> out(6);
+  c.Decompress(wire.data(), segs, out.data());
+  CHECK(out[0] == 1.0f && out[1] == 1.0f && out[2] == 1.015625f, "ties to even: %g %g", out[1], out[2]);
+  CHECK(std::isfinite(out[3]) && std::fabs(out[3] / 3e38f - 1) < 0.01, "float32's range: %g", out[3]);
+  CHECK(out[4] == -2.5f && std::isnan(out[5]), "exact and NaN");
 }
 
 }  // namespace
@@ -641,6 +735,10 @@ int main(int argc, char** argv) {
        [] { TestErrorFeedbackConserves(std::make_unique<TopKCompressor>(0.05, 64), false, 1e-4); }},
       {"error feedback: fp16, normal",
        [] { TestErrorFeedbackConserves(std::make_unique<FP16Compressor>(), false, 1e-4); }},
+      {"bf16: compressor", TestBF16Compressor},
+      {"top-k: density warm-up", TestDensityWarmup},
+      {"top-k: momentum correction and masking", TestMomentumCorrection},
+      {"norm clip", TestNormClip},
       {"registry", TestRegistry},
       {"registry: a compressor registered by one line", TestRegisteredElsewhere},
   });

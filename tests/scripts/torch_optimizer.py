@@ -629,6 +629,37 @@ def test_compression(rank, size):
             check(f"{comp} identical", identical_everywhere(model.parameters()))
 
 
+def test_momentum_correction_takes_the_optimizers_momentum(rank, size):
+    """Compression.topk(1.0, momentum_correction=True): the engine applies the
+    SGD's momentum before top-k and the optimizer's own is set to 0. At ratio
+    1 everything is sent, so it is momentum SGD on the combined batch."""
+    model, ref = make_model(19), make_model(19)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.topk(1.0, momentum_correction=True))
+    check("the optimizer's momentum moved to the engine",
+          all(g["momentum"] == 0.0 for g in opt.param_groups) and sgd.param_groups[0]["momentum"] == 0.0)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for step in range(4):
+        x, y = batch(140 + step, B * size)
+        opt.zero_grad()
+        loss_fn(model(shard(x)), shard(y)).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        loss_fn(ref(x), y).backward()
+        ref_opt.step()
+    check("momentum SGD, moved into the engine", close(model.parameters(), ref.parameters(), 1e-5))
+    check("identical on all ranks", identical_everywhere(model.parameters()))
+    for bad, words in [(torch.optim.SGD(make_model(1).parameters(), lr=0.1, momentum=0.9, nesterov=True),
+                        "Nesterov"),
+                       (torch.optim.Adam(make_model(1).parameters()), "has none")]:
+        try:
+            hvd.DistributedOptimizer(bad, compression=hvd.Compression.topk(0.01, momentum_correction=True))
+            check(f"refused: {words}", False)
+        except hvdlite.InvalidArgumentError as e:
+            check(f"refused: {words}", words in str(e))
+
+
 def test_join_with_uneven_data(rank, size):
     """Ranks run out of data at different steps: a joined rank contributes
     zeros to the others' reductions until every rank has joined; then every

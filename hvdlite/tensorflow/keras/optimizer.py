@@ -13,7 +13,7 @@ from ... import exceptions
 from ...compression import Compression
 from ...ops import Average
 from ...process_sets import global_process_set
-from ..optimizer_options import DistributedOptions, check_groups
+from ..optimizer_options import DistributedOptions, check_groups, take_optimizer_momentum
 from . import flavor
 from . import tf_keras_optimizer
 
@@ -67,8 +67,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     Keras 3 ``mixed_float16`` global policy a plain optimizer is first wrapped
     in ``keras.optimizers.LossScaleOptimizer`` and that is returned.
 
-    - ``compression``: Compression.none, .fp16, .topk(ratio, error_feedback),
-      or an object with ``compress``/``decompress`` (run around the reduction).
+    - ``compression``: Compression.none, .fp16, .bf16, .topk(ratio, ...),
+      .powersgd(rank), or an object with ``compress``/``decompress`` (run
+      around the reduction). ``topk(momentum_correction=True)`` moves an SGD
+      optimizer's momentum into the engine (the optimizer's is set to 0).
     - ``op``: Average (default) or Sum. ``gradient_predivide_factor`` f:
       divide by f before the sum, multiply by f/size after.
     - ``sparse_as_dense``: densify tf.IndexedSlices (embeddings) and allreduce
@@ -86,6 +88,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     """
     _check_optimizer(optimizer, _WHAT)
     check_groups(num_groups, groups, _WHAT)
+    compression = take_optimizer_momentum(optimizer, compression, _WHAT)
     options = DistributedOptions(op=op, compression=compression,
                                  gradient_predivide_factor=gradient_predivide_factor,
                                  sparse_as_dense=sparse_as_dense, process_set=process_set,
