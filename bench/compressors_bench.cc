@@ -18,9 +18,13 @@
 #include <vector>
 
 #include "collectives/mpi_transport.h"
+#include "compressors/bf16.h"
 #include "compressors/compressor.h"
+#include "compressors/density_warmup.h"
 #include "compressors/error_feedback.h"
 #include "compressors/fp16.h"
+#include "compressors/momentum_correction.h"
+#include "compressors/powersgd.h"
 #include "compressors/topk.h"
 
 using namespace hvdlite;
@@ -163,6 +167,44 @@ int main(int argc, char** argv) {
     ErrorFeedback ef(std::make_unique<FP16Compressor>());
     std::vector<uint8_t> wire(ef.CompressedBytes(many));
     Row("fp16 + error feedback compress, 161 seg", Time([&] { ef.Compress(x.data(), many, wire.data()); }));
+  }
+  {
+    BF16Compressor bf16;
+    std::vector<uint8_t> wire(bf16.CompressedBytes(one));
+    Row("bf16 compress (float -> bfloat16)", Time([&] { bf16.Compress(x.data(), one, wire.data()); }));
+    Row("bf16 decompress (bfloat16 -> float)", Time([&] { bf16.Decompress(wire.data(), one, y.data()); }));
+  }
+  {
+    // Deep Gradient Compression's top-k 0.1 %: momentum correction (with
+    // masking) over error feedback over top-k, past its warm-up.
+    MomentumCorrection dgc(std::make_unique<ErrorFeedback>(std::make_unique<TopKCompressor>(
+                               0.001, TopKCompressor::kDefaultSampleSize, TopKCompressor::kEngineSendWholeBelow)),
+                           0.9);
+    std::vector<uint8_t> wire(dgc.CompressedBytes(many));
+    Row("top-k 0.001 + momentum correction, 161 seg", Time([&] { dgc.Compress(x.data(), many, wire.data()); }));
+  }
+  {
+    // PowerSGD's arithmetic on 161 near-square matrices (P = M Q, Q = M^T P,
+    // P Q^T, error feedback), over a one-rank MPI wire: the allreduces cost
+    // nothing here, only the compression's own work is timed.
+    std::vector<Segment> mats;
+    int64_t off = 0;
+    for (const Segment& s0 : many) {
+      const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(std::sqrt(static_cast<double>(s0.count))));
+      const int64_t c = rows * (s0.count / rows);
+      mats.push_back({s0.name, off, c, rows});
+      off += c;
+    }
+    std::atomic<bool> never{false};
+    MpiTransport self(MPI_COMM_SELF, WaitPolicy(), &never);
+    for (int rank : {1, 4}) {
+      PowerSGDCompressor psgd(rank, 0);
+      std::vector<float> data(x.begin(), x.begin() + off);
+      int64_t sent = 0;
+      char name[80];
+      std::snprintf(name, sizeof(name), "PowerSGD rank %d compute, 161 matrices", rank);
+      Row(name, Time([&] { psgd.Exchange(self, data.data(), mats, &sent); }));
+    }
   }
   // What an exact selection costs: nth_element over the magnitudes.
   std::vector<float> mag(kN);

@@ -126,5 +126,9 @@ HEADLINE = [
     ("top-k 0.01 compress, 161 segments", "top-k 1% selection, 161 tensors"),
     ("top-k 0.01 + error feedback compress, 161 seg", "top-k 1% + error feedback, 161 tensors"),
     ("top-k 0.01 decompress (zero + scatter)", "top-k 1% decompress (zero + scatter)"),
+    ("bf16 compress (float -> bfloat16)", "bf16 compress"),
+    ("top-k 0.001 + momentum correction, 161 seg", "top-k 0.1% + DGC momentum correction, 161 tensors"),
+    ("PowerSGD rank 1 compute, 161 matrices", "PowerSGD rank 1 arithmetic, 161 matrices"),
+    ("PowerSGD rank 4 compute, 161 matrices", "PowerSGD rank 4 arithmetic, 161 matrices"),
     ("  reference: exact nth_element k=1% (1 run)".strip(), "exact selection (nth_element), reference"),
 ]

@@ -40,8 +40,9 @@ REPO = os.path.dirname(BENCH)
 ALLREDUCE = os.path.join(BENCH, "allreduce.py")
 TRAIN = os.path.join(BENCH, "train_step.py")
 BREAKDOWN = os.path.join(BENCH, "breakdown.py")
+ACCURACY = os.path.join(BENCH, "compression_accuracy.py")
 CASES = ["allreduce", "train_step", "kernels", "network", "hosts", "hosts_train", "scaling", "negotiation",
-         "sweep", "autotune"]
+         "sweep", "autotune", "compression"]
 TINY_CASES = ["allreduce", "train_step", "sweep"]
 
 FULL = dict(
@@ -61,6 +62,7 @@ FULL = dict(
     hosts_train_layouts="2x2,4x1,4x2", hosts_train_rounds=4, hosts_train_steps=2,
     autotune_sweep="1MB:0.5,1MB:1,1MB:5,4MB:0.5,4MB:1,4MB:5,16MB:0.5,16MB:1,16MB:5,64MB:0.5,64MB:1,64MB:5",
     autotune_rounds=4, autotune_steps=3, autotune_steps_per_sample=3, autotune_layout="",
+    accuracy_np=4, accuracy_epochs=12, accuracy_seeds="42,1,2",
     job_timeout=2400,
 )
 TINY = dict(
@@ -78,6 +80,7 @@ TINY = dict(
     hosts_train_layouts="2x1", hosts_train_rounds=1, hosts_train_steps=1,
     autotune_sweep="1MB:1,64MB:1", autotune_rounds=1, autotune_steps=1, autotune_steps_per_sample=1,
     autotune_layout="",
+    accuracy_np=2, accuracy_epochs=1, accuracy_seeds="42",
     job_timeout=300,
 )
 
@@ -344,7 +347,7 @@ def case_network(R, P, args, tiny):
         progress("      network: allreduce done (load %s)" % load_average())
         bd = breakdown(R, 2, P, env=env, hvdrun_args=hv, wrap=wrap)
         t = R.job(2, TRAIN, train_args(P, P["net_train_rounds"], P["net_train_steps"]) +
-                  ["--modes", "nocomm,hvdlite", "--compression", "fp16,topk"],
+                  ["--modes", "nocomm,hvdlite", "--compression", "fp16,bf16,topk,dgc,powersgd"],
                   env=env, hvdrun_args=hv, wrap=wrap)
         after = hosts.link_bytes(2)
     finally:
@@ -411,10 +414,11 @@ def case_hosts(R, P, args, tiny):
 
 def case_hosts_train(R, P, args, tiny):
     """The train step of case 2 between emulated hosts, one job per layout: hvdlite with
-    no compression, fp16 and top-k 1% against no communication in the same job."""
+    no compression, fp16, bf16, top-k 1 %, top-k 0.1 % with DGC's momentum correction and
+    PowerSGD rank 4 against no communication in the same job."""
     def run_layout(n_hosts, per_host, hv, env, wrap):
         return R.job(n_hosts * per_host, TRAIN, train_args(P, P["hosts_train_rounds"], P["hosts_train_steps"]) +
-                     ["--modes", "nocomm,hvdlite", "--compression", "fp16,topk"],
+                     ["--modes", "nocomm,hvdlite", "--compression", "fp16,bf16,topk,dgc,powersgd"],
                      env=env, hvdrun_args=hv, wrap=wrap)
     return over_layouts(args, P["hosts_train_layouts"], "hosts_train", run_layout)
 
@@ -438,18 +442,26 @@ def case_autotune(R, P, args, tiny):
     return res
 
 
+def case_compression(R, P, args, tiny):
+    """Accuracy against bytes on the wire: the digits example trained with every
+    compressor (bitwise-identical parameters checked every step)."""
+    return R.job(P["accuracy_np"], ACCURACY, ["--epochs", str(P["accuracy_epochs"]),
+                                              "--seeds", P["accuracy_seeds"]])
+
+
 RUNNERS = {"allreduce": case_allreduce, "train_step": case_train, "kernels": case_kernels,
            "network": case_network, "scaling": case_scaling, "negotiation": case_negotiation,
            "sweep": case_sweep, "hosts": case_hosts, "hosts_train": case_hosts_train,
-           "autotune": case_autotune}
+           "autotune": case_autotune, "compression": case_compression}
 TITLES = {"allreduce": "cases 1+3: ResNet-50 set and 100 x 4 KB allreduce",
           "train_step": "case 2: train step 6 x Linear(2048, 2048)",
           "kernels": "case 4: compression kernels", "network": "case 5: emulated network",
           "scaling": "case 6: scaling over 1/2/4 ranks", "negotiation": "case 6: negotiation overhead",
           "sweep": "sweep: fusion threshold x cycle time",
           "hosts": "case 7: between emulated hosts (layouts, wire floor)",
-          "hosts_train": "case 9: train step between emulated hosts (none, fp16, top-k)",
-          "autotune": "case 8: autotune against a sweep"}
+          "hosts_train": "case 9: train step between emulated hosts (none, fp16, bf16, top-k, DGC, PowerSGD)",
+          "autotune": "case 8: autotune against a sweep",
+          "compression": "case 10: accuracy against bytes, every compressor (digits)"}
 
 
 # ---- meta ----------------------------------------------------------------------------

@@ -39,6 +39,7 @@ import time
 import torch
 from mpi4py import MPI
 
+import hvdlite  # noqa: E402
 import hvdlite.torch as hvd
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -56,8 +57,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--modes", default="nocomm,hvdlite,mpi4py,ddp,horovod")
     p.add_argument("--compression", default="none",
-                   help="comma list of hvdlite compressions to run besides none: fp16, topk "
-                        "(each adds an 'hvdlite fp16' / 'hvdlite topk 1%%' mode)")
+                   help="comma list of hvdlite compressions to run besides none: fp16, bf16, topk, "
+                        "dgc (top-k 0.1%% with momentum correction), powersgd (rank 4); each adds a "
+                        "mode ('hvdlite fp16', 'hvdlite topk 1%%', ...)")
     p.add_argument("--topk-ratio", type=float, default=0.01)
     p.add_argument("--engine-priorities", default="",
                    help="comma list of HVDLITE_ENGINE_PRIORITY values (batch, idle) to run besides the "
@@ -82,6 +84,13 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def _wire_bytes(mode):
+    """Bytes hvdlite's engine has put on the wire on this rank (0 for other modes)."""
+    if mode.engine != "hvdlite":
+        return 0
+    return sum(v for k, v in hvdlite.engine_stats().items() if k.startswith("wire_bytes_"))
+
+
 class Mode:
     def __init__(self, label, model, optimizer, forward=None, engine=None, env=None):
         self.label, self.model, self.optimizer = label, model, optimizer
@@ -92,6 +101,7 @@ class Mode:
         # thread's, and the other threads' (hvdlite's engine, Horovod's
         # background thread, gloo's workers): what communication costs the cores.
         self.train_cpu, self.other_cpu, self.steps = 0.0, 0.0, 0
+        self.wire_bytes = 0  # hvdlite's wire bytes of timed steps, summed over ranks
 
     def step(self, x, y):
         self.optimizer.zero_grad()
@@ -185,6 +195,15 @@ def build_modes(names, args, engines):
                 elif comp == "topk":
                     modes.append(hvdlite_mode(f"hvdlite topk {args.topk_ratio:g}".replace("0.01", "1%"),
                                               "topk.", hvd.Compression.topk(args.topk_ratio), None))
+                elif comp == "bf16":
+                    modes.append(hvdlite_mode("hvdlite bf16", "bf16.", hvd.Compression.bf16, None))
+                elif comp == "dgc":
+                    # Past its warm-up: the steady state's cost.
+                    modes.append(hvdlite_mode("hvdlite topk 0.1% + DGC", "dgc.",
+                                              hvd.Compression.topk(0.001, momentum_correction=0.9), None))
+                elif comp == "powersgd":
+                    modes.append(hvdlite_mode("hvdlite powersgd r4", "psgd.",
+                                              hvd.Compression.powersgd(rank=4, start_iter=0), None))
                 else:
                     raise SystemExit(f"unknown compression {comp}")
         elif name == "mpi4py":
@@ -298,6 +317,7 @@ def main(argv=None):
             comm.Barrier()
             local = []
             cpu0, proc0 = time.thread_time(), time.process_time()
+            wire0 = _wire_bytes(mode)
             for _ in range(args.steps):
                 t0 = time.perf_counter()
                 mode.step(x, y)
@@ -307,6 +327,7 @@ def main(argv=None):
             cpu = comm.allreduce([train, time.process_time() - proc0 - train])
             slowest = comm.allreduce(local, op=_max_lists)
             mode.times.extend(slowest)
+            mode.wire_bytes += comm.allreduce(_wire_bytes(mode) - wire0)
             mode.train_cpu += sum(cpu[0::2])
             mode.other_cpu += sum(cpu[1::2])
             mode.steps += args.steps * size
@@ -333,7 +354,7 @@ def main(argv=None):
     print(f"train step, {args.layers} x Linear({args.width}, {args.width}), batch {args.batch}/rank, "
           f"{size} ranks, 1 thread/rank, {args.rounds} rounds x {args.steps} steps (interleaved)")
     print(f"{'mode':34s} {'median ms':>10s} {'p25':>8s} {'p75':>8s} {'x no-comm':>10s} "
-          f"{'train cpu':>10s} {'other cpu':>10s}")
+          f"{'train cpu':>10s} {'other cpu':>10s} {'wire KB':>9s}")
     for m in modes:
         ms = sorted(t * 1e3 for t in m.times)
         med = statistics.median(ms)
@@ -343,12 +364,14 @@ def main(argv=None):
         r.update({"median_ms": round(med, 2), "p25_ms": round(q[0], 2), "p75_ms": round(q[2], 2),
                   "ratio_to_nocomm": round(ratio, 3),
                   "train_thread_cpu_ms": round(1e3 * m.train_cpu / max(1, m.steps), 2),
+                  "wire_bytes_per_rank_step": round(m.wire_bytes / max(1, m.steps)),
                   "other_threads_cpu_ms": round(1e3 * m.other_cpu / max(1, m.steps), 2)})
         if m.env:
             r["env"] = {k: str(v) for k, v in m.env.items()}
         results["modes"][m.label] = r
         print(f"{m.label:34s} {med:10.1f} {q[0]:8.1f} {q[2]:8.1f} {ratio:10.2f} "
-              f"{r['train_thread_cpu_ms']:10.1f} {r['other_threads_cpu_ms']:10.1f}")
+              f"{r['train_thread_cpu_ms']:10.1f} {r['other_threads_cpu_ms']:10.1f} "
+              f"{r['wire_bytes_per_rank_step'] / 1e3:9.1f}")
     for label, why in absent.items():
         print(f"{label:34s} {'absent':>10s}   {why}")
     if tuned:

@@ -137,6 +137,7 @@ def train(args):
     steps, start, wire_start = 0, time.time(), _wire_bytes()
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
+        epoch_wire, epoch_steps = _wire_bytes(), steps
         model.train()
         loss_sum, batches = 0.0, 0
         for x, y in train_loader:
@@ -151,6 +152,7 @@ def train(args):
                 max_diff = max(max_diff, check_step(model, reference, ref_opt, x, y, steps,
                                                     args.check_tol, size,
                                                     exact=args.compression == "none"))
+        last_epoch_wire = _wire_bytes() - epoch_wire
         train_loss = hvd.allreduce(torch.tensor(loss_sum / max(batches, 1)),
                                    name="metric.train_loss").item()
         accuracy = evaluate(model, test_loader)
@@ -163,7 +165,8 @@ def train(args):
     result = {"ranks": size, "epochs": args.epochs, "compression": repr(compression_of(args)),
               "op": args.op, "seed": args.seed, "test_accuracy": round(100 * accuracy, 2),
               "steps": steps, "seconds": round(elapsed, 2),
-              "wire_bytes_per_step": round(wire / max(steps, 1))}
+              "wire_bytes_per_step": round(wire / max(steps, 1)),
+              "wire_bytes_per_step_last_epoch": round(last_epoch_wire / max(steps - epoch_steps, 1))}
     if args.check and args.compression == "none":
         result["max_diff_vs_single_process"] = max_diff
     if args.check:

@@ -43,7 +43,10 @@ size_t ErrorFeedback::Compress(const float* input, const std::vector<Segment>& s
   return bytes;
 }
 
-void ErrorFeedback::Reset() { residuals_.clear(); }
+void ErrorFeedback::Reset() {
+  residuals_.clear();
+  inner_->Reset();  // a warm-up inside starts over too
+}
 
 bool ErrorFeedback::GetResidual(const std::string& name, std::vector<float>* out) const {
   auto it = residuals_.find(name);

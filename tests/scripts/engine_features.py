@@ -455,6 +455,11 @@ def test_topk_dgc_against_reference(engine):
         assert delta(before, after, "wire_bytes_topk") == 8 * k, (t, delta(before, after, "wire_bytes_topk"), k)
     same = hvd.allgather(got[None], name="dgc.same")
     assert all(np.array_equal(same[i], got) for i in range(n)), "ranks differ"
+    # reset_compression_state() starts the warm-up over: dense again.
+    hvd.reset_compression_state()
+    before = hvd.engine_stats()
+    hvd.allreduce(grad(r, 299, size), op=hvd.Sum, compression=comp, name="dgc.one")
+    assert delta(before, hvd.engine_stats(), "wire_bytes_topk") == 8 * size
     # Tensors the engine sends whole keep ordinary momentum: u = m u + g, nothing masked.
     small = [grad(r, 300 + t, 100) for t in range(3)]
     u = np.zeros(100, np.float32)
