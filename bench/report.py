@@ -371,9 +371,10 @@ def hosts_train_section(case, img):
     first = next(iter(case["layouts"].values()))
     L.append("The train step of case 2 (%d x Linear(%d, %d), %.0f MB of float32 gradients) on the "
              "emulated hosts of case 7 (links at %s), one job per layout, modes interleaved (%d rounds "
-             "x %d steps). With several ranks per host, fp16 and top-k compress only what crosses "
-             "hosts: each host sums exactly in its memory, and each of its ranks compresses one block "
-             "of the host's sum. All hosts share this machine's 2 cores, so a layout with more ranks "
+             "x %d steps). With several ranks per host, fp16, bf16 and top-k compress only what "
+             "crosses hosts: each host sums exactly in its memory, and each of its ranks compresses one "
+             "block of the host's sum (the wire bytes count that block; uncompressed, the whole "
+             "bucket); PowerSGD runs over all ranks. All hosts share this machine's 2 cores, so a layout with more ranks "
              "also has less CPU per rank: compare rows within a layout.\n"
              % (first["layers"], first["width"], first["width"], first.get("params", 0) * 4 / 1e6,
                 case.get("rate"), first["rounds"], first["steps_per_round"]))
@@ -381,10 +382,12 @@ def hosts_train_section(case, img):
         mo = res["modes"]
         base = mo.get("hvdlite", {}).get("median_ms")
         rows = [[k, ms(v["median_ms"]), ms(v["min_ms"]), ms(v["max_ms"]), ratio(v["ratio_to_nocomm"]),
-                 ratio(v["median_ms"] / base) if base and k != "no communication" else ""]
+                 ratio(v["median_ms"] / base) if base and k != "no communication" else "",
+                 "%.0f" % (v["wire_bytes_per_rank_step"] / 1e3) if v.get("wire_bytes_per_rank_step") else ""]
                 for k, v in mo.items()]
         L.append("**%s** (hosts x ranks per host):\n" % lay)
-        L.append(table(["mode", "median ms", "min", "max", "x no-comm", "x hvdlite fp32"], rows))
+        L.append(table(["mode", "median ms", "min", "max", "x no-comm", "x hvdlite fp32", "wire KB/rank/step"],
+                       rows))
         L.append("")
     L.append(img("bench_hosts_train.png", plot_hosts_train, case))
     return "\n".join(L) + "\n"

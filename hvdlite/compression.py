@@ -73,11 +73,15 @@ class Compressor:
         """(engine code, top-k ratio, error feedback) for the C API."""
         return (_engine_code(self.kind), float(self.ratio), int(bool(self.error_feedback)))
 
+    def _key(self):
+        """What makes two compressors the same (equal objects reduce alike)."""
+        return (self.kind, float(self.ratio), bool(self.error_feedback))
+
     def __eq__(self, other):
-        return isinstance(other, Compressor) and self.spec() == other.spec()
+        return isinstance(other, Compressor) and self._key() == other._key()
 
     def __hash__(self):
-        return hash(self.spec())
+        return hash(self._key())
 
 
 class NoneCompressor(Compressor):
@@ -203,6 +207,10 @@ class TopKCompressor(Compressor):
             raise exceptions.InvalidArgumentError(f"topk clip_norm must be > 0 (None: off), got {clip_norm}")
         self.clip_norm = clip_norm
 
+    def _key(self):
+        return (self.kind, self.ratio, self.error_feedback, self.momentum_correction, self.warmup_steps,
+                self.clip_norm)
+
     def with_momentum(self, momentum):
         """This compressor with ``momentum_correction=True`` resolved to the
         optimizer's ``momentum`` (the DistributedOptimizers call it)."""
@@ -247,6 +255,9 @@ class PowerSGDCompressor(Compressor):
             raise exceptions.InvalidArgumentError(f"powersgd rank must be an integer in [1, 64], not {rank!r}")
         self.rank = rank
         self.start_iter = _count(start_iter, "powersgd start_iter")
+
+    def _key(self):
+        return (self.kind, self.rank, self.start_iter)
 
     def spec(self):
         return (_config_id(self.kind, rank=self.rank, start_iter=self.start_iter), 0.0, 0)

@@ -136,3 +136,26 @@ def test_tiny_hosts_and_autotune_cases(tmp_path):
     assert tune["autotune"]["log"][-1]["note"] == "best" and tune["autotune"]["samples"] > 0
     assert tune["autotune"]["ratio_to_best_of_sweep"] > 0
     assert "## Case 8: autotune against a sweep" in doc
+
+
+def test_tiny_compression_accuracy_case(tmp_path):
+    """Case 10 in a tiny run: the digits example once per compressor (2 ranks,
+    1 epoch), each checked bitwise identical on all ranks every step, with its
+    accuracy and bytes per step; the report's table and plot."""
+    require("hvdlite._engine", import_module=False)
+    require("torch", import_module=False)
+    require("sklearn", import_module=False)
+    require("matplotlib", import_module=False)
+    p = _run(["--tiny", "--cases", "compression", "--out-dir", str(tmp_path)], timeout=400)
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(glob.glob(str(tmp_path / "results" / "*.json"))[0]) as f:
+        runs = json.load(f)["cases"]["compression"]["runs"]
+    assert {"none", "fp16", "bf16", "top-k 0.1% + DGC", "PowerSGD r2"} <= set(runs), list(runs)
+    assert all(r["bitwise_identical_every_step"] for r in runs.values())
+    none = runs["none"]["wire_bytes_per_step_last_epoch"]
+    assert runs["fp16"]["wire_bytes_per_step_last_epoch"] * 2 == none
+    assert runs["top-k 0.1%"]["wire_bytes_per_step_last_epoch"] < none / 5
+    assert runs["PowerSGD r1"]["wire_bytes_per_step_last_epoch"] < runs["PowerSGD r4"]["wire_bytes_per_step_last_epoch"]
+    doc = (tmp_path / "benchmarks.md").read_text()
+    assert "## Case 10: accuracy against bytes, every compressor" in doc
+    _check_png(str(tmp_path / "img" / "bench_compression_accuracy.png"))
