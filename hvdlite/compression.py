@@ -49,6 +49,20 @@ def _dtype_name(tensor):
 _FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 
 
+def _narrow(tensor, wire):
+    """Horovod's compress() of a 16-bit float compressor: floating-point
+    tensors become ``wire`` (ctx: their dtype), others pass unchanged."""
+    name = _dtype_name(tensor)
+    if name in _FLOAT_NAMES and name != wire:
+        return _framework_cast(tensor, wire), name
+    return tensor, None
+
+
+def _widen(tensor, ctx):
+    """decompress() after _narrow."""
+    return tensor if ctx is None else _framework_cast(tensor, ctx)
+
+
 class Compressor:
     """What crosses the wire for a reducing collective. Immutable.
 
@@ -103,14 +117,11 @@ class FP16Compressor(Compressor):
     def compress(tensor):
         """Floating-point tensors become float16 (ctx: the original dtype);
         others pass unchanged."""
-        name = _dtype_name(tensor)
-        if name in _FLOAT_NAMES and name != "float16":
-            return _framework_cast(tensor, "float16"), name
-        return tensor, None
+        return _narrow(tensor, "float16")
 
     @staticmethod
     def decompress(tensor, ctx):
-        return tensor if ctx is None else _framework_cast(tensor, ctx)
+        return _widen(tensor, ctx)
 
     def __repr__(self):
         return "Compression.fp16"
@@ -128,14 +139,11 @@ class BF16Compressor(Compressor):
         """Floating-point tensors become bfloat16 (ctx: the original dtype);
         others pass unchanged. NumPy has no bfloat16 of its own: there it
         needs the ``ml_dtypes`` package (TensorFlow installs it)."""
-        name = _dtype_name(tensor)
-        if name in _FLOAT_NAMES and name != "bfloat16":
-            return _framework_cast(tensor, "bfloat16"), name
-        return tensor, None
+        return _narrow(tensor, "bfloat16")
 
     @staticmethod
     def decompress(tensor, ctx):
-        return tensor if ctx is None else _framework_cast(tensor, ctx)
+        return _widen(tensor, ctx)
 
     def __repr__(self):
         return "Compression.bf16"

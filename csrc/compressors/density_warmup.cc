@@ -37,41 +37,33 @@ size_t DensityWarmup::CompressedBytes(const std::vector<Segment>& segs) const {
   return bytes;
 }
 
-// Each segment goes to top-k alone, at its own density; the wire form stays
-// the concatenation of the segments' forms (compressor.h's contract).
-size_t DensityWarmup::Compress(const float* input, const std::vector<Segment>& segs, uint8_t* out) {
+template <typename Call>
+void DensityWarmup::EachAtItsDensity(const std::vector<Segment>& segs, Call call) {
   size_t pos = 0;
   for (const Segment& s : segs) {
     topk_->set_ratio(RatioOf(s.name));
     single_[0] = s;
-    const size_t bytes = SegmentBytes(s);
-    if (bytes > 0 && topk_->Compress(input, single_, out + pos) != bytes) return 0;  // too large for top-k
-    pos += bytes;
+    call(pos);
+    pos += SegmentBytes(s);
   }
   topk_->set_ratio(target_);
-  return pos;
+}
+
+size_t DensityWarmup::Compress(const float* input, const std::vector<Segment>& segs, uint8_t* out) {
+  bool fits = true;
+  EachAtItsDensity(segs, [&](size_t pos) {
+    const size_t bytes = SegmentBytes(single_[0]);
+    if (bytes > 0 && topk_->Compress(input, single_, out + pos) != bytes) fits = false;  // too large for top-k
+  });
+  return fits ? CompressedBytes(segs) : 0;
 }
 
 void DensityWarmup::Decompress(const uint8_t* in, const std::vector<Segment>& segs, float* out) {
-  size_t pos = 0;
-  for (const Segment& s : segs) {
-    topk_->set_ratio(RatioOf(s.name));
-    single_[0] = s;
-    topk_->Decompress(in + pos, single_, out);
-    pos += SegmentBytes(s);
-  }
-  topk_->set_ratio(target_);
+  EachAtItsDensity(segs, [&](size_t pos) { topk_->Decompress(in + pos, single_, out); });
 }
 
 void DensityWarmup::DecompressAdd(const uint8_t* in, const std::vector<Segment>& segs, float* out) {
-  size_t pos = 0;
-  for (const Segment& s : segs) {
-    topk_->set_ratio(RatioOf(s.name));
-    single_[0] = s;
-    topk_->DecompressAdd(in + pos, single_, out);
-    pos += SegmentBytes(s);
-  }
-  topk_->set_ratio(target_);
+  EachAtItsDensity(segs, [&](size_t pos) { topk_->DecompressAdd(in + pos, single_, out); });
 }
 
 void DensityWarmup::Reset() {

@@ -38,6 +38,11 @@ class DensityWarmup : public Compressor {
   double RatioOf(const std::string& name) const;
 
  private:
+  // call(wire offset) for each segment, with top-k set to that segment's
+  // density and single_ holding it; each goes to top-k alone, and the wire
+  // form stays the concatenation of the segments' forms (compressor.h).
+  template <typename Call>
+  void EachAtItsDensity(const std::vector<Segment>& segs, Call call);
   // One segment's wire bytes at its density.
   size_t SegmentBytes(const Segment& s) const { return 8 * static_cast<size_t>(topk_->KAt(RatioOf(s.name), s.count)); }
 

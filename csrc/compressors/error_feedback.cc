@@ -5,7 +5,7 @@
 namespace hvdlite {
 
 ErrorFeedback::ErrorFeedback(std::unique_ptr<Compressor> inner)
-    : inner_(std::move(inner)), single_(1) {}
+    : CompressorDecorator(std::move(inner)), single_(1) {}
 
 size_t ErrorFeedback::Compress(const float* input, const std::vector<Segment>& segs,
                                uint8_t* out) {

@@ -9,40 +9,25 @@
 #include <unordered_map>
 #include <vector>
 
-#include "compressor.h"
+#include "decorator.h"
 
 namespace hvdlite {
 
-class ErrorFeedback : public Compressor {
+class ErrorFeedback : public CompressorDecorator {
  public:
   explicit ErrorFeedback(std::unique_ptr<Compressor> inner);
 
   std::string Describe() const override { return inner_->Describe() + "+ef"; }
-  Wire wire() const override { return inner_->wire(); }
-  size_t CompressedBytes(const std::vector<Segment>& segs) const override {
-    return inner_->CompressedBytes(segs);
-  }
   // Compresses input + residual and keeps residual = (input + residual) - sent.
   // A segment whose count differs from its stored residual starts from zero.
   size_t Compress(const float* input, const std::vector<Segment>& segs, uint8_t* out) override;
-  void Decompress(const uint8_t* in, const std::vector<Segment>& segs, float* out) override {
-    inner_->Decompress(in, segs, out);
-  }
-  void DecompressAdd(const uint8_t* in, const std::vector<Segment>& segs, float* out) override {
-    inner_->DecompressAdd(in, segs, out);
-  }
-  DataType wire_dtype() const override { return inner_->wire_dtype(); }
   void Reset() override;
-  void BeginRound(const std::vector<Segment>& segs) override { inner_->BeginRound(segs); }
-  bool Sparsifies(const Segment& s) const override { return inner_->Sparsifies(s); }
 
-  Compressor* inner() const { return inner_.get(); }
   // The residual carried for a tensor name (false if none); for tests and stats.
   bool GetResidual(const std::string& name, std::vector<float>* out) const;
   size_t residual_count() const { return residuals_.size(); }
 
  private:
-  std::unique_ptr<Compressor> inner_;
   // Stored negated (-residual): then "residual = tmp - sent" becomes
   // "neg = -tmp; neg += sent", and inner's DecompressAdd does the second half
   // touching only what was sent (k entries for top-k) instead of a dense

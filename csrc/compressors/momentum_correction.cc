@@ -5,7 +5,7 @@
 namespace hvdlite {
 
 MomentumCorrection::MomentumCorrection(std::unique_ptr<Compressor> inner, double momentum)
-    : inner_(std::move(inner)), momentum_(static_cast<float>(momentum)), single_(1) {}
+    : CompressorDecorator(std::move(inner)), momentum_(static_cast<float>(momentum)), single_(1) {}
 
 std::string MomentumCorrection::Describe() const {
   char buf[48];

@@ -7,7 +7,9 @@
 // moves momentum before the exchange instead: each rank keeps a velocity per
 // tensor, u = m u + g, hands u to error feedback (which accumulates v += u and
 // sends the top-k of v), and zeroes u where an entry was sent, so a sent
-// entry's stale momentum does not push it again. The optimizer then applies
+// entry's stale momentum does not push it again. Where a tensor is sent whole
+// (small tensors, a dense warm-up step) nothing is masked: the velocity goes on
+// as the optimizer's momentum would have. The optimizer then applies
 // the averaged result with plain SGD (the DistributedOptimizers set its
 // momentum to 0 when they pass m here).
 #pragma once
@@ -17,37 +19,23 @@
 #include <unordered_map>
 #include <vector>
 
-#include "compressor.h"
+#include "decorator.h"
 
 namespace hvdlite {
 
-class MomentumCorrection : public Compressor {
+class MomentumCorrection : public CompressorDecorator {
  public:
   // inner: error feedback over top-k (registry checks), momentum in (0, 1).
   MomentumCorrection(std::unique_ptr<Compressor> inner, double momentum);
 
   std::string Describe() const override;
-  Wire wire() const override { return inner_->wire(); }
-  size_t CompressedBytes(const std::vector<Segment>& segs) const override {
-    return inner_->CompressedBytes(segs);
-  }
   size_t Compress(const float* input, const std::vector<Segment>& segs, uint8_t* out) override;
-  void Decompress(const uint8_t* in, const std::vector<Segment>& segs, float* out) override {
-    inner_->Decompress(in, segs, out);
-  }
-  void DecompressAdd(const uint8_t* in, const std::vector<Segment>& segs, float* out) override {
-    inner_->DecompressAdd(in, segs, out);
-  }
-  DataType wire_dtype() const override { return inner_->wire_dtype(); }
   void Reset() override;
-  void BeginRound(const std::vector<Segment>& segs) override { inner_->BeginRound(segs); }
-  bool Sparsifies(const Segment& s) const override { return inner_->Sparsifies(s); }
 
   // The velocity carried for a tensor name (false if none); for tests.
   bool GetVelocity(const std::string& name, std::vector<float>* out) const;
 
  private:
-  std::unique_ptr<Compressor> inner_;
   const float momentum_;
   std::unordered_map<std::string, std::vector<float>> velocity_;
   std::vector<float> sent_;      // the dense form of what one segment sent

@@ -6,7 +6,7 @@
 namespace hvdlite {
 
 NormClip::NormClip(std::unique_ptr<Compressor> inner, double max_norm)
-    : inner_(std::move(inner)), max_norm_(max_norm), single_(1) {}
+    : CompressorDecorator(std::move(inner)), max_norm_(max_norm), single_(1) {}
 
 std::string NormClip::Describe() const {
   char buf[48];

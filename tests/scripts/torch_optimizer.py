@@ -57,6 +57,19 @@ def close(a_params, b_params, tol=1e-5):
     return all(torch.allclose(a, b, atol=tol, rtol=tol) for a, b in zip(a_params, b_params))
 
 
+def step_both(model, opt, ref, ref_opt, first_batch, steps):
+    """``steps`` steps of the distributed model on this rank's shard and of the
+    single-process reference on the combined batch."""
+    for step in range(steps):
+        x, y = batch(first_batch + step, B * hvd.size())
+        opt.zero_grad()
+        loss_fn(model(shard(x)), shard(y)).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        loss_fn(ref(x), y).backward()
+        ref_opt.step()
+
+
 def run_variant(name, steps=2, clip=None, ref_scale=1.0, **kwargs):
     model, ref = make_model(6), make_model(6)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
@@ -119,14 +132,7 @@ def test_top_level_dispatch_and_adam(rank, size):
     opt = hvdlite.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01))
     ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01)
     check("top-level dispatch", isinstance(opt, torch.optim.Adam) and hasattr(opt, "synchronize"))
-    for step in range(3):
-        x, y = batch(10 + step, B * size)
-        opt.zero_grad()
-        loss_fn(model(shard(x)), shard(y)).backward()
-        opt.step()
-        ref_opt.zero_grad()
-        loss_fn(ref(x), y).backward()
-        ref_opt.step()
+    step_both(model, opt, ref, ref_opt, 10, 3)
     check("adam matches", close(model.parameters(), ref.parameters(), 1e-5))
     check("adam identical", identical_everywhere(model.parameters()))
 
@@ -518,14 +524,7 @@ def test_torch_compile(rank, size):
     opt = hvd.DistributedOptimizer(torch.optim.SGD(compiled.parameters(), lr=0.1, momentum=0.5),
                                    named_parameters=compiled.named_parameters())
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.5)
-    for step in range(3):
-        x, y = batch(95 + step, B * size)
-        opt.zero_grad()
-        loss_fn(compiled(shard(x)), shard(y)).backward()
-        opt.step()
-        ref_opt.zero_grad()
-        loss_fn(ref(x), y).backward()
-        ref_opt.step()
+    step_both(compiled, opt, ref, ref_opt, 95, 3)
     check("torch.compile matches", close(model.parameters(), ref.parameters()))
     check("torch.compile identical", identical_everywhere(model.parameters()))
 
@@ -640,14 +639,7 @@ def test_momentum_correction_takes_the_optimizers_momentum(rank, size):
     check("the optimizer's momentum moved to the engine",
           all(g["momentum"] == 0.0 for g in opt.param_groups) and sgd.param_groups[0]["momentum"] == 0.0)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    for step in range(4):
-        x, y = batch(140 + step, B * size)
-        opt.zero_grad()
-        loss_fn(model(shard(x)), shard(y)).backward()
-        opt.step()
-        ref_opt.zero_grad()
-        loss_fn(ref(x), y).backward()
-        ref_opt.step()
+    step_both(model, opt, ref, ref_opt, 140, 4)
     check("momentum SGD, moved into the engine", close(model.parameters(), ref.parameters(), 1e-5))
     check("identical on all ranks", identical_everywhere(model.parameters()))
     for bad, words in [(torch.optim.SGD(make_model(1).parameters(), lr=0.1, momentum=0.9, nesterov=True),
