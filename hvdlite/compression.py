@@ -380,6 +380,7 @@ def as_spec(compression):
         compression = compression()
     if not isinstance(compression, Compressor):
         raise exceptions.InvalidArgumentError(
-            f"compression must be Compression.none, .fp16, .bf16, .topk(...), .powersgd(...) or an "
+            f"compression must be Compression.none, Compression.fp16, Compression.bf16, "
+            f"Compression.topk(...), Compression.powersgd(...) or an "
             f"object with compress(tensor) and decompress(tensor, ctx), not {compression!r}")
     return compression.spec()
