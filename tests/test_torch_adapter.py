@@ -11,6 +11,7 @@ ADASUM = RankTests("scripts/torch_adasum.py")
 SINGLE_RANK = RankTests("scripts/torch_single_rank.py")
 DIGITS_ACCURACY = RankTests("scripts/torch_digits_accuracy.py")
 ELASTIC = RankTests("scripts/torch_elastic.py")
+CUDA = RankTests("scripts/torch_cuda.py")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -94,3 +95,15 @@ def test_synthetic_benchmark_runs():
 def test_elastic_state(case, rank_launch):
     """TorchState / ObjectState sync, commit, restore and run() on 3 ranks."""
     rank_launch(ELASTIC, 3).check(case)
+
+
+@pytest.mark.parametrize("case", CUDA.cases)
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_cuda_tensors(ranks, case, rank_launch):
+    """Real CUDA tensors (GPU machines only): at 1 rank through NCCL, at 2 ranks
+    on one GPU staged through host memory (NCCL refuses two ranks on one GPU);
+    with a GPU per rank, 2 ranks run through NCCL too."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU: torch.cuda.is_available() is False here")
+    rank_launch(CUDA, ranks).check(case)
