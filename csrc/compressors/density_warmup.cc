@@ -51,11 +51,13 @@ void DensityWarmup::EachAtItsDensity(const std::vector<Segment>& segs, Call call
 
 size_t DensityWarmup::Compress(const float* input, const std::vector<Segment>& segs, uint8_t* out) {
   bool fits = true;
+  size_t total = 0;
   EachAtItsDensity(segs, [&](size_t pos) {
     const size_t bytes = SegmentBytes(single_[0]);
     if (bytes > 0 && topk_->Compress(input, single_, out + pos) != bytes) fits = false;  // too large for top-k
+    total = pos + bytes;
   });
-  return fits ? CompressedBytes(segs) : 0;
+  return fits ? total : 0;
 }
 
 void DensityWarmup::Decompress(const uint8_t* in, const std::vector<Segment>& segs, float* out) {

@@ -99,7 +99,8 @@ Status PowerSGDCompressor::Exchange(Transport& wire, float* data, const std::vec
   for (size_t t = 0; t < segs.size(); ++t) {
     const Segment& s = segs[t];
     Plan& plan = plans_[t];
-    plan.low_rank = LowRank(s) && state_[s.name].rounds >= start_iter_;
+    plan.state = &state_[s.name];
+    plan.low_rank = LowRank(s) && plan.state->rounds >= start_iter_;
     plan.first = first;
     plan.second = second;
     if (plan.low_rank) {
@@ -118,7 +119,7 @@ Status PowerSGDCompressor::Exchange(Transport& wire, float* data, const std::vec
       std::memcpy(first_.data() + plans_[t].first, m, static_cast<size_t>(s.count) * sizeof(float));
       continue;
     }
-    TensorState& st = state_[s.name];
+    TensorState& st = *plans_[t].state;
     const int64_t rows = s.rows, cols = s.count / s.rows;
     if (static_cast<int64_t>(st.error.size()) != s.count) st.error.assign(static_cast<size_t>(s.count), 0.0f);
     if (static_cast<int64_t>(st.q.size()) != cols * r) {
@@ -160,7 +161,7 @@ Status PowerSGDCompressor::Exchange(Transport& wire, float* data, const std::vec
   const float share = 1.0f / static_cast<float>(wire.size());
   for (size_t t = 0; t < segs.size(); ++t) {
     const Segment& s = segs[t];
-    TensorState& st = state_[s.name];
+    TensorState& st = *plans_[t].state;
     const bool low_rank = plans_[t].low_rank;
     ++st.rounds;
     if (!low_rank) continue;

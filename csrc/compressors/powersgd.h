@@ -54,6 +54,7 @@ class PowerSGDCompressor : public Compressor {
     std::vector<float> error;  // rows x cols
   };
   struct Plan {
+    TensorState* state = nullptr;  // state_'s entry (stable: an unordered_map keeps its elements in place)
     bool low_rank = false;
     int64_t first = 0;   // offset in first_ (P or the dense values)
     int64_t second = 0;  // offset in second_ (Q^T)
