@@ -7,7 +7,7 @@ gradients), batch 64 per rank, 1 compute thread per rank, plain SGD.
     mpiexec -n 2 python bench/train_step.py                # prints a table
     mpiexec -n 2 python bench/train_step.py --plot docs/img/train_step.png --json out.json
     mpiexec -n 2 python bench/train_step.py --compression fp16,topk
-    mpiexec -n 2 python bench/train_step.py --engine-priorities batch,idle
+    mpiexec -n 2 python bench/train_step.py --engine-priorities normal,idle
     mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite --hvdlite-settings 4MB:1,64MB:1
     mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite --hvdlite-settings 4MB:1,64MB:1 --autotune
 
@@ -31,6 +31,7 @@ comes.
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import sys
@@ -62,8 +63,8 @@ def parse_args(argv=None):
                         "mode ('hvdlite fp16', 'hvdlite topk 1%%', ...)")
     p.add_argument("--topk-ratio", type=float, default=0.01)
     p.add_argument("--engine-priorities", default="",
-                   help="comma list of HVDLITE_ENGINE_PRIORITY values (batch, idle) to run besides the "
-                        "default: each adds an 'hvdlite, engine priority P' mode")
+                   help="comma list of HVDLITE_ENGINE_PRIORITY values (normal, batch, idle) to run besides the "
+                        "default (auto): each adds an 'hvdlite, engine priority P' mode")
     p.add_argument("--hvdlite-settings", default=None,
                    help="comma list FUSION:CYCLE_MS (e.g. 4MB:1,64MB:0.25): one hvdlite mode each, "
                         "in place of the plain 'hvdlite' mode")
@@ -79,9 +80,41 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=LAYERS)
     p.add_argument("--width", type=int, default=WIDTH)
     p.add_argument("--batch", type=int, default=BATCH)
+    p.add_argument("--allocator", choices=("keep", "trim"), default="keep",
+                   help="keep (default): glibc keeps freed gradient-sized blocks for reuse, in "
+                        "every mode alike; trim: glibc's own defaults, under which a step may hand "
+                        "its freed gradients back to the kernel and fault them in again in the "
+                        "next backward (how often depends on the process's allocation history, "
+                        "so it differs between modes of one run)")
     p.add_argument("--plot", help="write a PNG bar chart here (rank 0)")
     p.add_argument("--json", help="write the numbers here (rank 0)")
     return p.parse_args(argv)
+
+
+def keep_freed_blocks():
+    """Makes glibc's malloc keep freed blocks up to 32 MB (the most it allows
+    below mmap) for reuse instead of returning them to the kernel. By default
+    glibc trims the heap's top once more than 2x its adaptive mmap threshold is
+    free: a step that frees its 16 MB gradients then returns them, and the
+    next backward faults 100 MB back in page by page (~25k page faults, 20-30
+    ms of the training thread per step here). Which steps it hits depends on
+    what else the process allocated, so in one process one mode of the run may
+    pay it and another not; fixing the thresholds makes every mode alike.
+    The same as MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_MMAP_THRESHOLD_=33554432
+    in the environment. Returns whether glibc took both settings."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False  # not glibc
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    return bool(mallopt(M_TRIM_THRESHOLD, 1 << 30)) and bool(mallopt(M_MMAP_THRESHOLD, 32 << 20))
+
+
+def _thread_faults():
+    """Minor page faults of the calling thread so far."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
 
 
 def _wire_bytes(mode):
@@ -101,6 +134,9 @@ class Mode:
         # thread's, and the other threads' (hvdlite's engine, Horovod's
         # background thread, gloo's workers): what communication costs the cores.
         self.train_cpu, self.other_cpu, self.steps = 0.0, 0.0, 0
+        # Page faults of the training thread in timed steps, summed over ranks: a
+        # step that faults in its gradient buffers afresh pays for it in backward.
+        self.faults = 0
         self.wire_bytes = 0  # hvdlite's wire bytes of timed steps, summed over ranks
 
     def step(self, x, y):
@@ -186,7 +222,7 @@ def build_modes(names, args, engines):
                     modes.append(hvdlite_mode(f"hvdlite {spec}", f"e{i}.", hvd.Compression.none, env))
             else:
                 modes.append(hvdlite_mode("hvdlite", "", hvd.Compression.none, None))
-            for i, prio in enumerate(p for p in args.engine_priorities.split(",") if p and p != "normal"):
+            for i, prio in enumerate(p for p in args.engine_priorities.split(",") if p and p != "auto"):
                 modes.append(hvdlite_mode(f"hvdlite, engine priority {prio}", f"p{i}.", hvd.Compression.none,
                                           {"HVDLITE_ENGINE_PRIORITY": prio}))
             for comp in [c for c in args.compression.split(",") if c and c != "none"]:
@@ -285,6 +321,7 @@ def autotune(args, engines, x, y):
 
 def main(argv=None):
     args = parse_args(argv)
+    allocator = "keep" if args.allocator == "keep" and keep_freed_blocks() else "trim"
     torch.set_num_threads(1)
     rank, size = comm.rank, comm.size
     engines = Engines(comm)
@@ -317,6 +354,7 @@ def main(argv=None):
             comm.Barrier()
             local = []
             cpu0, proc0 = time.thread_time(), time.process_time()
+            faults0 = _thread_faults()
             wire0 = _wire_bytes(mode)
             for _ in range(args.steps):
                 t0 = time.perf_counter()
@@ -324,6 +362,7 @@ def main(argv=None):
                 local.append(time.perf_counter() - t0)
             # Lists concatenate under allreduce: [train, other threads] of every rank.
             train = time.thread_time() - cpu0
+            mode.faults += comm.allreduce(_thread_faults() - faults0)
             cpu = comm.allreduce([train, time.process_time() - proc0 - train])
             slowest = comm.allreduce(local, op=_max_lists)
             mode.times.extend(slowest)
@@ -342,7 +381,7 @@ def main(argv=None):
                "threads_per_rank": torch.get_num_threads(), "cpus": os.cpu_count(), "rounds": args.rounds,
                "steps_per_round": args.steps, "modes": {}, "absent": absent,
                "mpi": MPI.Get_library_version().splitlines()[0][:60],
-               "loadavg_end": load_average()}
+               "loadavg_end": load_average(), "allocator": allocator}
     if tuned:
         sweep = [m for m in modes if m.label.startswith("hvdlite fusion ")]
         if sweep:
@@ -352,9 +391,10 @@ def main(argv=None):
                 statistics.median(modes[-1].times) / statistics.median(best.times), 3)
         results["autotune"] = tuned
     print(f"train step, {args.layers} x Linear({args.width}, {args.width}), batch {args.batch}/rank, "
-          f"{size} ranks, 1 thread/rank, {args.rounds} rounds x {args.steps} steps (interleaved)")
+          f"{size} ranks, 1 thread/rank, {args.rounds} rounds x {args.steps} steps (interleaved), "
+          f"allocator {allocator}")
     print(f"{'mode':34s} {'median ms':>10s} {'p25':>8s} {'p75':>8s} {'x no-comm':>10s} "
-          f"{'train cpu':>10s} {'other cpu':>10s} {'wire KB':>9s}")
+          f"{'train cpu':>10s} {'other cpu':>10s} {'faults':>7s} {'wire KB':>9s}")
     for m in modes:
         ms = sorted(t * 1e3 for t in m.times)
         med = statistics.median(ms)
@@ -365,13 +405,14 @@ def main(argv=None):
                   "ratio_to_nocomm": round(ratio, 3),
                   "train_thread_cpu_ms": round(1e3 * m.train_cpu / max(1, m.steps), 2),
                   "wire_bytes_per_rank_step": round(m.wire_bytes / max(1, m.steps)),
+                  "train_thread_page_faults": round(m.faults / max(1, m.steps)),
                   "other_threads_cpu_ms": round(1e3 * m.other_cpu / max(1, m.steps), 2)})
         if m.env:
             r["env"] = {k: str(v) for k, v in m.env.items()}
         results["modes"][m.label] = r
         print(f"{m.label:34s} {med:10.1f} {q[0]:8.1f} {q[2]:8.1f} {ratio:10.2f} "
               f"{r['train_thread_cpu_ms']:10.1f} {r['other_threads_cpu_ms']:10.1f} "
-              f"{r['wire_bytes_per_rank_step'] / 1e3:9.1f}")
+              f"{r['train_thread_page_faults']:7d} {r['wire_bytes_per_rank_step'] / 1e3:9.1f}")
     for label, why in absent.items():
         print(f"{label:34s} {'absent':>10s}   {why}")
     if tuned:

@@ -495,6 +495,13 @@ int hvd_reset_compression_state(void) {
   return 0;
 }
 
+int hvd_set_compute_threads(int32_t threads) {
+  auto engine = CurrentEngine();
+  if (!engine) return -t_last_error_kind;
+  engine->SetComputeThreads(threads);
+  return 0;
+}
+
 int hvd_start_timeline(const char* path, int mark_cycles) {
   auto engine = CurrentEngine();
   if (!engine) return -t_last_error_kind;

@@ -122,6 +122,9 @@ int32_t hvd_compression_code(const char* name);
 int32_t hvd_compression_config(int32_t kind, double topk_ratio, int32_t error_feedback, double momentum,
                                int64_t warmup_steps, double clip_norm, int32_t rank, int64_t start_iter);
 int hvd_reset_compression_state(void);
+/* The framework's compute (intra-op) threads per rank, reported by its
+   adapter; HVDLITE_ENGINE_PRIORITY=auto decides from it. 0: unknown. */
+int hvd_set_compute_threads(int32_t threads);
 /* Timeline: "%r" in the path becomes the rank; without it only rank 0 writes. */
 int hvd_start_timeline(const char* path, int mark_cycles);
 int hvd_stop_timeline(void);

@@ -1,7 +1,6 @@
 #include "engine.h"
 
 #include <pthread.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -10,6 +9,7 @@
 #include <cstring>
 #include <set>
 
+#include "engine_priority.h"
 #include "request_validation.h"
 #include "timeline_names.h"
 
@@ -20,19 +20,6 @@ namespace {
 // How long Shutdown() lets the engine finish its last round before it stops
 // waiting on peers (one of them may be gone).
 constexpr double kShutdownGraceSeconds = 30.0;
-
-// Lowering a thread's own policy needs no privilege, so this only fails on a
-// kernel without the policy; the engine then runs as a normal thread.
-void ApplyPriority(EnginePriority priority) {
-  if (priority == EnginePriority::kNormal) return;
-  const int policy = priority == EnginePriority::kIdle ? SCHED_IDLE : SCHED_BATCH;
-  sched_param param{};  // priority 0: the only one these policies take
-  const int err = pthread_setschedparam(pthread_self(), policy, &param);
-  if (err != 0) {
-    std::fprintf(stderr, "hvdlite: HVDLITE_ENGINE_PRIORITY: could not change the engine thread's "
-                 "scheduling policy (%s); it runs as a normal thread\n", std::strerror(err));
-  }
-}
 
 }  // namespace
 
@@ -100,7 +87,8 @@ Status Engine::Start(MPI_Comm comm, std::unique_ptr<Engine>* out) {
 
 void Engine::ThreadMain() {
   pthread_setname_np(pthread_self(), "hvdlite-engine");
-  ApplyPriority(options_.priority);
+  usable_cores_ = UsableCores();
+  if (options_.priority != EnginePriority::kAuto) SetPriority(options_.priority);
   Status s = Setup();
   {
     std::lock_guard<std::mutex> lock(state_mutex_);
@@ -232,6 +220,7 @@ void Engine::Loop() {
       work_pending_ = false;
     }
 
+    if (options_.priority == EnginePriority::kAuto && !priority_chosen_) ChooseAutoPriority();
     const auto started = Clock::now();
     bool idle = true, waiting = false;
     for (auto& set : sets_.All()) {
@@ -249,6 +238,32 @@ void Engine::Loop() {
     // start a round the moment they submit, and rounds pair up across ranks,
     // so this rank joins the next one now instead of after its cycle time.
     next = waiting ? started : started + cycle * (1 << backoff);
+  }
+}
+
+void Engine::SetComputeThreads(int threads) {
+  compute_threads_.store(threads > 0 ? threads : 0);
+  {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    work_pending_ = true;  // decide in the next round, not after a backed-off cycle
+  }
+  state_cv_.notify_all();
+}
+
+void Engine::ChooseAutoPriority() {
+  HostLoad load;
+  load.compute_threads = compute_threads_.load();
+  if (load.compute_threads == 0) return;  // nothing reported yet: stay normal
+  load.ranks_on_host = topology_.local_size;
+  load.usable_cores = usable_cores_;
+  load.job_on_one_host = topology_.local_size == topology_.size;
+  priority_chosen_ = true;
+  SetPriority(ResolvePriority(EnginePriority::kAuto, load));
+}
+
+void Engine::SetPriority(EnginePriority priority) {
+  if (ApplyPriority(priority) && priority == EnginePriority::kIdle) {
+    stats_.engine_idle_priority.store(1, std::memory_order_relaxed);
   }
 }
 

@@ -61,6 +61,9 @@ class Engine {
   DeviceJobQueue& device_jobs() { return device_jobs_; }
   // Clears error-feedback residuals (applied by the engine thread).
   void ResetCompressionState() { reset_compression_ = true; }
+  // The framework's compute threads per rank (its adapter reports them):
+  // what HVDLITE_ENGINE_PRIORITY=auto decides from (engine_priority.h).
+  void SetComputeThreads(int threads);
 
  private:
   Engine(MPI_Comm user_comm, EngineOptions options);
@@ -80,6 +83,10 @@ class Engine {
   Status EndAutotuneSample(ProcessSet& global);
   Status ChangeProcessSets(ProcessSet& global, const Response& response);
   void Stop(const Status& reason);
+  // kAuto: once the adapter has reported its threads, picks the policy once
+  // (a lowered priority cannot be raised back without privilege).
+  void ChooseAutoPriority();
+  void SetPriority(EnginePriority priority);
 
   MPI_Comm user_comm_;
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -95,6 +102,9 @@ class Engine {
   double cycle_time_ms_;                  // the autotuner may change it
   std::atomic<bool> reset_compression_{false};
   std::atomic<bool> mark_cycles_{false};
+  std::atomic<int> compute_threads_{0};
+  int usable_cores_ = 1;          // read by the engine thread at start
+  bool priority_chosen_ = false;  // engine thread only
 
   std::thread thread_;
   std::atomic<bool> abort_{false};

@@ -94,14 +94,16 @@ Status ReadPriority(EnginePriority* out) {
   const char* value = Lookup("ENGINE_PRIORITY", &name);
   if (value == nullptr) return Status::OK();
   const std::string v(value);
-  if (v == "normal") {
+  if (v == "auto") {
+    *out = EnginePriority::kAuto;
+  } else if (v == "normal") {
     *out = EnginePriority::kNormal;
   } else if (v == "batch") {
     *out = EnginePriority::kBatch;
   } else if (v == "idle") {
     *out = EnginePriority::kIdle;
   } else {
-    return BadValue(name, value, "normal, batch or idle");
+    return BadValue(name, value, "auto, normal, batch or idle");
   }
   return Status::OK();
 }

@@ -29,15 +29,13 @@ struct WaitPolicy {
   double timeout_seconds = 0.0;
 };
 
-// How the kernel schedules the engine thread against the training threads.
-// Where the framework's compute threads fill every core, a one-host
-// reduction is CPU work that backward pays for however it is scheduled; run
-// in hundreds of slices between backward's (the engine wakes for every
-// negotiation round and every chunk a peer publishes) it cost ~1.5x the CPU
-// of the same work in one stretch. kIdle runs the engine only on a core
-// nothing else wants (after backward, or beside it on a spare core); kBatch
-// keeps its fair share but never preempts a running thread when it wakes.
-enum class EnginePriority { kNormal, kBatch, kIdle };
+// How the kernel schedules the engine thread against the training threads
+// (engine_priority.h explains why it matters). kIdle runs the engine only on
+// a core nothing else wants (after backward, or beside it on a spare core);
+// kBatch keeps its fair share but never preempts a running thread when it
+// wakes; kAuto is kIdle where the job runs on one host whose cores its
+// compute threads fill, kNormal elsewhere.
+enum class EnginePriority { kNormal, kBatch, kIdle, kAuto };
 
 struct EngineOptions {
   double cycle_time_ms = 1.0;
@@ -96,7 +94,7 @@ struct EngineOptions {
   double stall_check_seconds = 60.0;
   double stall_shutdown_seconds = 0.0;
   WaitPolicy wait;
-  EnginePriority priority = EnginePriority::kNormal;
+  EnginePriority priority = EnginePriority::kAuto;
 
   // Reads the environment; a malformed value is an error naming the variable.
   static Status FromEnvironment(EngineOptions* out);

@@ -28,6 +28,9 @@ struct EngineStats {
   // Staging memory the engine keeps between rounds (fusion and compression
   // buffers, grown to the largest bucket seen): a high-water mark, not a leak.
   std::atomic<int64_t> buffer_bytes{0};
+  // 1 while the engine thread runs at SCHED_IDLE (HVDLITE_ENGINE_PRIORITY,
+  // or chosen by its default, auto).
+  std::atomic<int64_t> engine_idle_priority{0};
 
   // Bytes this rank put on the wire, per compression code (WireBytes() in
   // compressors/compressor.h; named "wire_bytes_<name>" by the C API).
@@ -41,6 +44,7 @@ struct EngineStats {
 #define HVDLITE_STATS_FIELDS(X)                                                             \
   X(cycles) X(negotiations) X(cache_hits) X(cache_misses) X(tensors) X(tensors_fused)      \
   X(collectives) X(shm_collectives) X(ring_collectives) X(hierarchical_allgathers)         \
-  X(hierarchical_reducescatters) X(fused_buffers) X(bytes_in) X(stall_warnings) X(buffer_bytes)
+  X(hierarchical_reducescatters) X(fused_buffers) X(bytes_in) X(stall_warnings) X(buffer_bytes)  \
+  X(engine_idle_priority)
 
 }  // namespace hvdlite

@@ -12,6 +12,15 @@ def engine_stats():
     return {name: int(values[i]) for i, name in enumerate(names)}
 
 
+def set_compute_threads(threads):
+    """Tells the engine how many compute (intra-op) threads this rank runs.
+    The torch and TensorFlow adapters call it when the engine starts; with
+    ``HVDLITE_ENGINE_PRIORITY=auto`` (the default) the engine thread then runs
+    at idle priority where the whole job is on one host and ranks x threads
+    fill its cores (docs/engine.md, "Engine thread priority")."""
+    _binding.check(lib.hvd_set_compute_threads(max(0, int(threads))))
+
+
 # Residuals kept outside the engine (the torch device executor's top-k).
 reset_hooks = []
 

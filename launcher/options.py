@@ -114,9 +114,10 @@ def build_parser():
                    help="scored samples per candidate setting (HVDLITE_AUTOTUNE_SAMPLES_PER_SETTING, default 2)")
     g.add_argument("--cache-capacity", type=int, metavar="N",
                    help="response cache entries (HVDLITE_CACHE_CAPACITY)")
-    g.add_argument("--engine-priority", choices=["normal", "batch", "idle"],
-                   help="scheduling of each rank's engine thread; idle suits a host whose cores the "
-                        "training threads fill and nothing else uses (HVDLITE_ENGINE_PRIORITY)")
+    g.add_argument("--engine-priority", choices=["auto", "normal", "batch", "idle"],
+                   help="scheduling of each rank's engine thread; auto (the default): idle where the "
+                        "job runs on one host whose cores its compute threads fill, else normal "
+                        "(HVDLITE_ENGINE_PRIORITY)")
     g.add_argument("--timeline-filename", metavar="FILE",
                    help="write a Chrome trace timeline; %%r becomes the rank (HVDLITE_TIMELINE)")
     g.add_argument("--timeline-mark-cycles", dest="timeline_mark_cycles", action="store_true",

@@ -27,6 +27,7 @@ from .. import basics as _basics
 from ..basics import (cross_rank, cross_size, is_homogeneous, is_initialized, local_rank,
                       local_size, mpi_library_version, mpi_threads_supported, rank, shutdown, size)
 from ..compression import Compression, Compressor
+from ..engine_control import set_compute_threads as _set_compute_threads
 from ..engine_control import start_timeline, stop_timeline
 from ..exceptions import (HvdliteError, HvdliteShutdownError, InvalidArgumentError, MPIError,
                           NotInitializedError, StallError, TensorMismatchError,
@@ -105,8 +106,35 @@ def init(comm=None, process_sets=None, intra_op_threads=None, inter_op_threads=N
     also honours ``TF_NUM_INTRAOP_THREADS``). Takes effect only before TF runs
     its first op; later a RuntimeWarning says so.
     """
-    _basics.init(comm, process_sets)
+    global _sizing_threads
+    _sizing_threads = True
+    try:
+        _basics.init(comm, process_sets)
+    finally:
+        _sizing_threads = False
     _set_threads(_thread_count(intra_op_threads, "intra"), _thread_count(inter_op_threads, "inter"))
+    if is_initialized():
+        _report_compute_threads()
+
+
+# Set while init() starts the engine: it reports the threads once it has sized them.
+_sizing_threads = False
+
+
+def _report_compute_threads():
+    """Tells the engine TF's intra-op threads per rank (what
+    HVDLITE_ENGINE_PRIORITY=auto decides from); nothing where TF has a GPU,
+    whose host threads mostly wait on the device."""
+    if _sizing_threads or tf.config.list_physical_devices("GPU"):
+        return
+    threads = tf.config.threading.get_intra_op_parallelism_threads()
+    if not threads:  # TF's default: one per usable core, or TF_NUM_INTRAOP_THREADS
+        env = os.environ.get("TF_NUM_INTRAOP_THREADS", "")
+        threads = int(env) if env.isdigit() and int(env) > 0 else len(os.sched_getaffinity(0))
+    _set_compute_threads(threads)
+
+
+_basics.add_engine_hooks(_report_compute_threads, lambda: None)
 
 
 def __getattr__(name):

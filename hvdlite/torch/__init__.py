@@ -47,6 +47,16 @@ HorovodInternalError = HvdliteError  # the name Horovod scripts catch
 _hvdlite.basics.add_engine_hooks(device.start, device.stop)
 
 
+def _report_compute_threads():
+    # A CUDA job's host threads mostly wait on the device: leave the engine
+    # an ordinary thread there (nothing reported).
+    if not torch.cuda.is_available():
+        _hvdlite.engine_control.set_compute_threads(torch.get_num_threads())
+
+
+_hvdlite.basics.add_engine_hooks(_report_compute_threads, lambda: None)
+
+
 def nccl_built():
     """Whether CUDA tensors can go through NCCL here (torch's NCCL, at run time)."""
     import torch.distributed as dist

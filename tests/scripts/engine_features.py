@@ -775,21 +775,42 @@ def engine_thread_policy():
     raise AssertionError("no hvdlite-engine thread in this process")
 
 
-@pytest.mark.parametrize("name,policy", [("normal", os.SCHED_OTHER), ("batch", os.SCHED_BATCH),
-                                         ("idle", os.SCHED_IDLE)])
-def test_engine_priority(engine, name, policy):
+def _auto_policy(threads, ranks):
+    """What HVDLITE_ENGINE_PRIORITY=auto should choose on this host (the whole
+    job runs on it): idle once ranks x reported threads fill its usable cores."""
+    full = threads > 0 and threads * ranks >= len(os.sched_getaffinity(0))
+    return os.SCHED_IDLE if full else os.SCHED_OTHER
+
+
+@pytest.mark.parametrize("name,threads,policy", [
+    ("normal", 0, os.SCHED_OTHER), ("batch", 0, os.SCHED_BATCH), ("idle", 0, os.SCHED_IDLE),
+    ("normal", 64, os.SCHED_OTHER),        # a policy the user set wins over the report
+    ("auto", 0, os.SCHED_OTHER),           # nothing reported (NumPy collectives): normal
+    ("auto", 64, os.SCHED_IDLE),           # more threads than cores: idle
+    ("auto", 1, "rule"),                   # idle exactly where ranks fill the cores
+    (None, 64, os.SCHED_IDLE),             # auto is the default
+])
+def test_engine_priority(engine, name, threads, policy):
     """HVDLITE_ENGINE_PRIORITY sets the engine thread's scheduling policy (the
-    training threads keep theirs) and changes nothing in the results."""
+    training threads keep theirs) and changes nothing in the results; auto, the
+    default, lowers it to idle when the reported compute threads fill this
+    host's cores."""
     rng = np.random.default_rng(7)
     data = [rng.standard_normal(size).astype(np.float32) * (k + 1)
             for k, size in enumerate([3, 70000, 300000])]          # fused, and above the threshold
-    r, n = engine(HVDLITE_ENGINE_PRIORITY=name)
-    assert engine_thread_policy() == policy, (name, engine_thread_policy())
+    r, n = engine(**({} if name is None else {"HVDLITE_ENGINE_PRIORITY": name}))
+    if threads:
+        hvd.set_compute_threads(threads)
+    hvd.allreduce(np.zeros(1, np.float32), name=f"prio.{name}.{threads}.first")  # a round after the report
+    if policy == "rule":
+        policy = _auto_policy(threads, n)
+    assert engine_thread_policy() == policy, (name, threads, engine_thread_policy())
+    assert hvd.engine_stats()["engine_idle_priority"] == int(policy == os.SCHED_IDLE)
     assert os.sched_getscheduler(0) == os.SCHED_OTHER
-    handles = [hvd.allreduce_async(x * (r + 1), op=hvd.Sum, name=f"prio.{name}.{k}")
+    handles = [hvd.allreduce_async(x * (r + 1), op=hvd.Sum, name=f"prio.{name}.{threads}.{k}")
                for k, x in enumerate(data)]
     for x, h in zip(data, handles):
         want = x * (n * (n + 1) // 2)   # sum over ranks of x * (r + 1)
         np.testing.assert_allclose(hvd.synchronize(h), want, rtol=1e-6, atol=1e-6)
-    got = hvd.allgather(np.full((1, 2), r, np.int64), name=f"prio.{name}.gather")
+    got = hvd.allgather(np.full((1, 2), r, np.int64), name=f"prio.{name}.{threads}.gather")
     assert np.array_equal(got, np.repeat(np.arange(n), 2).reshape(n, 2)), got

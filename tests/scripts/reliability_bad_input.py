@@ -305,7 +305,7 @@ BAD_SETTINGS = [
     ("HVDLITE_STALL_SHUTDOWN_TIME_SECONDS", "-5", "a number"),
     ("HVDLITE_STALL_CHECK_DISABLE", "maybe", "0 or 1"),
     ("HVDLITE_WAIT_SLEEP_US", "0", "an integer >= 1"),
-    ("HVDLITE_ENGINE_PRIORITY", "low", "normal, batch or idle"),
+    ("HVDLITE_ENGINE_PRIORITY", "low", "auto, normal, batch or idle"),
     ("HOROVOD_FUSION_THRESHOLD", "64MB", "an integer"),  # the Horovod alias is checked too
 ]
 

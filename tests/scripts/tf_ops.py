@@ -37,6 +37,16 @@ def test_thread_settings_from_init(rank, size):
     assert tf.config.threading.get_inter_op_parallelism_threads() == 1
 
 
+def test_engine_priority_from_tf_threads(rank, size):
+    # init() reports the intra-op threads it set (1); the default priority
+    # (auto) makes the engine idle exactly where ranks x threads fill the cores.
+    import os
+    import hvdlite
+    hvd.allreduce(tf.zeros(1), name="prio.round")  # a round after the report
+    full = size * 1 >= len(os.sched_getaffinity(0))
+    assert hvdlite.engine_stats()["engine_idle_priority"] == int(full), hvdlite.engine_stats()
+
+
 # ---------------------------------------------------------------- allreduce
 OPS_REF = {hvd.Sum: lambda xs: np.sum(xs, axis=0), hvd.Average: lambda xs: np.mean(xs, axis=0),
            hvd.Min: lambda xs: np.min(xs, axis=0), hvd.Max: lambda xs: np.max(xs, axis=0),

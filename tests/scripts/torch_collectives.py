@@ -37,6 +37,17 @@ def test_basics(rank, size):
         check(f"op {name}", isinstance(getattr(hvd, name), int))
 
 
+def test_engine_priority_from_torch_threads(rank, size):
+    # The adapter reports torch's threads at init; the default priority (auto)
+    # makes the engine idle exactly where ranks x threads fill the usable cores.
+    import os
+    hvd.allreduce(torch.zeros(1), name="prio.round")  # a round after the report
+    full = size * torch.get_num_threads() >= len(os.sched_getaffinity(0))
+    check("auto priority", hvdlite.engine_stats()["engine_idle_priority"] == int(full),
+          f"{size} ranks x {torch.get_num_threads()} threads, "
+          f"{len(os.sched_getaffinity(0))} cores: {hvdlite.engine_stats()}")
+
+
 def test_allreduce_dtypes_and_ops(rank, size):
     ops = {
         hvd.Sum: lambda xs: torch.stack(xs).sum(0),
