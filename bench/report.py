@@ -14,7 +14,8 @@ import statistics
 from . import kernels as kernels_mod
 
 R50_RAW = ["mpi4py unfused", "mpi4py one buffer", "mpi4py 25 MB buckets"]
-IDLE_MODE = "hvdlite, engine priority idle"
+IDLE_MODE = "hvdlite, engine priority idle"      # runs from before auto was the default
+NORMAL_MODE = "hvdlite, engine priority normal"
 TARGETS = {"resnet50": 1.10, "train_step": 1.15, "small": 2.0, "net_topk": 10.0, "net_fp16": 1.8}
 RESNET50_FLOATS = 25557032
 
@@ -645,11 +646,12 @@ def summary_section(data):
         v = mo["hvdlite"]["ratio_to_nocomm"] if "hvdlite" in mo else None
         rows.append(["train step, hvdlite / no communication", "<= %.2fx" % TARGETS["train_step"],
                      ratio(v), met(v, TARGETS["train_step"])])
-        idle = mo.get(IDLE_MODE)
-        if idle:
-            v = idle["ratio_to_nocomm"]
-            rows.append(["train step, hvdlite with `HVDLITE_ENGINE_PRIORITY=idle` / no communication",
-                         "<= %.2fx" % TARGETS["train_step"], ratio(v), met(v, TARGETS["train_step"])])
+        for mode, value in ((IDLE_MODE, "idle"), (NORMAL_MODE, "normal")):
+            if mode in mo:
+                v = mo[mode]["ratio_to_nocomm"]
+                rows.append(["train step, hvdlite with `HVDLITE_ENGINE_PRIORITY=%s` / no communication"
+                             % value, "<= %.2fx" % TARGETS["train_step"], ratio(v),
+                             met(v, TARGETS["train_step"])])
     if ok(data, "allreduce"):
         s = c["allreduce"]["small"]
         v = s["hvdlite"]["median_ms"] / s["mpi4py loop"]["median_ms"] if "mpi4py loop" in s else None
@@ -833,6 +835,24 @@ def cpu_analysis(case):
                TARGETS["train_step"], need, gb / (need / 1e3) if need > 0 else float("nan")))
     if threads < cpus:
         text += " Here cores were left over, so the engine could also run beside the training threads."
+    if case.get("allocator") == "keep":
+        text += (" Every mode ran with glibc told to keep freed blocks up to 32 MB for reuse "
+                 "(`bench/train_step.py --allocator keep`, the default): with glibc's own thresholds "
+                 "a step may return its freed 16 MB gradients to the kernel and fault them in again "
+                 "in the next backward, ~25k page faults and 20-30 ms of the training thread, in "
+                 "some modes of a run and not others (docs/torch.md). The faults column of the "
+                 "script's table shows it.")
+    normal = mo.get(NORMAL_MODE)
+    if normal and "other_threads_cpu_ms" in normal:
+        text += ("\n\nThe default engine priority, `auto`, ran the engine at idle priority here (the "
+                 "job is on one host and its compute threads fill the cores); forced to `normal` "
+                 "the engine took %s ms of CPU per step (training thread %s ms), %.2fx the "
+                 "no-communication step. An idle-priority engine runs when a core has nothing else "
+                 "to run (after backward, or on the core of a rank that finished first), in long "
+                 "stretches, instead of waking in the middle of backward for every negotiation "
+                 "round and every chunk a peer publishes (docs/engine.md)."
+                 % (ms(normal["other_threads_cpu_ms"]), ms(normal.get("train_thread_cpu_ms")),
+                    normal["ratio_to_nocomm"]))
     idle = mo.get(IDLE_MODE)
     if idle and "other_threads_cpu_ms" in idle:
         text += ("\n\nThe same reduction took the engine %s ms of CPU per step with "
@@ -1215,14 +1235,22 @@ def advice_section(data):
         bullet += ("Top-k changes the optimisation (error feedback sends the rest in later steps): check "
                    "accuracy before relying on it; fp16 is the safe first step on slow links.\n")
         out.append(bullet)
-    if ok(data, "train_step") and IDLE_MODE in c["train_step"]["modes"] and "hvdlite" in c["train_step"]["modes"]:
-        mo = c["train_step"]["modes"]
-        out.append("- **Engine priority** (`HVDLITE_ENGINE_PRIORITY`, `hvdrun --engine-priority`): where the "
-                   "training threads fill every core of a dedicated host (CPU training, ranks x threads = "
-                   "cores), `idle` made the training step %s of no communication against %s with the "
-                   "default. Keep the default where other programs share the cores: an idle-priority "
-                   "engine then waits for them.\n"
-                   % (ratio(mo[IDLE_MODE]["ratio_to_nocomm"]), ratio(mo["hvdlite"]["ratio_to_nocomm"])))
+    mo = c["train_step"]["modes"] if ok(data, "train_step") else {}
+    if "hvdlite" in mo and (IDLE_MODE in mo or NORMAL_MODE in mo):
+        lead = "- **Engine priority** (`HVDLITE_ENGINE_PRIORITY`, `hvdrun --engine-priority`): "
+        if IDLE_MODE in mo:  # a run from before auto was the default: "hvdlite" ran normal
+            text = ("where the training threads fill every core of a dedicated host (CPU training, "
+                    "ranks x threads = cores), `idle` made the training step %s of no communication "
+                    "against %s with `normal`, the default when this ran (now `auto` chooses `idle` "
+                    "on such a host)." % (ratio(mo[IDLE_MODE]["ratio_to_nocomm"]),
+                                          ratio(mo["hvdlite"]["ratio_to_nocomm"])))
+        else:
+            text = ("the default, `auto`, runs the engine at idle priority where the job is on one "
+                    "host whose cores its compute threads fill: the training step took %s of no "
+                    "communication, against %s with `normal`." % (
+                        ratio(mo["hvdlite"]["ratio_to_nocomm"]), ratio(mo[NORMAL_MODE]["ratio_to_nocomm"])))
+        out.append(lead + text + " Use `normal` where other programs share the cores: an "
+                   "idle-priority engine then waits for them.\n")
     if ok(data, "scaling"):
         out.append("- **Ranks per machine**: keep ranks <= cores. Oversubscribed ranks (more ranks than "
                    "cores) wait for the scheduler, and every collective then costs scheduler time slices.\n")

@@ -241,7 +241,7 @@ def breakdown(R, np, P, **kw):
 def case_train(R, P, args, tiny):
     modes = "nocomm,hvdlite,mpi4py,ddp,horovod" if not tiny else "nocomm,hvdlite,horovod"
     return R.job(args.np, TRAIN, train_args(P) + ["--modes", modes, "--compression", "fp16",
-                                                  "--engine-priorities", "idle"])
+                                                  "--engine-priorities", "normal"])
 
 
 def case_kernels(R, P, args, tiny):
