@@ -47,6 +47,8 @@ constexpr size_t kCacheLine = 64;
 // Longest futex sleep between checks for an abort or HVDLITE_TIMEOUT_SECONDS
 // (and a guard should a wake-up ever be missed).
 constexpr int64_t kSleepSliceUs = 2000;
+// Where a spin that has shrunk to nothing grows back from (AdaptSpin).
+constexpr int64_t kMinSpinNs = 250;
 // Board rows cover the negotiation vector of a response cache of up to
 // 64 x 1024 slots; bigger caches negotiate through MPI.
 constexpr int64_t kMaxBoardWords = 1 + 1024;
@@ -144,6 +146,7 @@ ShmCollectives::ShmCollectives(int rank, int size, void* base, size_t bytes, int
       region_bytes_(RoundUp(sizeof(Control), kCacheLine) + 2 * static_cast<size_t>(slots * chunk_bytes)),
       board_words_(board_words),
       wait_(wait),
+      spin_ns_(wait.spin_us * 1000),
       abort_(abort),
       sources_(static_cast<size_t>(size)) {}
 
@@ -206,9 +209,12 @@ template <typename Ready>
 Status ShmCollectives::Wait(const char* what, Ready ready) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  const auto spin = std::chrono::microseconds(wait_.spin_us);
+  const auto spin = std::chrono::nanoseconds(spin_ns_);
   while (true) {
-    if (ready()) return Status::OK();
+    if (ready()) {
+      AdaptSpin(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+      return Status::OK();
+    }
     const auto waited = Clock::now() - start;
     if (abort_ != nullptr && abort_->load(std::memory_order_relaxed)) {
       return Status::Error(ErrorKind::kTimeout,
@@ -228,6 +234,21 @@ Status ShmCollectives::Wait(const char* what, Ready ready) {
     const uint32_t event = h->event.load(std::memory_order_seq_cst);
     if (!ready()) FutexWait(&h->event, event, kSleepSliceUs);
     h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+void ShmCollectives::AdaptSpin(int64_t waited_ns) {
+  // A spin pays when the peer is running and answers within it; when its
+  // engine is not scheduled (its core busy with backward), every spin is CPU
+  // taken from this rank's training thread before it sleeps anyway (5 of
+  // ~21 ms of engine CPU per train step, bench/results/2026-11-26-train-step).
+  // So the spin doubles (up to WAIT_SPIN_US) after a wait that a full spin
+  // would have covered, and halves after one that outlasted it.
+  const int64_t limit = wait_.spin_us * 1000;
+  if (waited_ns > limit) {
+    spin_ns_ /= 2;
+  } else if (spin_ns_ < limit) {
+    spin_ns_ = std::min(limit, std::max<int64_t>(2 * spin_ns_, kMinSpinNs));
   }
 }
 

@@ -21,7 +21,9 @@
 // engine thread is often not scheduled, and a lockstep exchange then waited
 // for every chunk. Waits spin briefly, then sleep on a futex in the segment
 // that every publish and consume wakes, so a waiting rank gives its core to
-// the training thread and is scheduled again the moment a peer moves.
+// the training thread and is scheduled again the moment a peer moves. The
+// spin adapts: it shrinks while waits outlast it (the peer's engine is not
+// running) and grows back while peers answer within it.
 //
 // Bitwise AND. Every negotiation round ANDs a small bit vector over the set.
 // Through MPI, a rank whose peer is behind (a slower backward) polls for the
@@ -99,6 +101,8 @@ class ShmCollectives {
   // Spins, then sleeps on the futex until `ready()`; fails on abort/timeout.
   template <typename Ready>
   Status Wait(const char* what, Ready ready);
+  // Shortens the spin while waits outlast it, lengthens it while they do not.
+  void AdaptSpin(int64_t waited_ns);
 
   int rank_;
   int size_;
@@ -111,6 +115,7 @@ class ShmCollectives {
   int board_words_;      // words per board row
   uint64_t and_round_ = 0;  // bitwise ANDs so far; equal on every rank
   WaitPolicy wait_;
+  int64_t spin_ns_;  // the current spin before sleeping, at most wait_.spin_us
   const std::atomic<bool>* abort_;
   std::vector<const uint8_t*> sources_;  // scratch: every rank's slot for a chunk
 };
