@@ -87,8 +87,7 @@ Status Engine::Start(MPI_Comm comm, std::unique_ptr<Engine>* out) {
 
 void Engine::ThreadMain() {
   pthread_setname_np(pthread_self(), "hvdlite-engine");
-  usable_cores_ = UsableCores();
-  if (options_.priority != EnginePriority::kAuto) SetPriority(options_.priority);
+  if (options_.priority != EnginePriority::kAuto) SetPriority(pthread_self(), options_.priority);
   Status s = Setup();
   {
     std::lock_guard<std::mutex> lock(state_mutex_);
@@ -220,7 +219,6 @@ void Engine::Loop() {
       work_pending_ = false;
     }
 
-    if (options_.priority == EnginePriority::kAuto && !priority_chosen_) ChooseAutoPriority();
     const auto started = Clock::now();
     bool idle = true, waiting = false;
     for (auto& set : sets_.All()) {
@@ -242,27 +240,22 @@ void Engine::Loop() {
 }
 
 void Engine::SetComputeThreads(int threads) {
-  compute_threads_.store(threads > 0 ? threads : 0);
-  {
-    std::lock_guard<std::mutex> lock(state_mutex_);
-    work_pending_ = true;  // decide in the next round, not after a backed-off cycle
-  }
-  state_cv_.notify_all();
-}
-
-void Engine::ChooseAutoPriority() {
-  HostLoad load;
-  load.compute_threads = compute_threads_.load();
-  if (load.compute_threads == 0) return;  // nothing reported yet: stay normal
-  load.ranks_on_host = topology_.local_size;
-  load.usable_cores = usable_cores_;
-  load.job_on_one_host = topology_.local_size == topology_.size;
+  if (options_.priority != EnginePriority::kAuto || threads <= 0) return;
+  // Topology is fixed once Start() has returned; the engine thread lives
+  // (and its handle is valid) while it has not stopped.
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  if (stopped_ || priority_chosen_) return;
   priority_chosen_ = true;
-  SetPriority(ResolvePriority(EnginePriority::kAuto, load));
+  HostLoad load;
+  load.compute_threads = threads;
+  load.ranks_on_host = topology_.local_size;
+  load.usable_cores = UsableCores(thread_.native_handle());
+  load.job_on_one_host = topology_.local_size == topology_.size;
+  SetPriority(thread_.native_handle(), ResolvePriority(EnginePriority::kAuto, load));
 }
 
-void Engine::SetPriority(EnginePriority priority) {
-  if (ApplyPriority(priority) && priority == EnginePriority::kIdle) {
+void Engine::SetPriority(pthread_t thread, EnginePriority priority) {
+  if (ApplyPriority(thread, priority) && priority == EnginePriority::kIdle) {
     stats_.engine_idle_priority.store(1, std::memory_order_relaxed);
   }
 }

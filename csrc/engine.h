@@ -3,6 +3,8 @@
 // the process sets and their changes, and the table of handles.
 #pragma once
 
+#include <pthread.h>
+
 #include <mpi.h>
 
 #include <atomic>
@@ -62,7 +64,9 @@ class Engine {
   // Clears error-feedback residuals (applied by the engine thread).
   void ResetCompressionState() { reset_compression_ = true; }
   // The framework's compute threads per rank (its adapter reports them):
-  // what HVDLITE_ENGINE_PRIORITY=auto decides from (engine_priority.h).
+  // with HVDLITE_ENGINE_PRIORITY=auto the first report picks the engine
+  // thread's policy, once (a lowered priority cannot be raised back without
+  // privilege; engine_priority.h).
   void SetComputeThreads(int threads);
 
  private:
@@ -83,10 +87,7 @@ class Engine {
   Status EndAutotuneSample(ProcessSet& global);
   Status ChangeProcessSets(ProcessSet& global, const Response& response);
   void Stop(const Status& reason);
-  // kAuto: once the adapter has reported its threads, picks the policy once
-  // (a lowered priority cannot be raised back without privilege).
-  void ChooseAutoPriority();
-  void SetPriority(EnginePriority priority);
+  void SetPriority(pthread_t thread, EnginePriority priority);
 
   MPI_Comm user_comm_;
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -102,9 +103,7 @@ class Engine {
   double cycle_time_ms_;                  // the autotuner may change it
   std::atomic<bool> reset_compression_{false};
   std::atomic<bool> mark_cycles_{false};
-  std::atomic<int> compute_threads_{0};
-  int usable_cores_ = 1;          // read by the engine thread at start
-  bool priority_chosen_ = false;  // engine thread only
+  bool priority_chosen_ = false;  // under state_mutex_
 
   std::thread thread_;
   std::atomic<bool> abort_{false};

@@ -1,6 +1,5 @@
 #include "engine_priority.h"
 
-#include <pthread.h>
 #include <sched.h>
 
 #include <cstdio>
@@ -15,11 +14,11 @@ EnginePriority ResolvePriority(EnginePriority requested, const HostLoad& load) {
   return demand >= load.usable_cores ? EnginePriority::kIdle : EnginePriority::kNormal;
 }
 
-bool ApplyPriority(EnginePriority priority) {
+bool ApplyPriority(pthread_t thread, EnginePriority priority) {
   if (priority == EnginePriority::kNormal || priority == EnginePriority::kAuto) return true;
   const int policy = priority == EnginePriority::kIdle ? SCHED_IDLE : SCHED_BATCH;
   sched_param param{};  // priority 0: the only one these policies take
-  const int err = pthread_setschedparam(pthread_self(), policy, &param);
+  const int err = pthread_setschedparam(thread, policy, &param);
   if (err != 0) {
     std::fprintf(stderr, "hvdlite: HVDLITE_ENGINE_PRIORITY: could not change the engine thread's "
                  "scheduling policy to %s (%s); it runs as a normal thread\n",
@@ -29,10 +28,10 @@ bool ApplyPriority(EnginePriority priority) {
   return true;
 }
 
-int UsableCores() {
+int UsableCores(pthread_t thread) {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  if (pthread_getaffinity_np(thread, sizeof(set), &set) != 0) return 1;
   const int n = CPU_COUNT(&set);
   return n > 0 ? n : 1;
 }

@@ -11,6 +11,8 @@
 // there it stays an ordinary thread.
 #pragma once
 
+#include <pthread.h>
+
 #include "engine_options.h"
 
 namespace hvdlite {
@@ -30,13 +32,13 @@ struct HostLoad {
 // Any other value is returned as given.
 EnginePriority ResolvePriority(EnginePriority requested, const HostLoad& load);
 
-// Sets the calling thread's policy. Lowering it needs no privilege; raising
-// it back is refused without CAP_SYS_NICE, so the engine lowers it at most
-// once. Returns false (after saying why on stderr) when the kernel refused.
-bool ApplyPriority(EnginePriority priority);
+// Sets `thread`'s policy. Lowering it needs no privilege; raising it back is
+// refused without CAP_SYS_NICE, so the engine lowers it at most once.
+// Returns false (after saying why on stderr) when the kernel refused.
+bool ApplyPriority(pthread_t thread, EnginePriority priority);
 
-// CPUs in the calling thread's affinity mask (at least 1).
-int UsableCores();
+// CPUs in `thread`'s affinity mask (at least 1).
+int UsableCores(pthread_t thread);
 
 const char* PriorityName(EnginePriority priority);
 
