@@ -119,6 +119,7 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
   if (!(s = ReadBool("SHM_ALLREDUCE", &o.shm_allreduce)).ok()) return s;
   if (!(s = ReadInt("SHM_CHUNK_BYTES", 4096, &o.shm_chunk_bytes)).ok()) return s;
   if (!(s = ReadInt("SHM_SLOTS", 2, &o.shm_slots)).ok()) return s;
+  if (!(s = ReadChoice("SHM_STREAMING_STORES", &o.shm_streaming_stores)).ok()) return s;
   if (!(s = ReadInt("CACHE_CAPACITY", 0, &o.cache_capacity)).ok()) return s;
   if (!(s = ReadChoice("RING_ALLREDUCE", &o.ring)).ok()) return s;
   if (!(s = ReadInt("RING_THRESHOLD", 0, &o.ring_threshold_bytes)).ok()) return s;

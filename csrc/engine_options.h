@@ -57,6 +57,11 @@ struct EngineOptions {
   int64_t shm_slots = 16;
   // A setting that is on, off, or chosen from the layout of the ranks.
   enum class Choice { kAuto, kOn, kOff };
+  // Whether the shared-memory allreduce writes its slots with streaming
+  // (cache-bypassing) stores; kAuto: measured while the job runs
+  // (collectives/slot_store_choice.h). A rank's own choice: the bytes are
+  // the same either way.
+  Choice shm_streaming_stores = Choice::kAuto;
   // Between hosts: large allreduces take a pipelined ring over MPI
   // point-to-point (collectives/ring_transport.h). kAuto: when a process set
   // spans more than one host.

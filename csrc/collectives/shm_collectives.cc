@@ -14,6 +14,7 @@
 #include <random>
 
 #include "../reduce_kernels.h"
+#include "../streaming_copy.h"
 #include "../transport.h"
 
 
@@ -68,6 +69,15 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_u
 
 void FutexWakeAll(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+SlotStoreChoice ChooseStores(EngineOptions::Choice setting) {
+  switch (setting) {
+    case EngineOptions::Choice::kOn: return SlotStoreChoice(SlotStores::kStreaming);
+    case EngineOptions::Choice::kOff: return SlotStoreChoice(SlotStores::kCached);
+    case EngineOptions::Choice::kAuto: break;
+  }
+  return SlotStoreChoice();
 }
 
 bool AllAgree(MPI_Comm comm, bool mine) {
@@ -131,11 +141,11 @@ std::unique_ptr<ShmCollectives> ShmCollectives::Create(MPI_Comm comm, bool want,
     return nullptr;
   }
   return std::unique_ptr<ShmCollectives>(
-      new ShmCollectives(rank, size, base, total, chunk, slots, board_words, options.wait, abort));
+      new ShmCollectives(rank, size, base, total, chunk, slots, board_words, options, abort));
 }
 
 ShmCollectives::ShmCollectives(int rank, int size, void* base, size_t bytes, int64_t chunk_bytes,
-                               int64_t slots, int board_words, const WaitPolicy& wait,
+                               int64_t slots, int board_words, const EngineOptions& options,
                                const std::atomic<bool>* abort)
     : rank_(rank),
       size_(size),
@@ -145,10 +155,12 @@ ShmCollectives::ShmCollectives(int rank, int size, void* base, size_t bytes, int
       slots_(slots),
       region_bytes_(RoundUp(sizeof(Control), kCacheLine) + 2 * static_cast<size_t>(slots * chunk_bytes)),
       board_words_(board_words),
-      wait_(wait),
-      spin_ns_(wait.spin_us * 1000),
+      wait_(options.wait),
+      spin_ns_(options.wait.spin_us * 1000),
       abort_(abort),
-      sources_(static_cast<size_t>(size)) {}
+      sources_(static_cast<size_t>(size)),
+      scratch_(static_cast<size_t>(chunk_bytes)),
+      store_choice_(ChooseStores(options.shm_streaming_stores)) {}
 
 ShmCollectives::~ShmCollectives() {
   // Local: a peer that died cannot make this wait.
@@ -310,41 +322,71 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
     return copied < chunks && copied - gathered < slots_ && SlotFree(seq_of(copied));
   };
   int64_t lo = 0, hi = 0;
+  // Each step is timed for the choice of stores (slot_store_choice.h).
+  using Clock = std::chrono::steady_clock;
+  auto record = [&](uint64_t seq, Clock::time_point start, int64_t bytes) {
+    store_choice_.Record(seq, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
+                         bytes);
+  };
   while (gathered < chunks) {
     if (can_gather()) {
       const uint64_t seq = seq_of(gathered);
+      const auto start = Clock::now();
+      int64_t bytes = 0;
       uint8_t* dst = out + gathered * per_chunk * elem;
       for (int p = 0; p < size_; ++p) {
         if (p == rank_) continue;
         part(gathered, p, &lo, &hi);
         std::memcpy(dst + lo * elem, result_slot(p, seq) + lo * elem, static_cast<size_t>((hi - lo) * elem));
+        bytes += (hi - lo) * elem;
       }
+      record(seq, start, bytes);
       control(rank_)->consumed.store(seq, std::memory_order_release);
       Signal();
       ++gathered;
     } else if (can_reduce()) {
       const uint64_t seq = seq_of(reduced);
+      const auto start = Clock::now();
       part(reduced, rank_, &lo, &hi);
       const uint8_t* mine = in + (reduced * per_chunk + lo) * elem;
       for (int r = 0; r < size_; ++r) {
         sources_[static_cast<size_t>(r)] = r == rank_ ? mine : slot(r, seq) + lo * elem;
       }
-      // Summed into the shared result for the peers and, in the same pass,
-      // into this rank's output (which may be the input it reads: each
-      // element is read before it is written).
+      // Summed, in one pass, into this rank's output (which may be the input
+      // it reads: each element is read before it is written) and the shared
+      // result for the peers; or, with streaming stores, into a scratch part
+      // that stays in cache, streamed to the shared result from there.
       uint8_t* result = result_slot(rank_, seq) + lo * elem;
-      ReduceSources(sources_, result, hi - lo, dtype, op, scale, out + (reduced * per_chunk + lo) * elem);
+      uint8_t* mine_out = out + (reduced * per_chunk + lo) * elem;
+      const size_t bytes = static_cast<size_t>((hi - lo) * elem);
+      if (store_choice_.For(seq) == SlotStores::kStreaming) {
+        ReduceSources(sources_, scratch_.data(), hi - lo, dtype, op, scale, mine_out);
+        StreamingCopy(result, scratch_.data(), bytes);
+      } else {
+        ReduceSources(sources_, result, hi - lo, dtype, op, scale, mine_out);
+      }
+      record(seq, start, static_cast<int64_t>(bytes));
       control(rank_)->reduced.store(seq, std::memory_order_release);
       Signal();
       ++reduced;
     } else if (can_copy()) {
       const uint64_t seq = seq_of(copied);
+      const auto start = Clock::now();
+      const bool streaming = store_choice_.For(seq) == SlotStores::kStreaming;
+      int64_t bytes = 0;
       const uint8_t* src = in + copied * per_chunk * elem;
       for (int p = 0; p < size_; ++p) {
         if (p == rank_) continue;
         part(copied, p, &lo, &hi);
-        std::memcpy(slot(rank_, seq) + lo * elem, src + lo * elem, static_cast<size_t>((hi - lo) * elem));
+        const size_t n = static_cast<size_t>((hi - lo) * elem);
+        if (streaming) {
+          StreamingCopy(slot(rank_, seq) + lo * elem, src + lo * elem, n);
+        } else {
+          std::memcpy(slot(rank_, seq) + lo * elem, src + lo * elem, n);
+        }
+        bytes += static_cast<int64_t>(n);
       }
+      record(seq, start, bytes);
       control(rank_)->published.store(seq, std::memory_order_release);
       Signal();
       ++copied;

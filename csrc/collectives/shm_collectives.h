@@ -23,7 +23,9 @@
 // that every publish and consume wakes, so a waiting rank gives its core to
 // the training thread and is scheduled again the moment a peer moves. The
 // spin adapts: it shrinks while waits outlast it (the peer's engine is not
-// running) and grows back while peers answer within it.
+// running) and grows back while peers answer within it. Slots are written
+// with plain or streaming stores, whichever measures faster on this host
+// right now (slot_store_choice.h).
 //
 // Bitwise AND. Every negotiation round ANDs a small bit vector over the set.
 // Through MPI, a rank whose peer is behind (a slower backward) polls for the
@@ -45,6 +47,7 @@
 #include "../common.h"
 #include "../engine_options.h"
 #include "../status.h"
+#include "slot_store_choice.h"
 
 namespace hvdlite {
 
@@ -81,7 +84,7 @@ class ShmCollectives {
   struct BoardRow;  // a rank's negotiation vectors, in shared memory
 
   ShmCollectives(int rank, int size, void* base, size_t bytes, int64_t chunk_bytes, int64_t slots,
-                 int board_words, const WaitPolicy& wait, const std::atomic<bool>* abort);
+                 int board_words, const EngineOptions& options, const std::atomic<bool>* abort);
   Header* header() const;
   Control* control(int rank) const;
   BoardRow* board_row(int rank) const;
@@ -118,6 +121,8 @@ class ShmCollectives {
   int64_t spin_ns_;  // the current spin before sleeping, at most wait_.spin_us
   const std::atomic<bool>* abort_;
   std::vector<const uint8_t*> sources_;  // scratch: every rank's slot for a chunk
+  std::vector<uint8_t> scratch_;         // this rank's summed part, before it is streamed out
+  SlotStoreChoice store_choice_;         // plain or streaming stores into the slots
 };
 
 }  // namespace hvdlite

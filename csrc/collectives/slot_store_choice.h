@@ -1,0 +1,55 @@
+// How the shared-memory allreduce writes what a peer reads next (its ring
+// slots): plain stores, or streaming stores that bypass the cache
+// (streaming_copy.h), chosen from measurement while the job runs.
+//
+// Neither is best everywhere. Where the ranks' cores share their caches,
+// plain stores hand chunks over from cache to cache, and streaming them
+// through memory made a 2-rank allreduce of 6 x 16 MB take 18-20 ms instead
+// of 10 ms. Where the host has placed the (virtual) cores far apart, for
+// seconds at a time on a shared machine, cache-to-cache transfers crawl
+// and plain stores took 72 ms where streaming ones took 14 ms
+// (bench/results/2026-11-26-streaming-stores). So every `kProbeEvery`-th chunk
+// is written the other way, each step's time per byte is sampled for both
+// kinds, and the preferred kind changes when the other's median is clearly
+// lower. Chunks are numbered alike on every rank, so the ranks probe the
+// same chunks; what a rank prefers is its own choice (the stores only change
+// the speed, never the bytes).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace hvdlite {
+
+enum class SlotStores { kCached = 0, kStreaming = 1 };
+
+class SlotStoreChoice {
+ public:
+  static constexpr uint64_t kProbeEvery = 64;
+  // Samples of the probed kind needed before comparing (three steps per chunk).
+  static constexpr size_t kProbeSamples = 6;
+  // The other kind must be this much faster (median) to take over.
+  static constexpr double kSwitchRatio = 0.75;
+
+  // `fixed`: always these stores, nothing measured (HVDLITE_SHM_STREAMING_STORES=0 or 1).
+  SlotStoreChoice();
+  explicit SlotStoreChoice(SlotStores fixed);
+  // The stores for chunk `seq` (the shared-memory chunk counter).
+  SlotStores For(uint64_t seq) const;
+  // One step of chunk `seq` (copy in, sum, or copy out) moved `bytes` in `ns`.
+  void Record(uint64_t seq, int64_t ns, int64_t bytes);
+  SlotStores preferred() const { return preferred_; }
+  // Times the preferred kind changed so far.
+  int64_t switches() const { return switches_; }
+
+ private:
+  static constexpr size_t kMaxSamples = 512;
+
+  SlotStores preferred_ = SlotStores::kCached;
+  bool adaptive_ = true;
+  int64_t switches_ = 0;
+  std::vector<float> samples_[2];  // ns per byte, by SlotStores
+};
+
+}  // namespace hvdlite
