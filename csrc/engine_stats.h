@@ -31,6 +31,11 @@ struct EngineStats {
   // 1 while the engine thread runs at SCHED_IDLE (HVDLITE_ENGINE_PRIORITY,
   // or chosen by its default, auto).
   std::atomic<int64_t> engine_idle_priority{0};
+  // Bytes the shared-memory allreduce wrote to its slots with streaming
+  // stores, and how often a rank changed its preferred stores
+  // (collectives/slot_store_choice.h).
+  std::atomic<int64_t> shm_streamed_bytes{0};
+  std::atomic<int64_t> shm_store_switches{0};
 
   // Bytes this rank put on the wire, per compression code (WireBytes() in
   // compressors/compressor.h; named "wire_bytes_<name>" by the C API).
@@ -45,6 +50,6 @@ struct EngineStats {
   X(cycles) X(negotiations) X(cache_hits) X(cache_misses) X(tensors) X(tensors_fused)      \
   X(collectives) X(shm_collectives) X(ring_collectives) X(hierarchical_allgathers)         \
   X(hierarchical_reducescatters) X(fused_buffers) X(bytes_in) X(stall_warnings) X(buffer_bytes)  \
-  X(engine_idle_priority)
+  X(engine_idle_priority) X(shm_streamed_bytes) X(shm_store_switches)
 
 }  // namespace hvdlite

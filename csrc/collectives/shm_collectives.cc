@@ -91,7 +91,7 @@ bool AllAgree(MPI_Comm comm, bool mine) {
 bool ShmCollectives::Supports(DataType dtype, ReduceOp op) { return ElementwiseReducible(dtype, op); }
 
 std::unique_ptr<ShmCollectives> ShmCollectives::Create(MPI_Comm comm, bool want,
-                                                   const EngineOptions& options,
+                                                   const EngineOptions& options, EngineStats* stats,
                                                    const std::atomic<bool>* abort) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
@@ -141,12 +141,12 @@ std::unique_ptr<ShmCollectives> ShmCollectives::Create(MPI_Comm comm, bool want,
     return nullptr;
   }
   return std::unique_ptr<ShmCollectives>(
-      new ShmCollectives(rank, size, base, total, chunk, slots, board_words, options, abort));
+      new ShmCollectives(rank, size, base, total, chunk, slots, board_words, options, stats, abort));
 }
 
 ShmCollectives::ShmCollectives(int rank, int size, void* base, size_t bytes, int64_t chunk_bytes,
                                int64_t slots, int board_words, const EngineOptions& options,
-                               const std::atomic<bool>* abort)
+                               EngineStats* stats, const std::atomic<bool>* abort)
     : rank_(rank),
       size_(size),
       base_(base),
@@ -158,6 +158,7 @@ ShmCollectives::ShmCollectives(int rank, int size, void* base, size_t bytes, int
       wait_(options.wait),
       spin_ns_(options.wait.spin_us * 1000),
       abort_(abort),
+      stats_(stats),
       sources_(static_cast<size_t>(size)),
       scratch_(static_cast<size_t>(chunk_bytes)),
       store_choice_(ChooseStores(options.shm_streaming_stores)) {}
@@ -324,10 +325,12 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
   int64_t lo = 0, hi = 0;
   // Each step is timed for the choice of stores (slot_store_choice.h).
   using Clock = std::chrono::steady_clock;
+  int64_t streamed = 0;  // bytes this call wrote to the slots with streaming stores
   auto record = [&](uint64_t seq, Clock::time_point start, int64_t bytes) {
     store_choice_.Record(seq, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
                          bytes);
   };
+  const int64_t switches_before = store_choice_.switches();
   while (gathered < chunks) {
     if (can_gather()) {
       const uint64_t seq = seq_of(gathered);
@@ -362,6 +365,7 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
       if (store_choice_.For(seq) == SlotStores::kStreaming) {
         ReduceSources(sources_, scratch_.data(), hi - lo, dtype, op, scale, mine_out);
         StreamingCopy(result, scratch_.data(), bytes);
+        streamed += static_cast<int64_t>(bytes);
       } else {
         ReduceSources(sources_, result, hi - lo, dtype, op, scale, mine_out);
       }
@@ -381,6 +385,7 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
         const size_t n = static_cast<size_t>((hi - lo) * elem);
         if (streaming) {
           StreamingCopy(slot(rank_, seq) + lo * elem, src + lo * elem, n);
+          streamed += static_cast<int64_t>(n);
         } else {
           std::memcpy(slot(rank_, seq) + lo * elem, src + lo * elem, n);
         }
@@ -396,6 +401,8 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
     }
   }
   seq_ = base + static_cast<uint64_t>(chunks);
+  stats_->Add(stats_->shm_streamed_bytes, streamed);
+  stats_->Add(stats_->shm_store_switches, store_choice_.switches() - switches_before);
   return Status::OK();
 }
 

@@ -46,6 +46,7 @@
 
 #include "../common.h"
 #include "../engine_options.h"
+#include "../engine_stats.h"
 #include "../status.h"
 #include "slot_store_choice.h"
 
@@ -57,8 +58,9 @@ class ShmCollectives {
   // rank does not `want` it (the set spans hosts, or the path is turned off),
   // there is one rank, or any rank could not map the segment; every rank gets
   // the same answer.
+  // `stats` counts what the slots' stores do (shm_streamed_bytes, shm_store_switches).
   static std::unique_ptr<ShmCollectives> Create(MPI_Comm comm, bool want, const EngineOptions& options,
-                                              const std::atomic<bool>* abort);
+                                              EngineStats* stats, const std::atomic<bool>* abort);
   ~ShmCollectives();
   ShmCollectives(const ShmCollectives&) = delete;
   ShmCollectives& operator=(const ShmCollectives&) = delete;
@@ -84,7 +86,8 @@ class ShmCollectives {
   struct BoardRow;  // a rank's negotiation vectors, in shared memory
 
   ShmCollectives(int rank, int size, void* base, size_t bytes, int64_t chunk_bytes, int64_t slots,
-                 int board_words, const EngineOptions& options, const std::atomic<bool>* abort);
+                 int board_words, const EngineOptions& options, EngineStats* stats,
+                 const std::atomic<bool>* abort);
   Header* header() const;
   Control* control(int rank) const;
   BoardRow* board_row(int rank) const;
@@ -120,6 +123,7 @@ class ShmCollectives {
   WaitPolicy wait_;
   int64_t spin_ns_;  // the current spin before sleeping, at most wait_.spin_us
   const std::atomic<bool>* abort_;
+  EngineStats* stats_;
   std::vector<const uint8_t*> sources_;  // scratch: every rank's slot for a chunk
   std::vector<uint8_t> scratch_;         // this rank's summed part, before it is streamed out
   SlotStoreChoice store_choice_;         // plain or streaming stores into the slots

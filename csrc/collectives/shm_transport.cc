@@ -9,7 +9,7 @@ namespace hvdlite {
 std::unique_ptr<Transport> ShmTransport::Create(std::unique_ptr<MpiTransport> mpi, bool want,
                                                 const EngineOptions& options, EngineStats* stats,
                                                 const std::atomic<bool>* abort) {
-  auto shm = ShmCollectives::Create(mpi->comm(), want, options, abort);
+  auto shm = ShmCollectives::Create(mpi->comm(), want, options, stats, abort);
   if (!shm) return mpi;
   return std::unique_ptr<Transport>(new ShmTransport(std::move(mpi), std::move(shm), stats));
 }

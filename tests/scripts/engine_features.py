@@ -814,3 +814,39 @@ def test_engine_priority(engine, name, threads, policy):
         np.testing.assert_allclose(hvd.synchronize(h), want, rtol=1e-6, atol=1e-6)
     got = hvd.allgather(np.full((1, 2), r, np.int64), name=f"prio.{name}.{threads}.gather")
     assert np.array_equal(got, np.repeat(np.arange(n), 2).reshape(n, 2)), got
+
+
+@pytest.mark.parametrize("setting", ["1", "0", "auto"])
+def test_shm_streaming_stores(engine, setting):
+    """HVDLITE_SHM_STREAMING_STORES: 1 writes every byte of the shared-memory
+    slots with streaming stores (as many bytes per rank as the tensors hold), 0
+    none, auto (the default) probes them on every 64th chunk; the sums are
+    the same every way."""
+    rng = np.random.default_rng(11)
+    # Each above the direct threshold (1 MB), so each is one shared-memory call
+    # of exactly its own bytes; the last spans 128 chunks of 128 KB.
+    data = [rng.standard_normal(300_001).astype(np.float32),
+            rng.integers(-1000, 1000, 150_003).astype(np.int64),
+            rng.standard_normal(140_000).astype(np.float64),
+            rng.standard_normal(4 << 20).astype(np.float32)]
+    r, n = engine(HVDLITE_SHM_STREAMING_STORES=setting)
+    before = hvd.engine_stats()
+    handles = [hvd.allreduce_async(x * (r + 1), op=hvd.Sum, name=f"stores.{setting}.{k}")
+               for k, x in enumerate(data)]
+    for x, h in zip(data, handles):
+        want = x * (n * (n + 1) // 2)
+        if x.dtype == np.int64:
+            assert np.array_equal(hvd.synchronize(h), want)
+        else:
+            np.testing.assert_allclose(hvd.synchronize(h), want, rtol=1e-6, atol=1e-5)
+    after = hvd.engine_stats()
+    streamed = after["shm_streamed_bytes"] - before["shm_streamed_bytes"]
+    total = sum(x.nbytes for x in data)
+    if SHM_OFF or setting == "0":
+        assert streamed == 0, streamed
+        assert after["shm_store_switches"] == 0
+    elif setting == "1":
+        assert streamed == total, (streamed, total)
+        assert after["shm_store_switches"] == 0
+    else:
+        assert 0 < streamed <= total, (streamed, total)
