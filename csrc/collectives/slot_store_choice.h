@@ -8,12 +8,16 @@
 // of 10 ms. Where the host has placed the (virtual) cores far apart, for
 // seconds at a time on a shared machine, cache-to-cache transfers crawl
 // and plain stores took 72 ms where streaming ones took 14 ms
-// (bench/results/2026-11-26-streaming-stores). So every `kProbeEvery`-th chunk
-// is written the other way, each step's time per byte is sampled for both
-// kinds, and the preferred kind changes when the other's median is clearly
-// lower. Chunks are numbered alike on every rank, so the ranks probe the
-// same chunks; what a rank prefers is its own choice (the stores only change
-// the speed, never the bytes).
+// (bench/results/2026-11-26-streaming-stores). So every 64th chunk is written
+// the other way, each step's time per byte is sampled for both kinds, and the
+// preferred kind changes when the other's median is clearly lower. A probe
+// of the wrong kind is expensive (up to 7x a chunk's work), so while the
+// preferred kind keeps winning by far, probes get rarer (every 128th chunk,
+// 256th, ... 1024th: a phase change is still seen within about two steps
+// of a 100 MB model); a switch or a close result brings them back to every
+// 64th. The intervals are powers of two and chunks are numbered alike on
+// every rank, so ranks probe the same chunks; what a rank prefers is its own
+// choice (the stores only change the speed, never the bytes).
 #pragma once
 
 #include <cstddef>
@@ -26,11 +30,14 @@ enum class SlotStores { kCached = 0, kStreaming = 1 };
 
 class SlotStoreChoice {
  public:
-  static constexpr uint64_t kProbeEvery = 64;
+  static constexpr uint64_t kProbeEvery = 64;  // the most frequent probing
+  static constexpr uint64_t kProbeEveryMax = 1024;
   // Samples of the probed kind needed before comparing (three steps per chunk).
   static constexpr size_t kProbeSamples = 6;
   // The other kind must be this much faster (median) to take over.
   static constexpr double kSwitchRatio = 0.75;
+  // A probed kind this much slower (median) makes the next probes rarer.
+  static constexpr double kFarRatio = 1.5;
 
   // `fixed`: always these stores, nothing measured (HVDLITE_SHM_STREAMING_STORES=0 or 1).
   SlotStoreChoice();
@@ -42,14 +49,18 @@ class SlotStoreChoice {
   SlotStores preferred() const { return preferred_; }
   // Times the preferred kind changed so far.
   int64_t switches() const { return switches_; }
+  // Chunks between probes now.
+  uint64_t probe_every() const { return probe_every_; }
 
  private:
   static constexpr size_t kMaxSamples = 512;
 
   SlotStores preferred_ = SlotStores::kCached;
   bool adaptive_ = true;
+  uint64_t probe_every_ = kProbeEvery;
   int64_t switches_ = 0;
   std::vector<float> samples_[2];  // ns per byte, by SlotStores
+  size_t next_[2] = {0, 0};        // where the next sample goes once samples_ is full
 };
 
 }  // namespace hvdlite

@@ -3,7 +3,8 @@
 // size and tail, touching nothing outside the target; and SlotStoreChoice
 // (collectives/slot_store_choice.h): which chunks probe the other stores, a
 // switch only when the other kind's median is clearly lower, outliers that
-// do not decide, and fixed settings that never probe.
+// do not decide, probes that get rarer while one kind wins by far and a
+// change of the host still seen, and fixed settings that never probe.
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -91,6 +92,29 @@ void TestOutliers() {
         "interrupted steps decided (switches %lld)", static_cast<long long>(choice.switches()));
 }
 
+void TestBackoff() {
+  // Streaming stores twice as slow: probes get rarer, up to the limit.
+  SlotStoreChoice choice;
+  uint64_t seq = 1;
+  for (int i = 0; i < 12; ++i) {
+    Feed(choice, seq, 4 * choice.probe_every(), 1.0f, 2.0f);
+    seq += 4 * choice.probe_every();
+  }
+  CHECK(choice.preferred() == SlotStores::kCached && choice.probe_every() == SlotStoreChoice::kProbeEveryMax,
+        "probes every %llu chunks", static_cast<unsigned long long>(choice.probe_every()));
+  // The host changes: plain stores become 7x slower. Seen within three of
+  // the rarest probe intervals, though the plain stores' samples of the
+  // long quiet stretch came before.
+  const uint64_t changed = seq;
+  while (choice.preferred() == SlotStores::kCached && seq < changed + 3 * SlotStoreChoice::kProbeEveryMax) {
+    Feed(choice, seq, 1, 7.0f, 1.0f);
+    ++seq;
+  }
+  CHECK(choice.preferred() == SlotStores::kStreaming, "no switch %llu chunks after the change",
+        static_cast<unsigned long long>(seq - changed));
+  CHECK(choice.probe_every() == SlotStoreChoice::kProbeEvery, "a switch probes often again");
+}
+
 void TestFixed() {
   for (SlotStores fixed : {SlotStores::kCached, SlotStores::kStreaming}) {
     SlotStoreChoice choice(fixed);
@@ -110,5 +134,6 @@ int main() {
                                  {"probes", TestProbes},
                                  {"switches", TestSwitches},
                                  {"outliers", TestOutliers},
+                                 {"backoff", TestBackoff},
                                  {"fixed", TestFixed}});
 }
