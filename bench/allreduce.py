@@ -388,8 +388,12 @@ def sweep(tensors, outs, small, small_outs, fusions, cycles, rounds, r50_calls, 
 
 def report(title, results, baseline_names):
     best = add_ratios(results, baseline_names)
+    against = f"the best raw MPI schedule: {best}"
+    if best is None and results:
+        # No raw MPI contender ran (--contenders without one): against the first.
+        against = f"{add_ratios(results, [next(iter(results))])} (no raw MPI schedule ran)"
     floor = "wire floor" in results and add_ratios(results, ["wire floor"], key="ratio_to_wire_floor")
-    lines = [f"## {title}", f"(ratios against the best raw MPI schedule: {best}"
+    lines = [f"## {title}", f"(ratios against {against}"
              + ("; and against the wire floor)" if floor else ")"), "",
              "| contender | median ms | min | max | ratio |" + (" to floor |" if floor else ""),
              "|---|---|---|---|---|" + ("---|" if floor else "")]

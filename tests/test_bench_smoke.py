@@ -159,3 +159,27 @@ def test_tiny_compression_accuracy_case(tmp_path):
     doc = (tmp_path / "benchmarks.md").read_text()
     assert "## Case 10: accuracy against bytes, every compressor" in doc
     _check_png(str(tmp_path / "img" / "bench_compression_accuracy.png"))
+
+
+REPORT_WITHOUT_RAW = """
+import sys
+sys.path.insert(0, "bench")
+import allreduce
+results = {"hvdlite none": {"median_ms": 10.0, "min_ms": 9.0, "max_ms": 12.0},
+           "hvdlite none SHM_STREAMING_STORES=1": {"median_ms": 15.0, "min_ms": 14.0, "max_ms": 16.0}}
+text, best = allreduce.report("set", results, ["mpi4py unfused"])
+assert best is None, best
+assert "(ratios against hvdlite none (no raw MPI schedule ran))" in text, text
+assert "| hvdlite none SHM_STREAMING_STORES=1 | 15.00 | 14.00 | 16.00 | 1.50x |" in text, text
+print("ok")
+"""
+
+
+def test_allreduce_report_without_a_raw_contender():
+    """--contenders with hvdlite settings only (no raw MPI schedule): ratios
+    against the first contender, not a KeyError."""
+    require("hvdlite._engine", import_module=False)
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", REPORT_WITHOUT_RAW], capture_output=True, text=True,
+                       env=env, timeout=120, cwd=REPO)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stdout + p.stderr
