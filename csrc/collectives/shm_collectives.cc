@@ -323,10 +323,13 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
     return copied < chunks && copied - gathered < slots_ && SlotFree(seq_of(copied));
   };
   int64_t lo = 0, hi = 0;
-  // Each step is timed for the choice of stores (slot_store_choice.h).
+  // The steps of sampled chunks are timed for the choice of stores
+  // (slot_store_choice.h); an unsampled step reads no clock.
   using Clock = std::chrono::steady_clock;
   int64_t streamed = 0;  // bytes this call wrote to the slots with streaming stores
+  auto begin = [&](uint64_t seq) { return store_choice_.Timed(seq) ? Clock::now() : Clock::time_point(); };
   auto record = [&](uint64_t seq, Clock::time_point start, int64_t bytes) {
+    if (start == Clock::time_point()) return;
     store_choice_.Record(seq, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
                          bytes);
   };
@@ -334,7 +337,7 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
   while (gathered < chunks) {
     if (can_gather()) {
       const uint64_t seq = seq_of(gathered);
-      const auto start = Clock::now();
+      const auto start = begin(seq);
       int64_t bytes = 0;
       uint8_t* dst = out + gathered * per_chunk * elem;
       for (int p = 0; p < size_; ++p) {
@@ -349,7 +352,7 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
       ++gathered;
     } else if (can_reduce()) {
       const uint64_t seq = seq_of(reduced);
-      const auto start = Clock::now();
+      const auto start = begin(seq);
       part(reduced, rank_, &lo, &hi);
       const uint8_t* mine = in + (reduced * per_chunk + lo) * elem;
       for (int r = 0; r < size_; ++r) {
@@ -375,7 +378,7 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
       ++reduced;
     } else if (can_copy()) {
       const uint64_t seq = seq_of(copied);
-      const auto start = Clock::now();
+      const auto start = begin(seq);
       const bool streaming = store_choice_.For(seq) == SlotStores::kStreaming;
       int64_t bytes = 0;
       const uint8_t* src = in + copied * per_chunk * elem;

@@ -9,8 +9,9 @@
 // seconds at a time on a shared machine, cache-to-cache transfers crawl
 // and plain stores took 72 ms where streaming ones took 14 ms
 // (bench/results/2026-11-26-streaming-stores). So every 64th chunk is written
-// the other way, each step's time per byte is sampled for both kinds, and the
-// preferred kind changes when the other's median is clearly lower. A probe
+// the other way, the time per byte of each step of every 8th chunk (the
+// probes among them) is sampled for both kinds, and the preferred kind
+// changes when the other's median is clearly lower. A probe
 // of the wrong kind is expensive (up to 7x a chunk's work), so while the
 // preferred kind keeps winning by far, probes get rarer (every 128th chunk,
 // 256th, ... 1024th: a phase change is still seen within about two steps
@@ -32,6 +33,9 @@ class SlotStoreChoice {
  public:
   static constexpr uint64_t kProbeEvery = 64;  // the most frequent probing
   static constexpr uint64_t kProbeEveryMax = 1024;
+  // Chunks between timed ones; probe intervals are multiples of it.
+  static constexpr uint64_t kTimeEvery = 8;
+  static_assert(kProbeEvery % kTimeEvery == 0, "every probe chunk must be timed");
   // Samples of the probed kind needed before comparing (three steps per chunk).
   static constexpr size_t kProbeSamples = 6;
   // The other kind must be this much faster (median) to take over.
@@ -44,7 +48,13 @@ class SlotStoreChoice {
   explicit SlotStoreChoice(SlotStores fixed);
   // The stores for chunk `seq` (the shared-memory chunk counter).
   SlotStores For(uint64_t seq) const;
+  // Whether chunk `seq`'s steps are to be timed and recorded: every
+  // kTimeEvery-th chunk, probes included; none with a fixed setting. Two
+  // clock reads per step of every chunk were ~5 % of the allreduce's CPU.
+  bool Timed(uint64_t seq) const { return adaptive_ && seq % kTimeEvery == 0; }
   // One step of chunk `seq` (copy in, sum, or copy out) moved `bytes` in `ns`.
+  // Callers record the chunks Timed() names; the preferred kind's median
+  // then comes from every 8th chunk.
   void Record(uint64_t seq, int64_t ns, int64_t bytes);
   SlotStores preferred() const { return preferred_; }
   // Times the preferred kind changed so far.

@@ -39,9 +39,11 @@ void TestStreamingCopy() {
   }
 }
 
-// Feeds `chunks` chunks (three steps each) with the time per byte of each kind.
+// Feeds `chunks` chunks (three steps each) with the time per byte of each
+// kind, recording the chunks it is to time, as the allreduce does.
 void Feed(SlotStoreChoice& choice, uint64_t first, uint64_t chunks, float cached_ns, float streaming_ns) {
   for (uint64_t seq = first; seq < first + chunks; ++seq) {
+    if (!choice.Timed(seq)) continue;
     const float per_byte = choice.For(seq) == SlotStores::kCached ? cached_ns : streaming_ns;
     for (int step = 0; step < 3; ++step) choice.Record(seq, static_cast<int64_t>(per_byte * 1000), 1000);
   }
@@ -115,6 +117,33 @@ void TestBackoff() {
   CHECK(choice.probe_every() == SlotStoreChoice::kProbeEvery, "a switch probes often again");
 }
 
+void TestTimed() {
+  SlotStoreChoice choice;
+  int timed = 0;
+  bool probes_timed = true;
+  for (uint64_t seq = 1; seq <= 4 * SlotStoreChoice::kProbeEvery; ++seq) {
+    if (choice.Timed(seq)) ++timed;
+    if (choice.For(seq) != choice.preferred()) probes_timed = probes_timed && choice.Timed(seq);
+  }
+  CHECK(timed == static_cast<int>(4 * SlotStoreChoice::kProbeEvery / SlotStoreChoice::kTimeEvery),
+        "one chunk in %d is timed, got %d", static_cast<int>(SlotStoreChoice::kTimeEvery), timed);
+  CHECK(probes_timed, "a probe chunk went untimed");
+  // After the probes back off, every probe is still among the timed chunks.
+  Feed(choice, 1, 64 * SlotStoreChoice::kProbeEveryMax, 1.0f, 5.0f);
+  CHECK(choice.probe_every() == SlotStoreChoice::kProbeEveryMax, "probes backed off to every %llu",
+        static_cast<unsigned long long>(choice.probe_every()));
+  for (uint64_t seq = 1; seq <= 4 * SlotStoreChoice::kProbeEveryMax; ++seq) {
+    if (choice.For(seq) != choice.preferred()) probes_timed = probes_timed && choice.Timed(seq);
+  }
+  CHECK(probes_timed, "a probe chunk went untimed after the back-off");
+  for (SlotStores fixed : {SlotStores::kCached, SlotStores::kStreaming}) {
+    SlotStoreChoice still(fixed);
+    bool any = false;
+    for (uint64_t seq = 1; seq <= 4 * SlotStoreChoice::kProbeEvery; ++seq) any = any || still.Timed(seq);
+    CHECK(!any, "a fixed setting timed a chunk");
+  }
+}
+
 void TestFixed() {
   for (SlotStores fixed : {SlotStores::kCached, SlotStores::kStreaming}) {
     SlotStoreChoice choice(fixed);
@@ -135,5 +164,6 @@ int main() {
                                  {"switches", TestSwitches},
                                  {"outliers", TestOutliers},
                                  {"backoff", TestBackoff},
+                                 {"timed", TestTimed},
                                  {"fixed", TestFixed}});
 }
