@@ -8,6 +8,7 @@ gradients), batch 64 per rank, 1 compute thread per rank, plain SGD.
     mpiexec -n 2 python bench/train_step.py --plot docs/img/train_step.png --json out.json
     mpiexec -n 2 python bench/train_step.py --compression fp16,topk
     mpiexec -n 2 python bench/train_step.py --engine-priorities normal,idle
+    mpiexec -n 2 python bench/train_step.py --modes nocomm,sync,hvdlite
     mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite --hvdlite-settings 4MB:1,64MB:1
     mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite --hvdlite-settings 4MB:1,64MB:1 --autotune
 
@@ -15,7 +16,11 @@ Each round runs every mode for --steps steps, in a rotating order, so slow
 phases of a shared machine hit all modes alike. The step time of a mode is
 the median over all its timed steps of the slowest rank's step time. "no
 communication" is the same ranks doing the same work with a plain optimizer
-(what a perfect overlap would achieve); ratios are relative to it.
+(what a perfect overlap would achieve); ratios are relative to it. "sync"
+("no communication, ranks in step") adds only an MPI barrier before each
+optimizer step: the ranks then run in step as under a synchronous allreduce,
+which shows what synchrony alone costs (uneven steps waiting for the slowest,
+memory-heavy phases of both ranks at once), apart from moving the data.
 
 With --autotune, a tuning phase comes first: hvdlite trains with
 HVDLITE_AUTOTUNE=1 until its search ends, and the setting it chose joins the
@@ -164,6 +169,22 @@ class _AllreduceThenStep:
         self.optimizer.step()
 
 
+class _BarrierThenStep:
+    """An optimizer wrapper that waits for every rank after backward, then
+    steps: no data moves, but the ranks run in step as a synchronous
+    allreduce makes them (what synchrony alone costs)."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+    def zero_grad(self):
+        self.optimizer.zero_grad()
+
+    def step(self):
+        comm.Barrier()
+        self.optimizer.step()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -208,6 +229,10 @@ def build_modes(names, args, engines):
         if name == "nocomm":
             m = model()
             modes.append(Mode("no communication", m, torch.optim.SGD(m.parameters(), lr=1e-4)))
+        elif name == "sync":
+            m = model()
+            modes.append(Mode("no communication, ranks in step", m,
+                              _BarrierThenStep(torch.optim.SGD(m.parameters(), lr=1e-4))))
         elif name == "hvdlite":
             if args.hvdlite_settings:
                 for i, s in enumerate(args.hvdlite_settings.split(",")):
