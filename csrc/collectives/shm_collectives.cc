@@ -326,7 +326,7 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
   // The steps of sampled chunks are timed for the choice of stores
   // (slot_store_choice.h); an unsampled step reads no clock.
   using Clock = std::chrono::steady_clock;
-  int64_t streamed = 0;  // bytes this call wrote to the slots with streaming stores
+  int64_t streamed = 0;  // bytes this call wrote with streaming stores
   auto begin = [&](uint64_t seq) { return store_choice_.Timed(seq) ? Clock::now() : Clock::time_point(); };
   auto record = [&](uint64_t seq, Clock::time_point start, int64_t bytes) {
     if (start == Clock::time_point()) return;
@@ -339,12 +339,19 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
       const uint64_t seq = seq_of(gathered);
       const auto start = begin(seq);
       int64_t bytes = 0;
+      const bool streaming = store_choice_.For(seq) == SlotStores::kStreaming;
       uint8_t* dst = out + gathered * per_chunk * elem;
       for (int p = 0; p < size_; ++p) {
         if (p == rank_) continue;
         part(gathered, p, &lo, &hi);
-        std::memcpy(dst + lo * elem, result_slot(p, seq) + lo * elem, static_cast<size_t>((hi - lo) * elem));
-        bytes += (hi - lo) * elem;
+        const size_t n = static_cast<size_t>((hi - lo) * elem);
+        if (streaming) {
+          StreamingCopy(dst + lo * elem, result_slot(p, seq) + lo * elem, n);
+          streamed += static_cast<int64_t>(n);
+        } else {
+          std::memcpy(dst + lo * elem, result_slot(p, seq) + lo * elem, n);
+        }
+        bytes += static_cast<int64_t>(n);
       }
       record(seq, start, bytes);
       control(rank_)->consumed.store(seq, std::memory_order_release);
@@ -361,14 +368,16 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
       // Summed, in one pass, into this rank's output (which may be the input
       // it reads: each element is read before it is written) and the shared
       // result for the peers; or, with streaming stores, into a scratch part
-      // that stays in cache, streamed to the shared result from there.
+      // that stays in cache, streamed from there to the shared result and to
+      // the output.
       uint8_t* result = result_slot(rank_, seq) + lo * elem;
       uint8_t* mine_out = out + (reduced * per_chunk + lo) * elem;
       const size_t bytes = static_cast<size_t>((hi - lo) * elem);
       if (store_choice_.For(seq) == SlotStores::kStreaming) {
-        ReduceSources(sources_, scratch_.data(), hi - lo, dtype, op, scale, mine_out);
+        ReduceSources(sources_, scratch_.data(), hi - lo, dtype, op, scale);
         StreamingCopy(result, scratch_.data(), bytes);
-        streamed += static_cast<int64_t>(bytes);
+        StreamingCopy(mine_out, scratch_.data(), bytes);
+        streamed += 2 * static_cast<int64_t>(bytes);
       } else {
         ReduceSources(sources_, result, hi - lo, dtype, op, scale, mine_out);
       }

@@ -25,7 +25,10 @@
 // spin adapts: it shrinks while waits outlast it (the peer's engine is not
 // running) and grows back while peers answer within it. Slots are written
 // with plain or streaming stores, whichever measures faster on this host
-// right now (slot_store_choice.h).
+// right now (slot_store_choice.h). Where streaming stores win (the host has
+// placed the cores far apart, so lines another core last held move slowly),
+// the results are streamed into the caller's buffer too: the gradients the
+// training thread wrote and reads next.
 //
 // Bitwise AND. Every negotiation round ANDs a small bit vector over the set.
 // Through MPI, a rank whose peer is behind (a slower backward) polls for the
@@ -58,7 +61,7 @@ class ShmCollectives {
   // rank does not `want` it (the set spans hosts, or the path is turned off),
   // there is one rank, or any rank could not map the segment; every rank gets
   // the same answer.
-  // `stats` counts what the slots' stores do (shm_streamed_bytes, shm_store_switches).
+  // `stats` counts what the stores do (shm_streamed_bytes, shm_store_switches).
   static std::unique_ptr<ShmCollectives> Create(MPI_Comm comm, bool want, const EngineOptions& options,
                                               EngineStats* stats, const std::atomic<bool>* abort);
   ~ShmCollectives();
@@ -126,7 +129,7 @@ class ShmCollectives {
   EngineStats* stats_;
   std::vector<const uint8_t*> sources_;  // scratch: every rank's slot for a chunk
   std::vector<uint8_t> scratch_;         // this rank's summed part, before it is streamed out
-  SlotStoreChoice store_choice_;         // plain or streaming stores into the slots
+  SlotStoreChoice store_choice_;         // plain or streaming stores, slots and output
 };
 
 }  // namespace hvdlite
