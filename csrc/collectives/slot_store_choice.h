@@ -1,6 +1,6 @@
 // How the shared-memory allreduce writes what a peer reads next (its ring
-// slots): plain stores, or streaming stores that bypass the cache
-// (streaming_copy.h), chosen from measurement while the job runs.
+// slots), and its results: plain stores, or streaming stores that bypass the
+// cache (streaming_copy.h), chosen from measurement while the job runs.
 //
 // Neither is best everywhere. Where the ranks' cores share their caches,
 // plain stores hand chunks over from cache to cache, and streaming them
