@@ -333,24 +333,27 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
     store_choice_.Record(seq, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
                          bytes);
   };
+  // Copies with the stores chunk seq takes, counting what it streams.
+  auto copy = [&](uint64_t seq, void* dst, const void* src, size_t n) {
+    if (store_choice_.For(seq) == SlotStores::kStreaming) {
+      StreamingCopy(dst, src, n);
+      streamed += static_cast<int64_t>(n);
+    } else {
+      std::memcpy(dst, src, n);
+    }
+  };
   const int64_t switches_before = store_choice_.switches();
   while (gathered < chunks) {
     if (can_gather()) {
       const uint64_t seq = seq_of(gathered);
       const auto start = begin(seq);
       int64_t bytes = 0;
-      const bool streaming = store_choice_.For(seq) == SlotStores::kStreaming;
       uint8_t* dst = out + gathered * per_chunk * elem;
       for (int p = 0; p < size_; ++p) {
         if (p == rank_) continue;
         part(gathered, p, &lo, &hi);
         const size_t n = static_cast<size_t>((hi - lo) * elem);
-        if (streaming) {
-          StreamingCopy(dst + lo * elem, result_slot(p, seq) + lo * elem, n);
-          streamed += static_cast<int64_t>(n);
-        } else {
-          std::memcpy(dst + lo * elem, result_slot(p, seq) + lo * elem, n);
-        }
+        copy(seq, dst + lo * elem, result_slot(p, seq) + lo * elem, n);
         bytes += static_cast<int64_t>(n);
       }
       record(seq, start, bytes);
@@ -375,9 +378,8 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
       const size_t bytes = static_cast<size_t>((hi - lo) * elem);
       if (store_choice_.For(seq) == SlotStores::kStreaming) {
         ReduceSources(sources_, scratch_.data(), hi - lo, dtype, op, scale);
-        StreamingCopy(result, scratch_.data(), bytes);
-        StreamingCopy(mine_out, scratch_.data(), bytes);
-        streamed += 2 * static_cast<int64_t>(bytes);
+        copy(seq, result, scratch_.data(), bytes);
+        copy(seq, mine_out, scratch_.data(), bytes);
       } else {
         ReduceSources(sources_, result, hi - lo, dtype, op, scale, mine_out);
       }
@@ -388,19 +390,13 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
     } else if (can_copy()) {
       const uint64_t seq = seq_of(copied);
       const auto start = begin(seq);
-      const bool streaming = store_choice_.For(seq) == SlotStores::kStreaming;
       int64_t bytes = 0;
       const uint8_t* src = in + copied * per_chunk * elem;
       for (int p = 0; p < size_; ++p) {
         if (p == rank_) continue;
         part(copied, p, &lo, &hi);
         const size_t n = static_cast<size_t>((hi - lo) * elem);
-        if (streaming) {
-          StreamingCopy(slot(rank_, seq) + lo * elem, src + lo * elem, n);
-          streamed += static_cast<int64_t>(n);
-        } else {
-          std::memcpy(slot(rank_, seq) + lo * elem, src + lo * elem, n);
-        }
+        copy(seq, slot(rank_, seq) + lo * elem, src + lo * elem, n);
         bytes += static_cast<int64_t>(n);
       }
       record(seq, start, bytes);
