@@ -105,6 +105,7 @@ ENGINE_SOURCES = [
     "controller.cc",
     "device_jobs.cc",
     "engine.cc",
+    "engine_affinity.cc",
     "engine_priority.cc",
     "engine_options.cc",
     "fusion_buffer.cc",

@@ -118,13 +118,14 @@ std::shared_ptr<Engine> CurrentEngine(bool quiet = false) {
 // Handles stay readable after shutdown, until the next init. In a forked
 // child the mutex may have been held by a thread that does not exist there,
 // so the child never takes it.
-std::shared_ptr<hvdlite::Work> FindWork(int64_t handle) {
+std::shared_ptr<Engine> EngineOfHandles() {
   if (g_in_forked_child) return nullptr;
-  std::shared_ptr<Engine> engine;
-  {
-    std::lock_guard<std::mutex> lock(runtime().mutex);
-    engine = runtime().engine;
-  }
+  std::lock_guard<std::mutex> lock(runtime().mutex);
+  return runtime().engine;
+}
+
+std::shared_ptr<hvdlite::Work> FindWork(int64_t handle) {
+  std::shared_ptr<Engine> engine = EngineOfHandles();
   return engine ? engine->FindWork(handle) : nullptr;
 }
 
@@ -280,20 +281,17 @@ int hvd_poll(int64_t handle) {
 }
 
 int hvd_wait(int64_t handle, double timeout_seconds) {
-  auto work = FindWork(handle);
+  std::shared_ptr<Engine> engine = EngineOfHandles();
+  auto work = engine ? engine->FindWork(handle) : nullptr;
   if (!work) return UnknownHandle();
-  return work->Wait(timeout_seconds) ? 1 : 0;
+  return engine->Wait(*work, timeout_seconds) ? 1 : 0;
 }
 
 int hvd_wait_release(int64_t handle, double timeout_seconds) {
-  std::shared_ptr<Engine> engine;
-  if (!g_in_forked_child) {
-    std::lock_guard<std::mutex> lock(runtime().mutex);
-    engine = runtime().engine;
-  }
+  std::shared_ptr<Engine> engine = EngineOfHandles();
   auto work = engine ? engine->FindWork(handle) : nullptr;
   if (!work) return UnknownHandle();
-  if (!work->Wait(timeout_seconds)) return 0;
+  if (!engine->Wait(*work, timeout_seconds)) return 0;
   if (!work->status().ok()) return 2;
   engine->ReleaseWork(handle);
   return 1;

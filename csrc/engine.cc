@@ -87,6 +87,8 @@ Status Engine::Start(MPI_Comm comm, std::unique_ptr<Engine>* out) {
 
 void Engine::ThreadMain() {
   pthread_setname_np(pthread_self(), "hvdlite-engine");
+  affinity_.Start();
+  if (options_.affinity == EngineAffinityMode::kFollow) affinity_.SetFollowing(true);
   if (options_.priority != EnginePriority::kAuto) SetPriority(pthread_self(), options_.priority);
   Status s = Setup();
   {
@@ -100,10 +102,12 @@ void Engine::ThreadMain() {
   }
   state_cv_.notify_all();
   if (!s.ok()) {
+    affinity_.Stop();
     for (int32_t id : sets_.Ids()) sets_.Remove(id);
     return;
   }
   Loop();
+  affinity_.Stop();
 }
 
 Status Engine::Setup() {
@@ -219,6 +223,7 @@ void Engine::Loop() {
       work_pending_ = false;
     }
 
+    affinity_.Apply();
     const auto started = Clock::now();
     bool idle = true, waiting = false;
     for (auto& set : sets_.All()) {
@@ -257,6 +262,7 @@ void Engine::SetComputeThreads(int threads) {
 void Engine::SetPriority(pthread_t thread, EnginePriority priority) {
   if (ApplyPriority(thread, priority) && priority == EnginePriority::kIdle) {
     stats_.engine_idle_priority.store(1, std::memory_order_relaxed);
+    if (options_.affinity == EngineAffinityMode::kAuto) affinity_.SetFollowing(true);
   }
 }
 
@@ -447,6 +453,7 @@ Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
   s = set->queue().Add(std::move(entry));
   if (!s.ok()) return s;
   *handle = handles_.Add(std::move(work));
+  affinity_.NewWork();
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(state_mutex_);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "autotuner.h"
+#include "engine_affinity.h"
 #include "engine_options.h"
 #include "engine_stats.h"
 #include "handle_table.h"
@@ -44,6 +45,9 @@ class Engine {
   Status Enqueue(EnqueueArgs args, int64_t* handle);
   std::shared_ptr<Work> FindWork(int64_t handle) { return handles_.Find(handle); }
   void ReleaseWork(int64_t handle) { handles_.Release(handle); }
+  // Work::Wait for a framework thread; may keep the engine on its core
+  // meanwhile (HVDLITE_ENGINE_AFFINITY, engine_affinity.h).
+  bool Wait(Work& work, double timeout_seconds) { return affinity_.Wait(work, timeout_seconds); }
 
   // Asks every rank's engine to stop (negotiated), fails what is pending and
   // joins the thread. Safe to call more than once.
@@ -95,6 +99,7 @@ class Engine {
   Status options_status_;  // a malformed HVDLITE_* setting, reported after AgreeOnSetup
   Topology topology_;
   EngineStats stats_;
+  EngineAffinity affinity_{&stats_};
   Timeline timeline_;
   DeviceJobQueue device_jobs_{&timeline_};
   ProcessSetTable sets_;

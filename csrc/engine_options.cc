@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <utility>
 
 namespace hvdlite {
 
@@ -89,23 +92,20 @@ Status ReadChoice(const std::string& suffix, EngineOptions::Choice* out) {
   return Status::OK();
 }
 
-Status ReadPriority(EnginePriority* out) {
+// A variable that names one of `values`; `expected` lists them for the error.
+template <typename T>
+Status ReadNamed(const std::string& suffix, std::initializer_list<std::pair<const char*, T>> values,
+                 const char* expected, T* out) {
   std::string name;
-  const char* value = Lookup("ENGINE_PRIORITY", &name);
+  const char* value = Lookup(suffix, &name);
   if (value == nullptr) return Status::OK();
-  const std::string v(value);
-  if (v == "auto") {
-    *out = EnginePriority::kAuto;
-  } else if (v == "normal") {
-    *out = EnginePriority::kNormal;
-  } else if (v == "batch") {
-    *out = EnginePriority::kBatch;
-  } else if (v == "idle") {
-    *out = EnginePriority::kIdle;
-  } else {
-    return BadValue(name, value, "auto, normal, batch or idle");
+  for (const auto& [text, v] : values) {
+    if (std::strcmp(value, text) == 0) {
+      *out = v;
+      return Status::OK();
+    }
   }
-  return Status::OK();
+  return BadValue(name, value, expected);
 }
 
 }  // namespace
@@ -145,7 +145,21 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
   if (!(s = ReadInt("WAIT_YIELD_US", 0, &o.wait.yield_us)).ok()) return s;
   if (!(s = ReadInt("WAIT_SLEEP_US", 1, &o.wait.sleep_us)).ok()) return s;
   if (!(s = ReadDouble("TIMEOUT_SECONDS", 0.0, &o.wait.timeout_seconds)).ok()) return s;
-  if (!(s = ReadPriority(&o.priority)).ok()) return s;
+  if (!(s = ReadNamed<EnginePriority>("ENGINE_PRIORITY",
+                                      {{"auto", EnginePriority::kAuto}, {"normal", EnginePriority::kNormal},
+                                       {"batch", EnginePriority::kBatch}, {"idle", EnginePriority::kIdle}},
+                                      "auto, normal, batch or idle", &o.priority))
+           .ok()) {
+    return s;
+  }
+  if (!(s = ReadNamed<EngineAffinityMode>("ENGINE_AFFINITY",
+                                          {{"auto", EngineAffinityMode::kAuto},
+                                           {"follow", EngineAffinityMode::kFollow},
+                                           {"none", EngineAffinityMode::kNone}},
+                                          "auto, follow or none", &o.affinity))
+           .ok()) {
+    return s;
+  }
   if (!(s = ReadBool("AUTOTUNE", &o.autotune.enabled)).ok()) return s;
   if (const char* path = Lookup("AUTOTUNE_LOG", &name)) o.autotune.log_path = path;
   if (!(s = ReadInt("AUTOTUNE_WARMUP_SAMPLES", 0, &o.autotune.warmup_samples)).ok()) return s;

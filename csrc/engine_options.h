@@ -37,6 +37,11 @@ struct WaitPolicy {
 // compute threads fill, kNormal elsewhere.
 enum class EnginePriority { kNormal, kBatch, kIdle, kAuto };
 
+// Where the engine thread may run (engine_affinity.h): kFollow pins it to the
+// core of a thread waiting for its work, kNone leaves it to the kernel, kAuto
+// follows where the engine runs at idle priority.
+enum class EngineAffinityMode { kAuto, kFollow, kNone };
+
 struct EngineOptions {
   double cycle_time_ms = 1.0;
   // Chosen by the sweep in docs/benchmarks.md: 4-8 MB buckets were fastest on
@@ -100,6 +105,7 @@ struct EngineOptions {
   double stall_shutdown_seconds = 0.0;
   WaitPolicy wait;
   EnginePriority priority = EnginePriority::kAuto;
+  EngineAffinityMode affinity = EngineAffinityMode::kAuto;
 
   // Reads the environment; a malformed value is an error naming the variable.
   static Status FromEnvironment(EngineOptions* out);

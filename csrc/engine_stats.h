@@ -31,6 +31,12 @@ struct EngineStats {
   // 1 while the engine thread runs at SCHED_IDLE (HVDLITE_ENGINE_PRIORITY,
   // or chosen by its default, auto).
   std::atomic<int64_t> engine_idle_priority{0};
+  // 1 while waits pin the engine thread to the waiting thread's core; how
+  // often they did, and how often a pinned engine was kept from its core and
+  // released (engine_affinity.h).
+  std::atomic<int64_t> engine_follows_waiter{0};
+  std::atomic<int64_t> engine_affinity_pins{0};
+  std::atomic<int64_t> engine_affinity_releases{0};
   // Bytes the shared-memory allreduce wrote to its slots with streaming
   // stores, and how often a rank changed its preferred stores
   // (collectives/slot_store_choice.h).
@@ -50,6 +56,7 @@ struct EngineStats {
   X(cycles) X(negotiations) X(cache_hits) X(cache_misses) X(tensors) X(tensors_fused)      \
   X(collectives) X(shm_collectives) X(ring_collectives) X(hierarchical_allgathers)         \
   X(hierarchical_reducescatters) X(fused_buffers) X(bytes_in) X(stall_warnings) X(buffer_bytes)  \
-  X(engine_idle_priority) X(shm_streamed_bytes) X(shm_store_switches)
+  X(engine_idle_priority) X(engine_follows_waiter) X(engine_affinity_pins)                  \
+  X(engine_affinity_releases) X(shm_streamed_bytes) X(shm_store_switches)
 
 }  // namespace hvdlite

@@ -30,6 +30,8 @@ def engine_env(opts):
         env["HVDLITE_CACHE_CAPACITY"] = str(opts.cache_capacity)
     if opts.engine_priority is not None:
         env["HVDLITE_ENGINE_PRIORITY"] = opts.engine_priority
+    if opts.engine_affinity is not None:
+        env["HVDLITE_ENGINE_AFFINITY"] = opts.engine_affinity
     if opts.timeline_filename is not None:
         # Ranks start in other working directories on other hosts: make it absolute.
         env["HVDLITE_TIMELINE"] = os.path.abspath(opts.timeline_filename)

@@ -118,6 +118,10 @@ def build_parser():
                    help="scheduling of each rank's engine thread; auto (the default): idle where the "
                         "job runs on one host whose cores its compute threads fill, else normal "
                         "(HVDLITE_ENGINE_PRIORITY)")
+    g.add_argument("--engine-affinity", choices=["auto", "follow", "none"],
+                   help="cores of each rank's engine thread; follow: the core of the thread waiting "
+                        "for its results; auto (the default): follow where the engine runs at idle "
+                        "priority (HVDLITE_ENGINE_AFFINITY)")
     g.add_argument("--timeline-filename", metavar="FILE",
                    help="write a Chrome trace timeline; %%r becomes the rank (HVDLITE_TIMELINE)")
     g.add_argument("--timeline-mark-cycles", dest="timeline_mark_cycles", action="store_true",

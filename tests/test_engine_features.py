@@ -33,7 +33,7 @@ def test_features_four_ranks(case, rank_launch):
     rank_launch(FEATURES, 4).check(case)
 
 
-@pytest.mark.parametrize("case", cases_without("test_stall", "test_engine_priority"))
+@pytest.mark.parametrize("case", cases_without("test_stall", "test_engine_priority", "test_engine_affinity"))
 def test_features_over_mpi(case, rank_launch):
     """The same checks with shared memory turned off: MPI carries fused and
     compressed buckets (one host uses shared memory otherwise); every case

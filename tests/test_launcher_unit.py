@@ -142,7 +142,7 @@ def test_settings_become_engine_variables(monkeypatch):
         "-np", "2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5",
         "--cache-capacity", "512", "--timeline-filename", "tl-%r.json", "--no-stall-check",
         "--stall-check-warning-time-seconds", "30", "--stall-check-shutdown-time-seconds", "90",
-        "--engine-priority", "idle", "--env", "A=1", "--env", "B=x=y", "--env", "FROM_OUTSIDE", "python", "x.py"])
+        "--engine-priority", "idle", "--engine-affinity", "none", "--env", "A=1", "--env", "B=x=y", "--env", "FROM_OUTSIDE", "python", "x.py"])
     assert opts.rank_env == {
         "HVDLITE_FUSION_THRESHOLD": str(32 * 1024 * 1024),
         "HVDLITE_CYCLE_TIME": "2.5",
@@ -152,6 +152,7 @@ def test_settings_become_engine_variables(monkeypatch):
         "HVDLITE_STALL_CHECK_TIME_SECONDS": "30",
         "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "90",
         "HVDLITE_ENGINE_PRIORITY": "idle",
+        "HVDLITE_ENGINE_AFFINITY": "none",
         "A": "1", "B": "x=y", "FROM_OUTSIDE": "outside"}
 
 

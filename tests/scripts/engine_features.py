@@ -767,12 +767,24 @@ def test_stall_shutdown_fails_every_rank(engine):
 
 # ---------------------------------------------------------------- engine thread priority
 
-def engine_thread_policy():
+def _engine_tid():
+    """The engine thread's id. Threads it starts (MPI's) inherit its name and
+    may come and go; the engine is the oldest of them."""
+    named, names = [], {}
     for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/comm") as f:
-            if f.read().strip() == "hvdlite-engine":
-                return os.sched_getscheduler(int(tid))
-    raise AssertionError("no hvdlite-engine thread in this process")
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names[tid] = f.read().strip()
+        except FileNotFoundError:
+            continue
+        if names[tid] == "hvdlite-engine":
+            named.append(int(tid))
+    assert named, f"no hvdlite-engine thread in this process: {names}"
+    return min(named)
+
+
+def engine_thread_policy():
+    return os.sched_getscheduler(_engine_tid())
 
 
 def _auto_policy(threads, ranks):
@@ -814,6 +826,95 @@ def test_engine_priority(engine, name, threads, policy):
         np.testing.assert_allclose(hvd.synchronize(h), want, rtol=1e-6, atol=1e-6)
     got = hvd.allgather(np.full((1, 2), r, np.int64), name=f"prio.{name}.{threads}.gather")
     assert np.array_equal(got, np.repeat(np.arange(n), 2).reshape(n, 2)), got
+
+
+def _affinity_stats():
+    stats = hvd.engine_stats()
+    return {k: stats[k] for k in ("engine_idle_priority", "engine_follows_waiter",
+                                  "engine_affinity_pins", "engine_affinity_releases")}
+
+
+def _checked_sum(r, n, name, count=200_000):
+    """A float32 allreduce (Sum) whose result every rank checks."""
+    x = np.arange(count, dtype=np.float32) % 1000
+    got = hvd.allreduce(x * (r + 1), op=hvd.Sum, name=name)
+    np.testing.assert_array_equal(got, x * (n * (n + 1) // 2))
+
+
+@pytest.mark.parametrize("setting,priority,follows", [
+    ("follow", "normal", True), ("none", "idle", False), ("auto", "idle", True),
+    ("auto", "normal", False), (None, "idle", True),   # auto is the default
+])
+def test_engine_affinity(engine, setting, priority, follows):
+    """HVDLITE_ENGINE_AFFINITY: with follow (and with auto where the engine
+    runs at idle priority) a thread that waits for the engine's work pins the
+    engine thread to the core it waits on; none leaves the engine on the
+    process's cores. The sums are the same either way."""
+    settings = {"HVDLITE_ENGINE_PRIORITY": priority}
+    if setting is not None:
+        settings["HVDLITE_ENGINE_AFFINITY"] = setting
+    r, n = engine(**settings)
+    cores = os.sched_getaffinity(0)
+    mine = sorted(cores)[r % len(cores)]
+    os.sched_setaffinity(0, {mine})   # this thread only (the engine keeps its own mask)
+    try:
+        _checked_sum(r, n, f"affinity.{setting}.{priority}")
+        stats, engine_cores = _affinity_stats(), os.sched_getaffinity(_engine_tid())
+        # A rank that is done shuts the engines down: everyone checks first.
+        _checked_sum(r, n, f"affinity.{setting}.{priority}.checked")
+        assert stats["engine_follows_waiter"] == int(follows), stats
+        if not follows:
+            assert engine_cores == cores
+            assert stats["engine_affinity_pins"] == 0, stats
+        else:
+            assert stats["engine_affinity_pins"] >= 1, stats
+            if n <= len(cores):   # more ranks than cores may queue engines behind each other
+                assert stats["engine_affinity_releases"] == 0, stats
+                assert engine_cores == {mine}
+    finally:
+        os.sched_setaffinity(0, cores)
+
+
+def test_engine_affinity_released_when_core_is_busy(engine):
+    """A pinned engine gives way: a late peer leaves the pin alone (the engine
+    sleeps), but when another program keeps the pinned core busy, the waiting
+    thread gives the engine its cores back, and after three such waits in a
+    row stops pinning it. The sums stay right throughout."""
+    r, n = engine(HVDLITE_ENGINE_PRIORITY="idle", HVDLITE_ENGINE_AFFINITY="follow")
+    cores = os.sched_getaffinity(0)
+    mine = sorted(cores)[r % len(cores)]
+    exclusive = n <= len(cores)
+    os.sched_setaffinity(0, {mine})
+    hog = None
+    try:
+        _checked_sum(r, n, "affinity.pin")
+        if r == 1:
+            time.sleep(0.3)
+        _checked_sum(r, n, "affinity.late_peer")
+        stats, engine_cores = _affinity_stats(), os.sched_getaffinity(_engine_tid())
+        hvd.barrier()
+        if exclusive:
+            assert engine_cores == {mine}
+            assert stats["engine_affinity_releases"] == 0, stats
+        if r == 0:
+            hog = subprocess.Popen([sys.executable, "-c",
+                                    f"import os\nos.sched_setaffinity(0, {{{mine}}})\nwhile True:\n    pass"])
+            time.sleep(0.3)   # spinning on this rank's core
+        # Not every wait finds the engine pinned (it may finish the work first),
+        # so enough rounds for three releases.
+        for i in range(12):
+            _checked_sum(r, n, f"affinity.busy.{i}")
+        stats, engine_cores = _affinity_stats(), os.sched_getaffinity(_engine_tid())
+        _checked_sum(r, n, "affinity.busy.checked")
+        if r == 0:
+            assert stats["engine_affinity_releases"] >= 3, stats
+            assert stats["engine_follows_waiter"] == 0, stats
+            assert engine_cores == cores
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+        os.sched_setaffinity(0, cores)
 
 
 @pytest.mark.parametrize("setting", ["1", "0", "auto"])

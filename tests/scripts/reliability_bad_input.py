@@ -306,6 +306,7 @@ BAD_SETTINGS = [
     ("HVDLITE_STALL_CHECK_DISABLE", "maybe", "0 or 1"),
     ("HVDLITE_WAIT_SLEEP_US", "0", "an integer >= 1"),
     ("HVDLITE_ENGINE_PRIORITY", "low", "auto, normal, batch or idle"),
+    ("HVDLITE_ENGINE_AFFINITY", "sideways", "auto, follow or none"),
     ("HOROVOD_FUSION_THRESHOLD", "64MB", "an integer"),  # the Horovod alias is checked too
 ]
 
