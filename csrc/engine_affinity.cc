@@ -62,7 +62,9 @@ void EngineAffinity::PinTo(int cpu) {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   // A core outside the engine's own affinity (the user's binding) is left alone.
-  if (!running_ || !following() || !CPU_ISSET(cpu, &cores_) || pinned_.load(std::memory_order_relaxed) == cpu) return;
+  if (!running_ || !following() || !CPU_ISSET(cpu, &cores_) || pinned_.load(std::memory_order_relaxed) == cpu) {
+    return;
+  }
   cpu_set_t one;
   CPU_ZERO(&one);
   CPU_SET(cpu, &one);
