@@ -45,15 +45,11 @@ void EngineAffinity::Stop() {
   stats_->engine_follows_waiter.store(0, std::memory_order_relaxed);
 }
 
-void EngineAffinity::SetFollowing(bool on) {
+void EngineAffinity::StartFollowing() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!running_) return;
-  following_.store(on, std::memory_order_relaxed);
-  stats_->engine_follows_waiter.store(on ? 1 : 0, std::memory_order_relaxed);
-  if (!on && pinned_.load(std::memory_order_relaxed) >= 0) {
-    pthread_setaffinity_np(thread_, sizeof(cores_), &cores_);
-    pinned_.store(-1, std::memory_order_relaxed);
-  }
+  following_.store(true, std::memory_order_relaxed);
+  stats_->engine_follows_waiter.store(1, std::memory_order_relaxed);
 }
 
 void EngineAffinity::PinTo(int cpu) {
@@ -119,21 +115,21 @@ bool EngineAffinity::Wait(Work& work, double timeout_seconds) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  // What is left of the caller's timeout (< 0: none).
+  auto rest = [&] { return timeout_seconds < 0 ? -1.0 : std::max(0.0, timeout_seconds - since(start)); };
   auto window = start;
   int64_t queued = RunQueueDelayNs();
   while (true) {
-    const double slice =
-        timeout_seconds < 0 ? kCheckSeconds : std::min(kCheckSeconds, std::max(0.0, timeout_seconds - since(start)));
-    const bool done = work.Wait(slice);
+    const bool done = work.Wait(timeout_seconds < 0 ? kCheckSeconds : std::min(kCheckSeconds, rest()));
     const double judged = since(window);
     const int64_t now = RunQueueDelayNs();
     if (pinned_.load(std::memory_order_relaxed) < 0) {  // released by another waiting thread
-      return done || work.Wait(timeout_seconds < 0 ? -1.0 : std::max(0.0, timeout_seconds - since(start)));
+      return done || work.Wait(rest());
     }
     if (judged >= kMinJudgedSeconds && now >= 0 && queued >= 0) {
       if (static_cast<double>(now - queued) > kQueuedShare * judged * 1e9) {
         Release();
-        return done || work.Wait(timeout_seconds < 0 ? -1.0 : std::max(0.0, timeout_seconds - since(start)));
+        return done || work.Wait(rest());
       }
       if (done) {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -141,7 +137,7 @@ bool EngineAffinity::Wait(Work& work, double timeout_seconds) {
       }
     }
     if (done) return true;
-    if (timeout_seconds >= 0 && since(start) >= timeout_seconds) return false;
+    if (rest() == 0.0) return false;
     window = Clock::now();
     queued = now;
   }

@@ -41,9 +41,9 @@ class EngineAffinity {
   // On the engine thread as it ends; later waits only wait.
   void Stop();
 
-  // Whether waits pin the engine (HVDLITE_ENGINE_AFFINITY; auto turns it on
-  // with the idle priority).
-  void SetFollowing(bool on);
+  // From now on waits pin the engine (HVDLITE_ENGINE_AFFINITY=follow, or auto
+  // with the idle priority); only a starved pin (Release) turns it off again.
+  void StartFollowing();
   bool following() const { return following_.load(std::memory_order_relaxed); }
 
   // Work::Wait, keeping the engine on the caller's core meanwhile.
@@ -52,6 +52,7 @@ class EngineAffinity {
   // thread's core (from its next round) once a thread has waited for it, and
   // a pin released by a wait may be taken again.
   void NewWork() {
+    if (!following()) return;
     if (held_off_.load(std::memory_order_relaxed)) held_off_.store(false, std::memory_order_relaxed);
     const int cpu = sched_getcpu();
     if (submitter_.load(std::memory_order_relaxed) != cpu) submitter_.store(cpu, std::memory_order_relaxed);
