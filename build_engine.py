@@ -96,6 +96,7 @@ def sanitizer_flags():
 # Listed, not globbed, so a half-written file in csrc/ never breaks an install.
 ENGINE_SOURCES = [
     "adasum_operation.cc",
+    "affinity_trial.cc",
     "autotuner.cc",
     "allreduce_pipeline.cc",
     "bucket_planner.cc",

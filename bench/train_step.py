@@ -129,6 +129,13 @@ def _wire_bytes(mode):
     return sum(v for k, v in hvdlite.engine_stats().items() if k.startswith("wire_bytes_"))
 
 
+def _placement(mode):
+    """hvdlite's engine_affinity_chose_* counters on this rank (none for other modes)."""
+    if mode.engine != "hvdlite":
+        return {}
+    return {k: v for k, v in hvdlite.engine_stats().items() if k.startswith("engine_affinity_chose_")}
+
+
 class Mode:
     def __init__(self, label, model, optimizer, forward=None, engine=None, env=None):
         self.label, self.model, self.optimizer = label, model, optimizer
@@ -143,6 +150,9 @@ class Mode:
         # step that faults in its gradient buffers afresh pays for it in backward.
         self.faults = 0
         self.wire_bytes = 0  # hvdlite's wire bytes of timed steps, summed over ranks
+        # How hvdlite's engine placed its thread in the mode's rounds, summed over
+        # ranks and rounds (engine_affinity_* of engine_stats()).
+        self.placement = {}
 
     def step(self, x, y):
         self.optimizer.zero_grad()
@@ -381,6 +391,7 @@ def main(argv=None):
             cpu0, proc0 = time.thread_time(), time.process_time()
             faults0 = _thread_faults()
             wire0 = _wire_bytes(mode)
+            placement0 = _placement(mode)
             for _ in range(args.steps):
                 t0 = time.perf_counter()
                 mode.step(x, y)
@@ -392,6 +403,8 @@ def main(argv=None):
             slowest = comm.allreduce(local, op=_max_lists)
             mode.times.extend(slowest)
             mode.wire_bytes += comm.allreduce(_wire_bytes(mode) - wire0)
+            for k, v in _placement(mode).items():
+                mode.placement[k] = mode.placement.get(k, 0) + comm.allreduce(v - placement0[k])
             mode.train_cpu += sum(cpu[0::2])
             mode.other_cpu += sum(cpu[1::2])
             mode.steps += args.steps * size
@@ -434,6 +447,8 @@ def main(argv=None):
                   "other_threads_cpu_ms": round(1e3 * m.other_cpu / max(1, m.steps), 2)})
         if m.env:
             r["env"] = {k: str(v) for k, v in m.env.items()}
+        if m.placement:
+            r["engine_placement"] = m.placement
         results["modes"][m.label] = r
         print(f"{m.label:34s} {med:10.1f} {q[0]:8.1f} {q[2]:8.1f} {ratio:10.2f} "
               f"{r['train_thread_cpu_ms']:10.1f} {r['other_threads_cpu_ms']:10.1f} "

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "median.h"
+
 namespace hvdlite {
 
 namespace {
@@ -20,12 +22,6 @@ constexpr double kMargin = 0.03;
 const char* KnobName(int knob) {
   static const char* const names[] = {"fusion_threshold", "cycle_time", "hierarchical", "ring_chunk"};
   return names[knob];
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 }  // namespace

@@ -88,7 +88,7 @@ Status Engine::Start(MPI_Comm comm, std::unique_ptr<Engine>* out) {
 void Engine::ThreadMain() {
   pthread_setname_np(pthread_self(), "hvdlite-engine");
   affinity_.Start();
-  if (options_.affinity == EngineAffinityMode::kFollow) affinity_.StartFollowing();
+  if (options_.affinity == EngineAffinityMode::kFollow) affinity_.StartFollowing(false);
   if (options_.priority != EnginePriority::kAuto) SetPriority(pthread_self(), options_.priority);
   Status s = Setup();
   {
@@ -262,7 +262,7 @@ void Engine::SetComputeThreads(int threads) {
 void Engine::SetPriority(pthread_t thread, EnginePriority priority) {
   if (ApplyPriority(thread, priority) && priority == EnginePriority::kIdle) {
     stats_.engine_idle_priority.store(1, std::memory_order_relaxed);
-    if (options_.affinity == EngineAffinityMode::kAuto) affinity_.StartFollowing();
+    if (options_.affinity == EngineAffinityMode::kAuto) affinity_.StartFollowing(true);
   }
 }
 

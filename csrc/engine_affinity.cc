@@ -45,20 +45,24 @@ void EngineAffinity::Stop() {
   stats_->engine_follows_waiter.store(0, std::memory_order_relaxed);
 }
 
-void EngineAffinity::StartFollowing() {
+void EngineAffinity::StartFollowing(bool measured) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!running_) return;
+  measured_.store(measured, std::memory_order_relaxed);
   following_.store(true, std::memory_order_relaxed);
   stats_->engine_follows_waiter.store(1, std::memory_order_relaxed);
 }
 
 void EngineAffinity::PinTo(int cpu) {
-  if (cpu < 0 || held_off_.load(std::memory_order_relaxed) || pinned_.load(std::memory_order_relaxed) == cpu) {
+  if (cpu < 0 || held_off_.load(std::memory_order_relaxed) || unpinned_arm_.load(std::memory_order_relaxed) ||
+      pinned_.load(std::memory_order_relaxed) == cpu) {
     return;
   }
   std::lock_guard<std::mutex> lock(mutex_);
   // A core outside the engine's own affinity (the user's binding) is left alone.
-  if (!running_ || !following() || !CPU_ISSET(cpu, &cores_) || pinned_.load(std::memory_order_relaxed) == cpu) {
+  // Checked again: a step may have started the unpinned arm meanwhile.
+  if (!running_ || !following() || !CPU_ISSET(cpu, &cores_) || pinned_.load(std::memory_order_relaxed) == cpu ||
+      unpinned_arm_.load(std::memory_order_relaxed)) {
     return;
   }
   cpu_set_t one;
@@ -74,13 +78,17 @@ void EngineAffinity::PinTo(int cpu) {
   stats_->Add(stats_->engine_affinity_pins, 1);
 }
 
-void EngineAffinity::Release() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  held_off_.store(true, std::memory_order_relaxed);
+void EngineAffinity::Unpin() {
   if (running_ && pinned_.load(std::memory_order_relaxed) >= 0) {
     pthread_setaffinity_np(thread_, sizeof(cores_), &cores_);
   }
   pinned_.store(-1, std::memory_order_relaxed);
+}
+
+void EngineAffinity::Release() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  held_off_.store(true, std::memory_order_relaxed);
+  Unpin();
   stats_->Add(stats_->engine_affinity_releases, 1);
   if (++strikes_ >= kStrikes) {
     following_.store(false, std::memory_order_relaxed);
@@ -104,8 +112,29 @@ int64_t EngineAffinity::RunQueueDelayNs() const {
   return static_cast<int64_t>(queued);
 }
 
+void EngineAffinity::StepStarted() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = std::chrono::steady_clock::now();
+  const bool first = step_start_ == std::chrono::steady_clock::time_point();
+  const double seconds = std::chrono::duration<double>(now - step_start_).count();
+  step_start_ = now;
+  if (first || !running_) return;
+  const auto before = trial_.arm();
+  const auto arm = trial_.Record(seconds);
+  stats_->engine_affinity_chose_pinned.store(trial_.chose_pinned(), std::memory_order_relaxed);
+  stats_->engine_affinity_chose_unpinned.store(trial_.chose_unpinned(), std::memory_order_relaxed);
+  if (arm == before) return;
+  // A pinned arm pins at the next round or wait; an unpinned one lets go now.
+  unpinned_arm_.store(arm == AffinityTrial::Arm::kUnpinned, std::memory_order_relaxed);
+  if (arm == AffinityTrial::Arm::kUnpinned) Unpin();
+}
+
 bool EngineAffinity::Wait(Work& work, double timeout_seconds) {
-  if (!following() || work.IsCompleted()) return work.Wait(timeout_seconds);
+  if (!following()) return work.Wait(timeout_seconds);
+  if (measured_.load(std::memory_order_relaxed) && !waited_since_work_.load(std::memory_order_relaxed)) {
+    waited_since_work_.store(true, std::memory_order_relaxed);
+  }
+  if (work.IsCompleted()) return work.Wait(timeout_seconds);
   if (!waited_.load(std::memory_order_relaxed)) waited_.store(true, std::memory_order_relaxed);
   PinTo(sched_getcpu());
   if (pinned_.load(std::memory_order_relaxed) < 0) return work.Wait(timeout_seconds);

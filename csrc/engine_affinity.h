@@ -18,6 +18,10 @@
 // engine's run-queue delay, gives it all its cores back until new work is
 // submitted, and after kStrikes such waits in a row stops pinning for good.
 // A late peer leaves the engine asleep, not queued, and changes nothing.
+//
+// Whether the pin pays at all depends on the host (affinity_trial.h): with
+// HVDLITE_ENGINE_AFFINITY=auto the engine measures the training steps with
+// and without it and keeps the faster, trying again now and then.
 #pragma once
 
 #include <pthread.h>
@@ -25,8 +29,10 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 
+#include "affinity_trial.h"
 #include "engine_stats.h"
 #include "work.h"
 
@@ -43,7 +49,9 @@ class EngineAffinity {
 
   // From now on waits pin the engine (HVDLITE_ENGINE_AFFINITY=follow, or auto
   // with the idle priority); only a starved pin (Release) turns it off again.
-  void StartFollowing();
+  // `measured`: only while the training steps measure faster pinned
+  // (AffinityTrial), as auto does.
+  void StartFollowing(bool measured);
   bool following() const { return following_.load(std::memory_order_relaxed); }
 
   // Work::Wait, keeping the engine on the caller's core meanwhile.
@@ -53,6 +61,11 @@ class EngineAffinity {
   // a pin released by a wait may be taken again.
   void NewWork() {
     if (!following()) return;
+    // The first submission after a wait starts a training step.
+    if (measured_.load(std::memory_order_relaxed) && waited_since_work_.load(std::memory_order_relaxed) &&
+        waited_since_work_.exchange(false, std::memory_order_relaxed)) {
+      StepStarted();
+    }
     if (held_off_.load(std::memory_order_relaxed)) held_off_.store(false, std::memory_order_relaxed);
     const int cpu = sched_getcpu();
     if (submitter_.load(std::memory_order_relaxed) != cpu) submitter_.store(cpu, std::memory_order_relaxed);
@@ -68,6 +81,10 @@ class EngineAffinity {
   void PinTo(int cpu);
   // Gives the engine its cores back; counts a strike.
   void Release();
+  // Restores the engine thread's own mask; under mutex_.
+  void Unpin();
+  // A step began: the trial records the one that ended and picks the arm.
+  void StepStarted();
   // Nanoseconds the engine thread has spent runnable but not running.
   int64_t RunQueueDelayNs() const;
 
@@ -79,6 +96,9 @@ class EngineAffinity {
   std::atomic<bool> waited_{false};
   std::atomic<int> submitter_{-1};     // the core the last tensor was submitted from
   std::atomic<int> pinned_{-1};        // the core the engine is pinned to, or -1
+  std::atomic<bool> measured_{false};           // auto: pinned only in the trial's pinned arm
+  std::atomic<bool> waited_since_work_{false};  // the next submission starts a step
+  std::atomic<bool> unpinned_arm_{false};       // the trial's current arm is unpinned
 
   std::mutex mutex_;  // the rest, and every change of the thread's affinity
   bool running_ = false;
@@ -86,6 +106,8 @@ class EngineAffinity {
   pid_t tid_ = 0;
   cpu_set_t cores_{};  // the engine thread's own affinity, restored on release
   int strikes_ = 0;
+  AffinityTrial trial_;
+  std::chrono::steady_clock::time_point step_start_{};  // none yet: the epoch
 };
 
 }  // namespace hvdlite

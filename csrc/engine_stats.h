@@ -37,6 +37,10 @@ struct EngineStats {
   std::atomic<int64_t> engine_follows_waiter{0};
   std::atomic<int64_t> engine_affinity_pins{0};
   std::atomic<int64_t> engine_affinity_releases{0};
+  // auto: trials that kept the pin, and trials that let the engine roam
+  // (affinity_trial.h).
+  std::atomic<int64_t> engine_affinity_chose_pinned{0};
+  std::atomic<int64_t> engine_affinity_chose_unpinned{0};
   // Bytes the shared-memory allreduce wrote to its slots with streaming
   // stores, and how often a rank changed its preferred stores
   // (collectives/slot_store_choice.h).
@@ -57,6 +61,7 @@ struct EngineStats {
   X(collectives) X(shm_collectives) X(ring_collectives) X(hierarchical_allgathers)         \
   X(hierarchical_reducescatters) X(fused_buffers) X(bytes_in) X(stall_warnings) X(buffer_bytes)  \
   X(engine_idle_priority) X(engine_follows_waiter) X(engine_affinity_pins)                  \
-  X(engine_affinity_releases) X(shm_streamed_bytes) X(shm_store_switches)
+  X(engine_affinity_releases) X(engine_affinity_chose_pinned)                              \
+  X(engine_affinity_chose_unpinned) X(shm_streamed_bytes) X(shm_store_switches)
 
 }  // namespace hvdlite

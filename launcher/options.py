@@ -121,7 +121,7 @@ def build_parser():
     g.add_argument("--engine-affinity", choices=["auto", "follow", "none"],
                    help="cores of each rank's engine thread; follow: the core of the thread waiting "
                         "for its results; auto (the default): follow where the engine runs at idle "
-                        "priority (HVDLITE_ENGINE_AFFINITY)")
+                        "priority and the steps measure faster so (HVDLITE_ENGINE_AFFINITY)")
     g.add_argument("--timeline-filename", metavar="FILE",
                    help="write a Chrome trace timeline; %%r becomes the rank (HVDLITE_TIMELINE)")
     g.add_argument("--timeline-mark-cycles", dest="timeline_mark_cycles", action="store_true",

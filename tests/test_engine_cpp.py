@@ -1,6 +1,7 @@
 """MPI-free C++ unit tests of engine parts (tests/cpp/): the response cache,
 message serialization, the coordinator's decisions (Controller's
-Coordinate and Decide), the shared-memory slots' stores. Each program is built against the engine's objects
+Coordinate and Decide), the shared-memory slots' stores, the engine
+thread's placement trial. Each program is built against the engine's objects
 by tests/cpp_build.py and prints one line per test and a failure count."""
 import pytest
 
@@ -9,6 +10,7 @@ from cpp_build import build_and_run
 
 @pytest.mark.parametrize("program", ["test_response_cache", "test_message", "test_controller",
                                      "test_reduce_kernels", "test_bucket_planner",
-                                     "test_request_validation", "test_shm_stores"])
+                                     "test_request_validation", "test_shm_stores",
+                                     "test_affinity_trial"])
 def test_engine_unit(program, tmp_path):
     print(build_and_run(program, tmp_path))

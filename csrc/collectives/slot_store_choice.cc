@@ -2,15 +2,11 @@
 
 #include <algorithm>
 
+#include "../median.h"
+
 namespace hvdlite {
 
 namespace {
-
-float Median(std::vector<float>& v) {
-  auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
-  std::nth_element(v.begin(), mid, v.end());
-  return *mid;
-}
 
 SlotStores Other(SlotStores s) {
   return s == SlotStores::kCached ? SlotStores::kStreaming : SlotStores::kCached;

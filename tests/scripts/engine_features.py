@@ -831,7 +831,8 @@ def test_engine_priority(engine, name, threads, policy):
 def _affinity_stats():
     stats = hvd.engine_stats()
     return {k: stats[k] for k in ("engine_idle_priority", "engine_follows_waiter",
-                                  "engine_affinity_pins", "engine_affinity_releases")}
+                                  "engine_affinity_pins", "engine_affinity_releases",
+                                  "engine_affinity_chose_pinned", "engine_affinity_chose_unpinned")}
 
 
 def _checked_sum(r, n, name, count=200_000):
@@ -870,6 +871,43 @@ def test_engine_affinity(engine, setting, priority, follows):
             assert stats["engine_affinity_pins"] >= 1, stats
             if n <= len(cores):   # more ranks than cores may queue engines behind each other
                 assert stats["engine_affinity_releases"] == 0, stats
+                assert engine_cores == {mine}
+    finally:
+        os.sched_setaffinity(0, cores)
+
+
+@pytest.mark.parametrize("setting,trials", [("auto", True), ("follow", False)])
+def test_engine_affinity_trial(engine, setting, trials):
+    """With auto (at idle priority) the engine times the steps between a wait
+    and the next submission pinned and unpinned, in turns, and keeps the arm
+    whose median step is shorter: after 13 steps each rank has chosen once, and
+    the engine's mask is what it chose. follow pins and never tries. The sums
+    are right in either arm."""
+    r, n = engine(HVDLITE_ENGINE_PRIORITY="idle", HVDLITE_ENGINE_AFFINITY=setting)
+    cores = os.sched_getaffinity(0)
+    mine = sorted(cores)[r % len(cores)]
+    os.sched_setaffinity(0, {mine})
+    try:
+        # A step: several tensors submitted, then waited for, as
+        # DistributedOptimizer does; the first submission after the wait
+        # starts the next step.
+        for step in range(16):
+            handles = [hvd.allreduce_async(np.full(50_000, r + 1.0, np.float32), op=hvd.Sum,
+                                           name=f"trial.{setting}.{k}") for k in range(3)]
+            for h in handles:
+                np.testing.assert_array_equal(hvd.synchronize(h), np.full(50_000, n * (n + 1) / 2))
+        # The submission that ends the last timed step.
+        _checked_sum(r, n, f"trial.{setting}.last")
+        stats, engine_cores = _affinity_stats(), os.sched_getaffinity(_engine_tid())
+        _checked_sum(r, n, f"trial.{setting}.checked")
+        chose = stats["engine_affinity_chose_pinned"] + stats["engine_affinity_chose_unpinned"]
+        if not trials:
+            assert chose == 0, stats
+        elif stats["engine_follows_waiter"]:   # a busy core can stop the following first
+            assert chose == 1, stats
+            if stats["engine_affinity_chose_unpinned"]:
+                assert engine_cores == cores
+            elif n <= len(cores) and stats["engine_affinity_releases"] == 0:
                 assert engine_cores == {mine}
     finally:
         os.sched_setaffinity(0, cores)
