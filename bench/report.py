@@ -587,7 +587,9 @@ def write(data, doc_path, img_dir, json_path):
              "hvdrun -np 2 python bench/train_step.py --compression fp16     # case 2\n"
              "hvdrun -np 2 python bench/allreduce.py --cases sweep          # fusion x cycle sweep\n"
              "hvdrun -np 4 python bench/allreduce.py --cases negotiation    # cache on/off\n"
-             "hvdrun -np 2 python bench/breakdown.py                        # timeline phases\n```\n")
+             "hvdrun -np 2 python bench/breakdown.py                        # timeline phases\n"
+             "hvdrun -np 2 python bench/step_phases.py hvdlite              # a train step's phases per rank\n"
+             "hvdrun -np 2 python bench/step_phases.py nocomm               # the same without communication\n```\n")
     if m.get("tiny"):
         L.append("> **Tiny mode**: sizes and iteration counts are cut down; these numbers only show "
                  "that the suite works.\n")

@@ -183,3 +183,24 @@ def test_allreduce_report_without_a_raw_contender():
     p = subprocess.run([sys.executable, "-c", REPORT_WITHOUT_RAW], capture_output=True, text=True,
                        env=env, timeout=120, cwd=REPO)
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stdout + p.stderr
+
+
+def test_step_phases_prints_every_rank(tmp_path):
+    """bench/step_phases.py: each rank prints the four phases' medians, CPU
+    and wall time, in both modes."""
+    import re
+
+    from mpi_harness import mpiexec, rank_env
+    require("torch", import_module=False)
+    require("hvdlite._engine", import_module=False)
+    for mode in ("nocomm", "hvdlite"):
+        p = subprocess.run([mpiexec(), "-n", "2", sys.executable, os.path.join(REPO, "bench", "step_phases.py"),
+                            mode, "--steps", "2", "--warmup", "1"],
+                           capture_output=True, text=True, env=rank_env(), timeout=240, cwd=REPO)
+        assert p.returncode == 0, p.stdout + p.stderr
+        for r in range(2):
+            line = next((l for l in p.stdout.splitlines() if l.startswith(f"{mode} rank {r},")), None)
+            assert line is not None, p.stdout
+            phases = re.findall(r"(\w+) ([\d.]+)/([\d.]+)", line)
+            assert [name for name, _, _ in phases] == ["forward", "backward", "synchronize", "optimizer"], line
+            assert all(float(w) > 0 for name, _, w in phases if name != "synchronize" or mode == "hvdlite"), line
