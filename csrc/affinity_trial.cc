@@ -10,7 +10,6 @@ AffinityTrial::Arm AffinityTrial::Record(double seconds) {
     if (in_block_ >= kKeepSteps) {
       trying_ = true;
       in_block_ = 0;
-      arm_ = Arm::kPinned;
     }
     return arm_;
   }
@@ -25,7 +24,7 @@ AffinityTrial::Arm AffinityTrial::Record(double seconds) {
 }
 
 void AffinityTrial::Decide() {
-  arm_ = Median(steps_[0]) <= Median(steps_[1]) ? Arm::kPinned : Arm::kUnpinned;
+  arm_ = Median(steps_[0]) < Median(steps_[1]) ? Arm::kPinned : Arm::kUnpinned;
   ++chose_[Index(arm_)];
   steps_[0].clear();
   steps_[1].clear();

@@ -49,6 +49,7 @@ void EngineAffinity::StartFollowing(bool measured) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!running_) return;
   measured_.store(measured, std::memory_order_relaxed);
+  unpinned_arm_.store(measured && trial_.arm() == AffinityTrial::Arm::kUnpinned, std::memory_order_relaxed);
   following_.store(true, std::memory_order_relaxed);
   stats_->engine_follows_waiter.store(1, std::memory_order_relaxed);
 }

@@ -1,7 +1,8 @@
 // Checks of AffinityTrial (affinity_trial.h), the choice between a pinned and
 // a roaming engine thread from timed training steps: the arms alternate in
-// blocks, the shorter median wins (outliers do not decide), the choice holds
-// for kKeepSteps and is then tried again; and of Median (median.h).
+// blocks, starting roaming, the shorter median wins (outliers do not decide,
+// a tie roams), the choice holds for kKeepSteps and is then tried again from
+// the arm kept; and of Median (median.h).
 #include <cstdint>
 #include <vector>
 
@@ -31,15 +32,15 @@ std::vector<Arm> UntilChoice(AffinityTrial& trial, Time time) {
 
 void TestAlternates() {
   AffinityTrial trial;
-  CHECK(trial.arm() == Arm::kPinned, "starts pinned");
+  CHECK(trial.arm() == Arm::kUnpinned, "starts roaming");
   auto arms = UntilChoice(trial, [](int, Arm) { return 0.1; });
   const size_t steps = 2 * AffinityTrial::kStepsPerArm;
   CHECK(arms.size() == steps, "a choice after %zu steps, got %zu", steps, arms.size());
   for (size_t i = 0; i < arms.size(); ++i) {
-    const Arm want = (i / AffinityTrial::kBlockSteps) % 2 == 0 ? Arm::kPinned : Arm::kUnpinned;
+    const Arm want = (i / AffinityTrial::kBlockSteps) % 2 == 0 ? Arm::kUnpinned : Arm::kPinned;
     CHECK(arms[i] == want, "step %zu ran %s", i, arms[i] == Arm::kPinned ? "pinned" : "unpinned");
   }
-  CHECK(trial.chose_pinned() == 1 && trial.arm() == Arm::kPinned, "a tie keeps the pin");
+  CHECK(trial.chose_unpinned() == 1 && trial.arm() == Arm::kUnpinned, "a tie roams");
 }
 
 void TestShorterMedianWins() {
@@ -71,9 +72,12 @@ void TestKeepsThenTriesAgain() {
     kept = kept && trial.Record(0.5) == Arm::kUnpinned;   // slow steps do not count while kept
   }
   CHECK(kept, "the choice did not hold for %d steps", static_cast<int>(AffinityTrial::kKeepSteps));
-  CHECK(trial.Record(0.1) == Arm::kPinned, "a new trial starts pinned");
+  CHECK(trial.Record(0.1) == Arm::kUnpinned, "a new trial starts with the arm kept");
   // The host changed: now the pin is faster.
-  UntilChoice(trial, [](int, Arm arm) { return arm == Arm::kPinned ? 0.08 : 0.10; });
+  auto arms = UntilChoice(trial, [](int, Arm arm) { return arm == Arm::kPinned ? 0.08 : 0.10; });
+  CHECK(arms.size() == 2 * AffinityTrial::kStepsPerArm && arms.front() == Arm::kUnpinned &&
+            arms[AffinityTrial::kBlockSteps] == Arm::kPinned,
+        "the second trial alternated otherwise");
   CHECK(trial.arm() == Arm::kPinned, "the second trial missed the change");
   CHECK(trial.chose_pinned() == 1 && trial.chose_unpinned() == 1, "counts %lld / %lld",
         static_cast<long long>(trial.chose_pinned()), static_cast<long long>(trial.chose_unpinned()));

@@ -847,10 +847,11 @@ def _checked_sum(r, n, name, count=200_000):
     ("auto", "normal", False), (None, "idle", True),   # auto is the default
 ])
 def test_engine_affinity(engine, setting, priority, follows):
-    """HVDLITE_ENGINE_AFFINITY: with follow (and with auto where the engine
-    runs at idle priority) a thread that waits for the engine's work pins the
-    engine thread to the core it waits on; none leaves the engine on the
-    process's cores. The sums are the same either way."""
+    """HVDLITE_ENGINE_AFFINITY: with follow a thread that waits for the
+    engine's work pins the engine thread to the core it waits on; none leaves
+    the engine on the process's cores; auto, where the engine runs at idle
+    priority, follows too but tries both (its first steps roam, see
+    test_engine_affinity_trial). The sums are the same either way."""
     settings = {"HVDLITE_ENGINE_PRIORITY": priority}
     if setting is not None:
         settings["HVDLITE_ENGINE_AFFINITY"] = setting
@@ -867,6 +868,8 @@ def test_engine_affinity(engine, setting, priority, follows):
         if not follows:
             assert engine_cores == cores
             assert stats["engine_affinity_pins"] == 0, stats
+        elif setting != "follow":   # the trial's arm: roaming or pinned here
+            assert engine_cores in (cores, {mine}), engine_cores
         else:
             assert stats["engine_affinity_pins"] >= 1, stats
             if n <= len(cores):   # more ranks than cores may queue engines behind each other
@@ -879,10 +882,10 @@ def test_engine_affinity(engine, setting, priority, follows):
 @pytest.mark.parametrize("setting,trials", [("auto", True), ("follow", False)])
 def test_engine_affinity_trial(engine, setting, trials):
     """With auto (at idle priority) the engine times the steps between a wait
-    and the next submission pinned and unpinned, in turns, and keeps the arm
-    whose median step is shorter: after 13 steps each rank has chosen once, and
-    the engine's mask is what it chose. follow pins and never tries. The sums
-    are right in either arm."""
+    and the next submission unpinned and pinned, in turns, and keeps the arm
+    whose median step is shorter: after 13 steps each rank has chosen once,
+    both arms have run (the pin was taken), and the engine's mask is what it
+    chose. follow pins and never tries. The sums are right in either arm."""
     r, n = engine(HVDLITE_ENGINE_PRIORITY="idle", HVDLITE_ENGINE_AFFINITY=setting)
     cores = os.sched_getaffinity(0)
     mine = sorted(cores)[r % len(cores)]
@@ -905,6 +908,7 @@ def test_engine_affinity_trial(engine, setting, trials):
             assert chose == 0, stats
         elif stats["engine_follows_waiter"]:   # a busy core can stop the following first
             assert chose == 1, stats
+            assert stats["engine_affinity_pins"] >= 1, stats
             if stats["engine_affinity_chose_unpinned"]:
                 assert engine_cores == cores
             elif n <= len(cores) and stats["engine_affinity_releases"] == 0:
