@@ -129,11 +129,15 @@ def _wire_bytes(mode):
     return sum(v for k, v in hvdlite.engine_stats().items() if k.startswith("wire_bytes_"))
 
 
-def _placement(mode):
-    """hvdlite's engine_affinity_chose_* counters on this rank (none for other modes)."""
+def _engine_counters(mode):
+    """hvdlite's counters of what the engine chose on this rank (none for other
+    modes): its placement (engine_affinity_chose_*) and the bytes its shared-memory
+    allreduce wrote with streaming stores (shm_streamed_bytes: the stores it
+    measured faster, which marks the host's slow hand-over phases)."""
     if mode.engine != "hvdlite":
         return {}
-    return {k: v for k, v in hvdlite.engine_stats().items() if k.startswith("engine_affinity_chose_")}
+    return {k: v for k, v in hvdlite.engine_stats().items()
+            if k.startswith("engine_affinity_chose_") or k == "shm_streamed_bytes"}
 
 
 class Mode:
@@ -150,9 +154,9 @@ class Mode:
         # step that faults in its gradient buffers afresh pays for it in backward.
         self.faults = 0
         self.wire_bytes = 0  # hvdlite's wire bytes of timed steps, summed over ranks
-        # How hvdlite's engine placed its thread in the mode's rounds, summed over
-        # ranks and rounds (engine_affinity_* of engine_stats()).
-        self.placement = {}
+        # What hvdlite's engine chose in the mode's timed steps, summed over ranks
+        # and rounds (see _engine_counters).
+        self.counters = {}
 
     def step(self, x, y):
         self.optimizer.zero_grad()
@@ -391,7 +395,7 @@ def main(argv=None):
             cpu0, proc0 = time.thread_time(), time.process_time()
             faults0 = _thread_faults()
             wire0 = _wire_bytes(mode)
-            placement0 = _placement(mode)
+            counters0 = _engine_counters(mode)
             for _ in range(args.steps):
                 t0 = time.perf_counter()
                 mode.step(x, y)
@@ -403,8 +407,8 @@ def main(argv=None):
             slowest = comm.allreduce(local, op=_max_lists)
             mode.times.extend(slowest)
             mode.wire_bytes += comm.allreduce(_wire_bytes(mode) - wire0)
-            for k, v in _placement(mode).items():
-                mode.placement[k] = mode.placement.get(k, 0) + comm.allreduce(v - placement0[k])
+            for k, v in _engine_counters(mode).items():
+                mode.counters[k] = mode.counters.get(k, 0) + comm.allreduce(v - counters0[k])
             mode.train_cpu += sum(cpu[0::2])
             mode.other_cpu += sum(cpu[1::2])
             mode.steps += args.steps * size
@@ -447,12 +451,19 @@ def main(argv=None):
                   "other_threads_cpu_ms": round(1e3 * m.other_cpu / max(1, m.steps), 2)})
         if m.env:
             r["env"] = {k: str(v) for k, v in m.env.items()}
-        if m.placement:
-            r["engine_placement"] = m.placement
+        placement = {k: v for k, v in m.counters.items() if k.startswith("engine_affinity_chose_")}
+        if placement:
+            r["engine_placement"] = placement
+        if "shm_streamed_bytes" in m.counters:
+            r["shm_streamed_bytes_per_rank_step"] = round(m.counters["shm_streamed_bytes"] / max(1, m.steps))
         results["modes"][m.label] = r
         print(f"{m.label:34s} {med:10.1f} {q[0]:8.1f} {q[2]:8.1f} {ratio:10.2f} "
               f"{r['train_thread_cpu_ms']:10.1f} {r['other_threads_cpu_ms']:10.1f} "
               f"{r['train_thread_page_faults']:7d} {r['wire_bytes_per_rank_step'] / 1e3:9.1f}")
+    for label, r in results["modes"].items():
+        if "shm_streamed_bytes_per_rank_step" in r:
+            print(f"{label}: {r['shm_streamed_bytes_per_rank_step'] / 1e6:.0f} MB per rank-step written "
+                  f"with streaming stores (the host's slow hand-over phase when non-zero)")
     for label, why in absent.items():
         print(f"{label:34s} {'absent':>10s}   {why}")
     if tuned:
