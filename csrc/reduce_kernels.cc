@@ -10,6 +10,9 @@
 #include <immintrin.h>
 #define HVDLITE_HAVE_F16C_KERNELS 1
 #endif
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace hvdlite {
 
@@ -344,6 +347,55 @@ void ReduceSources(const std::vector<const uint8_t*>& src, void* out, int64_t n,
     return;
   }
   Dispatch(dtype, [&](auto tag) { ReduceTyped<decltype(tag)>(src, out, n, op, scale, copy); });
+}
+
+bool ReduceSourcesStreaming(const std::vector<const uint8_t*>& src, void* out, void* copy, int64_t n,
+                            DataType dtype, ReduceOp op, double scale) {
+#if defined(__SSE2__)
+  const auto o_addr = reinterpret_cast<uintptr_t>(out);
+  if (dtype != DataType::kFloat32 || (op != ReduceOp::kSum && op != ReduceOp::kAverage) || src.empty() ||
+      o_addr % sizeof(float) != 0 || (o_addr - reinterpret_cast<uintptr_t>(copy)) % 16 != 0) {
+    return false;
+  }
+  auto* o = static_cast<float*>(out);
+  auto* c = static_cast<float*>(copy);
+  const auto* first = reinterpret_cast<const float*>(src[0]);
+  const size_t k = src.size();
+  const bool scaled = scale != 1.0;
+  const float factor = static_cast<float>(scale);
+  // One element with plain stores, in ReduceAll's order and Scaled's arithmetic.
+  auto one = [&](int64_t i) {
+    float acc = first[i];
+    for (size_t r = 1; r < k; ++r) acc += reinterpret_cast<const float*>(src[r])[i];
+    if (scaled) acc *= factor;
+    o[i] = acc;
+    c[i] = acc;
+  };
+  int64_t i = 0;
+  for (; i < n && (o_addr + static_cast<uintptr_t>(i) * sizeof(float)) % 16 != 0; ++i) one(i);
+  const __m128 f = _mm_set1_ps(factor);
+  // 64 bytes per round: whole lines leave the write-combining buffers at once.
+  for (; i + 16 <= n; i += 16) {
+    __m128 a[4];
+    for (int j = 0; j < 4; ++j) a[j] = _mm_loadu_ps(first + i + 4 * j);
+    for (size_t r = 1; r < k; ++r) {
+      const float* s = reinterpret_cast<const float*>(src[r]) + i;
+      for (int j = 0; j < 4; ++j) a[j] = _mm_add_ps(a[j], _mm_loadu_ps(s + 4 * j));
+    }
+    if (scaled) {
+      for (int j = 0; j < 4; ++j) a[j] = _mm_mul_ps(a[j], f);
+    }
+    for (int j = 0; j < 4; ++j) _mm_stream_ps(o + i + 4 * j, a[j]);
+    for (int j = 0; j < 4; ++j) _mm_stream_ps(c + i + 4 * j, a[j]);
+  }
+  for (; i < n; ++i) one(i);
+  // Weakly ordered stores: fenced before the release that publishes them.
+  _mm_sfence();
+  return true;
+#else
+  (void)src, (void)out, (void)copy, (void)n, (void)dtype, (void)op, (void)scale;
+  return false;
+#endif
 }
 
 }  // namespace hvdlite

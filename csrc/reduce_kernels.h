@@ -46,4 +46,17 @@ void ReduceInto(const void* in, void* inout, int64_t n, DataType dtype, ReduceOp
 void ReduceSources(const std::vector<const uint8_t*>& src, void* out, int64_t n, DataType dtype,
                    ReduceOp op, double scale, void* copy = nullptr);
 
+// ReduceSources for float32 sums (Sum, Average) with `out` and `copy` both
+// written by streaming stores (streaming_copy.h) in the same pass, for the
+// shared-memory allreduce's phases in which cores hand lines over slowly.
+// Summing into an in-cache scratch and streaming it out twice took 1.6 ms
+// per 16 MB tensor where this takes 1.1 (one core, bench/results/
+// 2026-11-26-fused-streaming). Same bits as ReduceSources. `copy` may alias
+// any source. Returns false, having written nothing, where it does not apply:
+// another type or op, a CPU without SSE2, or `out` and `copy` whose addresses
+// differ by other than a multiple of 16 bytes (streaming stores need both
+// aligned at once).
+bool ReduceSourcesStreaming(const std::vector<const uint8_t*>& src, void* out, void* copy, int64_t n,
+                            DataType dtype, ReduceOp op, double scale);
+
 }  // namespace hvdlite

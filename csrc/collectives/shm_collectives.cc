@@ -370,16 +370,20 @@ Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, Da
       }
       // Summed, in one pass, into this rank's output (which may be the input
       // it reads: each element is read before it is written) and the shared
-      // result for the peers; or, with streaming stores, into a scratch part
-      // that stays in cache, streamed from there to the shared result and to
-      // the output.
+      // result for the peers, with the stores the chunk takes. Streamed sums
+      // of other types than float32 go through a scratch part that stays in
+      // cache, streamed from there to the shared result and to the output.
       uint8_t* result = result_slot(rank_, seq) + lo * elem;
       uint8_t* mine_out = out + (reduced * per_chunk + lo) * elem;
       const size_t bytes = static_cast<size_t>((hi - lo) * elem);
       if (store_choice_.For(seq) == SlotStores::kStreaming) {
-        ReduceSources(sources_, scratch_.data(), hi - lo, dtype, op, scale);
-        copy(seq, result, scratch_.data(), bytes);
-        copy(seq, mine_out, scratch_.data(), bytes);
+        if (ReduceSourcesStreaming(sources_, result, mine_out, hi - lo, dtype, op, scale)) {
+          streamed += 2 * static_cast<int64_t>(bytes);
+        } else {
+          ReduceSources(sources_, scratch_.data(), hi - lo, dtype, op, scale);
+          copy(seq, result, scratch_.data(), bytes);
+          copy(seq, mine_out, scratch_.data(), bytes);
+        }
       } else {
         ReduceSources(sources_, result, hi - lo, dtype, op, scale, mine_out);
       }

@@ -128,7 +128,9 @@ class ShmCollectives {
   const std::atomic<bool>* abort_;
   EngineStats* stats_;
   std::vector<const uint8_t*> sources_;  // scratch: every rank's slot for a chunk
-  std::vector<uint8_t> scratch_;         // this rank's summed part, before it is streamed out
+  // This rank's summed part before it is streamed out, for sums that
+  // ReduceSourcesStreaming does not make in one pass (other types and ops).
+  std::vector<uint8_t> scratch_;
   SlotStoreChoice store_choice_;         // plain or streaming stores, slots and output
 };
 

@@ -1,11 +1,13 @@
 // Checks of csrc/reduce_kernels.h, the element-wise reductions every wire
 // uses: ReduceInto and ReduceSources against a scalar model of each
 // (type, op), integer wrap-around, 16-bit floats combined in float32 and
-// rounded per step, the scale's arithmetic equal to CopyScaled's, and the MPI
+// rounded per step, the scale's arithmetic equal to CopyScaled's, the
+// streamed float32 sum equal to ReduceSources, and the MPI
 // user ops for 16-bit floats equal to the kernels (MPI_Reduce_local, so no
 // launcher is needed).
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -161,6 +163,68 @@ void TestHalfAndBFloat16() {
   CHECK(y == 0x7c00, "overflow -> inf, got %04x", y);
 }
 
+// The one-pass streamed float32 sum gives ReduceSources' bits in both
+// destinations, whatever the alignment they share, the sources' count, the
+// scale, and a destination that is one of the sources (rank 1's own part).
+void TestStreamingSum() {
+  const int64_t kMax = 1003;
+  std::vector<std::vector<float>> src;
+  for (uint32_t k = 0; k < 4; ++k) src.push_back(Random<float>(kMax + 8, 40 + k));
+  for (size_t k = 1; k <= 4; ++k) {
+    for (double scale : {1.0, 0.5, 1.0 / 3.0}) {
+      for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{16}, int64_t{17}, kMax}) {
+        for (int shift = 0; shift < 4; ++shift) {  // floats past a 16-byte boundary, both destinations
+          std::vector<const uint8_t*> ptrs;
+          for (size_t r = 0; r < k; ++r) ptrs.push_back(reinterpret_cast<const uint8_t*>(src[r].data()));
+          std::vector<float> want(static_cast<size_t>(n));
+          ReduceSources(ptrs, want.data(), n, DataType::kFloat32, ReduceOp::kSum, scale);
+          alignas(16) static float out[kMax + 8], copy[kMax + 8];
+          std::fill(out, out + kMax + 8, -1.0f);
+          std::fill(copy, copy + kMax + 8, -1.0f);
+          const ReduceOp op = shift % 2 ? ReduceOp::kAverage : ReduceOp::kSum;  // Average sums
+          const bool took = ReduceSourcesStreaming(ptrs, out + shift, copy + shift, n, DataType::kFloat32, op, scale);
+          CHECK(took, "streamed sum taken, %zu sources", k);
+          CHECK(n == 0 || (std::memcmp(out + shift, want.data(), n * sizeof(float)) == 0 &&
+                           std::memcmp(copy + shift, want.data(), n * sizeof(float)) == 0),
+                "streamed sum == ReduceSources, %zu sources, scale %g, n=%lld, shift %d", k, scale,
+                static_cast<long long>(n), shift);
+          CHECK(out[shift + n] == -1.0f && copy[shift + n] == -1.0f && (shift == 0 || out[shift - 1] == -1.0f),
+                "nothing written outside n=%lld", static_cast<long long>(n));
+        }
+        // The copy into a source, as the rank that owns part 1 writes its own gradient.
+        if (k >= 2) {
+          std::vector<float> mine(src[1].begin(), src[1].begin() + n), result(static_cast<size_t>(n));
+          std::vector<const uint8_t*> ptrs;
+          for (size_t r = 0; r < k; ++r) {
+            ptrs.push_back(reinterpret_cast<const uint8_t*>(r == 1 ? mine.data() : src[r].data()));
+          }
+          std::vector<float> want(static_cast<size_t>(n));
+          ReduceSources(ptrs, want.data(), n, DataType::kFloat32, ReduceOp::kSum, scale);
+          const bool aligned = (reinterpret_cast<uintptr_t>(result.data()) -
+                                reinterpret_cast<uintptr_t>(mine.data())) % 16 == 0;
+          if (aligned && ReduceSourcesStreaming(ptrs, result.data(), mine.data(), n, DataType::kFloat32,
+                                                ReduceOp::kSum, scale)) {
+            CHECK(mine == want && result == want, "streamed sum into its own source, %zu sources", k);
+          }
+        }
+      }
+    }
+  }
+  // Not taken, nothing written: other types and ops, destinations aligned apart.
+  std::vector<const uint8_t*> two = {reinterpret_cast<const uint8_t*>(src[0].data()),
+                                     reinterpret_cast<const uint8_t*>(src[1].data())};
+  alignas(16) float a[64], b[64];
+  std::fill(a, a + 64, 7.0f);
+  std::fill(b, b + 64, 7.0f);
+  CHECK(!ReduceSourcesStreaming(two, a, b, 32, DataType::kFloat64, ReduceOp::kSum, 1.0), "float64 not taken");
+  CHECK(!ReduceSourcesStreaming(two, a, b, 32, DataType::kFloat32, ReduceOp::kMax, 1.0), "Max not taken");
+  CHECK(!ReduceSourcesStreaming(two, a + 1, b, 32, DataType::kFloat32, ReduceOp::kSum, 1.0),
+        "destinations aligned apart not taken");
+  CHECK(std::all_of(a, a + 64, [](float x) { return x == 7.0f; }) &&
+            std::all_of(b, b + 64, [](float x) { return x == 7.0f; }),
+        "nothing written when not taken");
+}
+
 void TestRefused() {
   CHECK(!ElementwiseReducible(DataType::kBool, ReduceOp::kSum), "bool is not reducible");
   CHECK(!ElementwiseReducible(DataType::kFloat32, ReduceOp::kAdasum), "Adasum is not element-wise");
@@ -178,6 +242,7 @@ int main(int argc, char** argv) {
   const int rc = hvdlite_test::RunTests({{"integers", TestIntegers},
                                          {"floats", TestFloats},
                                          {"half_and_bfloat16", TestHalfAndBFloat16},
+                                         {"streaming_sum", TestStreamingSum},
                                          {"refused", TestRefused}});
   MPI_Finalize();
   return rc;

@@ -1,0 +1,58 @@
+// The shared-memory allreduce's sum step with streaming stores, one core, on
+// the engine's own kernels: per 128 KB chunk of a 16 MB float32 gradient, this
+// rank's 64 KB part plus a peer's part from a slot, the result to a result slot
+// and into the gradient. "scratch": ReduceSources into an in-cache scratch, then
+// two StreamingCopy passes (the engine before); "one pass":
+// ReduceSourcesStreaming. Twelve gradients rotate, so each is read from memory.
+// From the repository root:
+//   g++ -std=c++17 -O3 -I csrc bench/results/2026-11-26-fused-streaming/sum_step.cc \
+//       csrc/reduce_kernels.cc csrc/streaming_copy.cc csrc/scale.cc csrc/common.cc -o /tmp/sum_step
+//   /tmp/sum_step
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "reduce_kernels.h"
+#include "streaming_copy.h"
+
+using namespace hvdlite;
+
+int main() {
+  const size_t kTensor = 16 << 20, kChunk = 128 << 10, kPart = kChunk / 2, kPool = 12;
+  std::vector<uint8_t*> grads(kPool);
+  for (auto& g : grads) {
+    g = static_cast<uint8_t*>(std::aligned_alloc(64, kTensor));
+    std::memset(g, 1, kTensor);
+  }
+  auto* peer = static_cast<uint8_t*>(std::aligned_alloc(64, kTensor / 2));   // the peer's parts
+  auto* result = static_cast<uint8_t*>(std::aligned_alloc(64, kTensor / 2)); // this rank's sums
+  std::memset(peer, 0, kTensor / 2);
+  std::memset(result, 0, kTensor / 2);
+  std::vector<uint8_t> scratch(kPart);
+  std::vector<double> ms[2];
+  for (int rep = 0; rep < 40; ++rep) {
+    for (int way = 0; way < 2; ++way) {
+      uint8_t* grad = grads[(rep * 2 + way) % kPool];
+      const auto t0 = std::chrono::steady_clock::now();
+      for (size_t c = 0; c < kTensor / kChunk; ++c) {
+        uint8_t* mine = grad + c * kChunk;
+        std::vector<const uint8_t*> src = {mine, peer + c * kPart};
+        const int64_t n = kPart / sizeof(float);
+        if (way == 0) {
+          ReduceSources(src, scratch.data(), n, DataType::kFloat32, ReduceOp::kSum, 0.5);
+          StreamingCopy(result + c * kPart, scratch.data(), kPart);
+          StreamingCopy(mine, scratch.data(), kPart);
+        } else {
+          ReduceSourcesStreaming(src, result + c * kPart, mine, n, DataType::kFloat32, ReduceOp::kSum, 0.5);
+        }
+      }
+      ms[way].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  for (auto& v : ms) std::sort(v.begin(), v.end());
+  std::printf("sum step per 16 MB tensor, median of 40: scratch %.3f ms, one pass %.3f ms\n", ms[0][20],
+              ms[1][20]);
+}
