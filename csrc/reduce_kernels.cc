@@ -10,9 +10,6 @@
 #include <immintrin.h>
 #define HVDLITE_HAVE_F16C_KERNELS 1
 #endif
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 namespace hvdlite {
 

@@ -129,7 +129,8 @@ class ShmCollectives {
   EngineStats* stats_;
   std::vector<const uint8_t*> sources_;  // scratch: every rank's slot for a chunk
   // This rank's summed part before it is streamed out, for sums that
-  // ReduceSourcesStreaming does not make in one pass (other types and ops).
+  // ReduceSourcesStreaming does not make in one pass (other types and ops,
+  // an output aligned apart from the result slot).
   std::vector<uint8_t> scratch_;
   SlotStoreChoice store_choice_;         // plain or streaming stores, slots and output
 };
