@@ -55,14 +55,14 @@ class BuildExtWithTensorFlowOps(build_ext):
 
 
 class BuildPyWithCApiHeader(build_py):
-    """Installs csrc/c_api.h as hvdlite/include/c_api.h: an op library built
+    """Installs csrc/api/c_api.h as hvdlite/include/c_api.h: an op library built
     on first import (TensorFlow installed after hvdlite) compiles against it."""
 
     def run(self):
         super().run()
         include = os.path.join(self.build_lib, "hvdlite", "include")
         os.makedirs(include, exist_ok=True)
-        shutil.copyfile(os.path.join("csrc", "c_api.h"), os.path.join(include, "c_api.h"))
+        shutil.copyfile(os.path.join("csrc", "api", "c_api.h"), os.path.join(include, "c_api.h"))
 
 setup(
     name="hvdlite",

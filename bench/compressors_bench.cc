@@ -2,7 +2,7 @@
 // (25,557,032 float32), single-threaded, against memcpy of the same buffer.
 // Not a test. Build and run:
 //   .venv/bin/mpicxx -std=c++17 -O3 -I csrc bench/compressors_bench.cc
-//       csrc/compressors/*.cc csrc/common.cc csrc/message.cc -o /tmp/cbench && /tmp/cbench [reps [floats]]
+//       csrc/compressors/*.cc csrc/common/common.cc csrc/negotiation/message.cc -o /tmp/cbench && /tmp/cbench [reps [floats]]
 // (python -m hvdlite.bench builds and runs it as its "compression kernels" case.)
 #include <mpi.h>
 
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/mpi_transport.h"
+#include "transport/mpi/mpi_transport.h"
 #include "compressors/bf16.h"
 #include "compressors/compressor.h"
 #include "compressors/density_warmup.h"

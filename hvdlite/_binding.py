@@ -15,7 +15,7 @@ except ImportError as e:  # pragma: no cover - only on a broken install
         f"{e}. Reinstall with: pip install --no-build-isolation -e . "
         "(after 'pip install mpich cffi setuptools wheel')") from e
 
-# Collective kinds (csrc/common.h OpType).
+# Collective kinds (csrc/common/common.h OpType).
 ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER = 0, 1, 2, 3, 4, 5
 ADD_PROCESS_SET, REMOVE_PROCESS_SET, JOIN = 6, 7, 8
 

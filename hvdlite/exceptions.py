@@ -41,7 +41,7 @@ class StallError(HvdliteError):
     """The stall inspector gave up on a tensor some ranks never submitted."""
 
 
-# Engine ErrorKind (csrc/common.h) -> exception class.
+# Engine ErrorKind (csrc/common/common.h) -> exception class.
 _BY_KIND = {
     1: InvalidArgumentError,
     2: TensorMismatchError,

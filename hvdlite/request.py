@@ -18,7 +18,7 @@ from .process_sets import global_process_set, process_set_id, set_root_rank
 
 # ---------------------------------------------------------------- reduce ops
 
-# The engine's ReduceOp codes (csrc/common.h).
+# The engine's ReduceOp codes (csrc/common/common.h).
 Average = 0
 Sum = 1
 Min = 2

@@ -1,4 +1,4 @@
-"""Timeline writer (csrc/timeline.cc, built standalone with g++) and the
+"""Timeline writer (csrc/timeline/timeline.cc, built standalone with g++) and the
 merge tool (hvdlite/timeline.py) on synthetic per-rank files."""
 import glob
 import importlib.util
@@ -59,7 +59,8 @@ def writer_binary(tmp_path_factory):
     cmd = [gxx, "-std=c++17", "-O2", "-pthread", "-Wall", "-Wextra", "-Werror",
            "-I" + os.path.join(ROOT, "csrc"),
            os.path.join(ROOT, "tests", "cpp", "test_timeline.cc"),
-           os.path.join(ROOT, "csrc", "timeline.cc"), os.path.join(ROOT, "csrc", "json_text.cc"),
+           os.path.join(ROOT, "csrc", "timeline", "timeline.cc"),
+           os.path.join(ROOT, "csrc", "common", "json_text.cc"),
            "-o", out]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr

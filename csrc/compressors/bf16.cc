@@ -1,9 +1,9 @@
-#include "bf16.h"
+#include "compressors/bf16.h"
 
 #include <cstring>
 
-#include "../half.h"
-#include "registry.h"
+#include "kernels/half.h"
+#include "compressors/registry.h"
 
 namespace hvdlite {
 

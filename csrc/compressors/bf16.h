@@ -5,7 +5,7 @@
 // where fp16 would, for 8 bits of mantissa instead of 11.
 #pragma once
 
-#include "compressor.h"
+#include "compressors/compressor.h"
 
 namespace hvdlite {
 

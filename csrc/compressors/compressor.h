@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "../engine_stats.h"
-#include "../message.h"
-#include "../status.h"
+#include "engine/engine_stats.h"
+#include "negotiation/message.h"
+#include "common/status.h"
 
 namespace hvdlite {
 

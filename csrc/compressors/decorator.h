@@ -2,14 +2,14 @@
 // Compression's momentum correction and clipping): every call goes to the
 // inner compressor unless the decorator overrides it, so a decorator states
 // only what it changes (usually Compress, Describe and Reset), as
-// collectives/forwarding_transport.h does for wires.
+// transport/forwarding_transport.h does for wires.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "compressor.h"
+#include "compressors/compressor.h"
 
 namespace hvdlite {
 

@@ -1,4 +1,4 @@
-#include "density_warmup.h"
+#include "compressors/density_warmup.h"
 
 #include <cmath>
 #include <cstdio>

@@ -13,7 +13,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "topk.h"
+#include "compressors/topk.h"
 
 namespace hvdlite {
 

@@ -1,4 +1,4 @@
-#include "error_feedback.h"
+#include "compressors/error_feedback.h"
 
 #include <algorithm>
 

@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "decorator.h"
+#include "compressors/decorator.h"
 
 namespace hvdlite {
 

@@ -1,6 +1,6 @@
-#include "fp16.h"
+#include "compressors/fp16.h"
 
-#include "registry.h"
+#include "compressors/registry.h"
 
 namespace hvdlite {
 

@@ -8,8 +8,8 @@
 
 #include <cstdint>
 
-#include "../reduce_kernels.h"
-#include "compressor.h"
+#include "kernels/reduce_kernels.h"
+#include "compressors/compressor.h"
 
 namespace hvdlite {
 

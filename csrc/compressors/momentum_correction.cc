@@ -1,4 +1,4 @@
-#include "momentum_correction.h"
+#include "compressors/momentum_correction.h"
 
 #include <cstdio>
 

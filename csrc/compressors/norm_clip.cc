@@ -1,4 +1,4 @@
-#include "norm_clip.h"
+#include "compressors/norm_clip.h"
 
 #include <cmath>
 #include <cstdio>

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "decorator.h"
+#include "compressors/decorator.h"
 
 namespace hvdlite {
 

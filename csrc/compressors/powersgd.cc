@@ -1,11 +1,11 @@
-#include "powersgd.h"
+#include "compressors/powersgd.h"
 
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 
-#include "../transport.h"
-#include "registry.h"
+#include "transport/transport.h"
+#include "compressors/registry.h"
 
 namespace hvdlite {
 

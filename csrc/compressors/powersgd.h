@@ -22,7 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "compressor.h"
+#include "compressors/compressor.h"
 
 namespace hvdlite {
 

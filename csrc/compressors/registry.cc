@@ -1,12 +1,12 @@
 // The table of compressors, filled by each compressor's file at load time
 // (registry.h), and the engine's questions to it (compressor.h).
-#include "registry.h"
+#include "compressors/registry.h"
 
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 
-#include "compressor.h"
+#include "compressors/compressor.h"
 
 namespace hvdlite {
 

@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "../message.h"
+#include "negotiation/message.h"
 
 namespace hvdlite {
 

@@ -1,4 +1,4 @@
-#include "topk.h"
+#include "compressors/topk.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,11 +8,11 @@
 #include <limits>
 #include <string>
 
-#include "density_warmup.h"
-#include "error_feedback.h"
-#include "momentum_correction.h"
-#include "norm_clip.h"
-#include "registry.h"
+#include "compressors/density_warmup.h"
+#include "compressors/error_feedback.h"
+#include "compressors/momentum_correction.h"
+#include "compressors/norm_clip.h"
+#include "compressors/registry.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "compressor.h"
+#include "compressors/compressor.h"
 
 namespace hvdlite {
 

@@ -37,9 +37,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.path.join(HERE, "ops")
 SOURCES = ["op_defs.cc", "collective_kernels.cc", "engine_bridge.cc"]
 HEADERS = ["engine_bridge.h"]
-# csrc/c_api.h, the engine's C API, from the source tree or (installed) from
+# csrc/api/c_api.h, the engine's C API, from the source tree or (installed) from
 # the copy setup.py puts into hvdlite/include.
-C_API_DIRS = [os.path.join(HERE, os.pardir, os.pardir, "csrc"), os.path.join(HERE, os.pardir, "include")]
+C_API_DIRS = [os.path.join(HERE, os.pardir, os.pardir, "csrc", "api"), os.path.join(HERE, os.pardir, "include")]
 LIBRARY_PREFIX = "hvdlite_tf_ops"
 
 
@@ -51,7 +51,7 @@ def c_api_dir():
     for d in C_API_DIRS:
         if os.path.isfile(os.path.join(d, "c_api.h")):
             return os.path.normpath(d)
-    raise BuildError("csrc/c_api.h (the engine's C API header) was not found in " +
+    raise BuildError("csrc/api/c_api.h (the engine's C API header) was not found in " +
                      " or ".join(os.path.normpath(d) for d in C_API_DIRS) +
                      "; reinstall hvdlite")
 

@@ -3,7 +3,7 @@
 The engine treats a device tensor like any other (queue, negotiation, response
 cache, fusion decisions, stall inspection, timeline) but never touches its
 memory: it hands each agreed group to this module's executor thread as a job
-(csrc/device_jobs.h), in the same order on every rank. The executor runs the
+(csrc/ops/device_jobs.h), in the same order on every rank. The executor runs the
 job with torch.distributed on a process group it made for the job's process
 set: NCCL for CUDA tensors (on its own stream, after the stream that produced
 the tensor), gloo for CPU tensors routed here with HVDLITE_DEVICE_TRANSPORT=gloo
@@ -47,7 +47,7 @@ _TORCH_DTYPES = {code: getattr(torch, name) for name, code in _binding.DTYPE_COD
                  if isinstance(getattr(torch, name, None), torch.dtype)}
 _C10D_OPS = {Sum: dist.ReduceOp.SUM, Average: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
              Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
-_FP16, _TOPK, _BF16 = 1, 2, 3   # csrc/common.h CompressionType
+_FP16, _TOPK, _BF16 = 1, 2, 3   # csrc/common/common.h CompressionType
 _EXECUTED_COMPRESSIONS = (0, _FP16, _TOPK, _BF16)
 _TOPK_SEND_WHOLE_BELOW = 1024   # as the engine's top-k (csrc/compressors/topk.h)
 # Neither gloo nor NCCL has 16-bit integers: they are reduced as int32 and

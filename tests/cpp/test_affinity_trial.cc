@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "affinity_trial.h"
+#include "tuning/affinity_trial.h"
 #include "check.h"
-#include "median.h"
+#include "common/median.h"
 
 using namespace hvdlite;
 

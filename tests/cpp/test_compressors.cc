@@ -23,10 +23,10 @@
 #include "compressors/fp16.h"
 #include "compressors/momentum_correction.h"
 #include "compressors/norm_clip.h"
-#include "collectives/mpi_transport.h"
+#include "transport/mpi/mpi_transport.h"
 #include "compressors/registry.h"
 #include "compressors/topk.h"
-#include "half.h"
+#include "kernels/half.h"
 
 #include "check.h"
 

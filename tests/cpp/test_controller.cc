@@ -1,4 +1,4 @@
-// Checks of the coordinator's decisions (csrc/controller.cc: Coordinate and
+// Checks of the coordinator's decisions (csrc/negotiation/controller.cc: Coordinate and
 // Decide), fed the ranks' request lists directly, without MPI: readiness,
 // per-op sizes, the mismatch messages field by field, shutdown, join, cache
 // invalidation and the stall inspector. Negotiate itself (the bit-vector
@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "controller.h"
+#include "negotiation/controller.h"
 
 #include "check.h"
 

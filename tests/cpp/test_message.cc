@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "message.h"
+#include "negotiation/message.h"
 
 #include "check.h"
 

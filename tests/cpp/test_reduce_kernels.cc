@@ -1,4 +1,4 @@
-// Checks of csrc/reduce_kernels.h, the element-wise reductions every wire
+// Checks of csrc/kernels/reduce_kernels.h, the element-wise reductions every wire
 // uses: ReduceInto and ReduceSources against a scalar model of each
 // (type, op), integer wrap-around, 16-bit floats combined in float32 and
 // rounded per step, the scale's arithmetic equal to CopyScaled's, the
@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "check.h"
-#include "collectives/mpi_transport.h"
-#include "half.h"
-#include "reduce_kernels.h"
-#include "scale.h"
+#include "transport/mpi/mpi_transport.h"
+#include "kernels/half.h"
+#include "kernels/reduce_kernels.h"
+#include "kernels/scale.h"
 
 using namespace hvdlite;
 

@@ -1,4 +1,4 @@
-// Checks of csrc/request_validation.h: every rule, on the operations its
+// Checks of csrc/negotiation/request_validation.h: every rule, on the operations its
 // rules row (op_rules.h) names and only there, with the message the user
 // sees; alltoall's default splits.
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "check.h"
-#include "request_validation.h"
+#include "negotiation/request_validation.h"
 
 using namespace hvdlite;
 

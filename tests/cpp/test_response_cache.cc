@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "message.h"
-#include "response_cache.h"
+#include "negotiation/message.h"
+#include "negotiation/response_cache.h"
 
 #include "check.h"
 

@@ -1,7 +1,7 @@
 // Checks of how the shared-memory allreduce writes its slots:
 // StreamingCopy (streaming_copy.h) against memcpy for every head alignment,
 // size and tail, touching nothing outside the target; and SlotStoreChoice
-// (collectives/slot_store_choice.h): which chunks probe the other stores, a
+// (transport/shm/slot_store_choice.h): which chunks probe the other stores, a
 // switch only when the other kind's median is clearly lower, outliers that
 // do not decide, probes that get rarer while one kind wins by far and a
 // change of the host still seen, and fixed settings that never probe.
@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "check.h"
-#include "collectives/slot_store_choice.h"
-#include "streaming_copy.h"
+#include "transport/shm/slot_store_choice.h"
+#include "kernels/streaming_copy.h"
 
 using namespace hvdlite;
 

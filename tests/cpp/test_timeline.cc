@@ -1,4 +1,4 @@
-// Standalone test of csrc/timeline.cc: usage `test_timeline <scratch dir>`.
+// Standalone test of csrc/timeline/timeline.cc: usage `test_timeline <scratch dir>`.
 // Exits non-zero on the first failed check. JSON validity is judged by
 // python3's json module (the strictest reader at hand), run on each file.
 #include <signal.h>
@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "timeline.h"
+#include "timeline/timeline.h"
 
 using hvdlite::Timeline;
 using hvdlite::TimelineOptions;

@@ -6,7 +6,7 @@
 // ReduceSourcesStreaming. Twelve gradients rotate, so each is read from memory.
 // From the repository root:
 //   g++ -std=c++17 -O3 -I csrc bench/results/2026-11-26-fused-streaming/sum_step.cc \
-//       csrc/reduce_kernels.cc csrc/streaming_copy.cc csrc/scale.cc csrc/common.cc -o /tmp/sum_step
+//       csrc/kernels/reduce_kernels.cc csrc/kernels/streaming_copy.cc csrc/kernels/scale.cc csrc/common/common.cc -o /tmp/sum_step
 //   /tmp/sum_step
 #include <algorithm>
 #include <chrono>
@@ -15,8 +15,8 @@
 #include <cstring>
 #include <vector>
 
-#include "reduce_kernels.h"
-#include "streaming_copy.h"
+#include "kernels/reduce_kernels.h"
+#include "kernels/streaming_copy.h"
 
 using namespace hvdlite;
 

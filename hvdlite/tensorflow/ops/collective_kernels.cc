@@ -31,7 +31,7 @@ using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 namespace errors = ::tensorflow::errors;
 
-// csrc/common.h OpType and ErrorKind codes.
+// csrc/common/common.h OpType and ErrorKind codes.
 enum OpCode : int32_t {
   kAllreduce = 0, kAllgather = 1, kBroadcast = 2, kAlltoall = 3, kReducescatter = 4,
   kBarrier = 5, kJoin = 8,
@@ -58,7 +58,7 @@ Status EngineError(int kind, const std::string& message) {
   }
 }
 
-// csrc/common.h DataType code of a TensorFlow dtype, -1 if none.
+// csrc/common/common.h DataType code of a TensorFlow dtype, -1 if none.
 int32_t EngineDtype(DataType dtype) {
   switch (dtype) {
     case ::tensorflow::DT_UINT8: return 0;

@@ -22,7 +22,7 @@
 
 namespace hvdlite_tf {
 
-// The C API entry points the kernels use (csrc/c_api.h documents them).
+// The C API entry points the kernels use (csrc/api/c_api.h documents them).
 struct EngineApi {
   decltype(&hvd_enqueue) enqueue = nullptr;
   decltype(&hvd_on_completion) on_completion = nullptr;

@@ -1,0 +1,467 @@
+#include "engine/engine.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include "tuning/engine_priority.h"
+#include "negotiation/request_validation.h"
+#include "timeline/timeline_names.h"
+
+namespace hvdlite {
+
+namespace {
+
+// How long Shutdown() lets the engine finish its last round before it stops
+// waiting on peers (one of them may be gone).
+constexpr double kShutdownGraceSeconds = 30.0;
+
+}  // namespace
+
+Engine::Engine(MPI_Comm user_comm, EngineOptions options)
+    : user_comm_(user_comm),
+      options_(std::move(options)),
+      runner_(options_, &stats_, &timeline_, &device_jobs_),
+      cycle_time_ms_(options_.cycle_time_ms) {}
+
+Status Engine::StartTimeline(const std::string& path, bool mark_cycles) {
+  mark_cycles_ = mark_cycles;
+  // Without %r in the path only rank 0 writes, as Horovod does; with it,
+  // every rank writes its own file for `python -m hvdlite.timeline merge`.
+  if (path.find("%r") == std::string::npos && topology_.rank != 0) return Status::OK();
+  return timeline_.Start(path, topology_.rank);
+}
+
+void Engine::StopTimeline() { timeline_.Stop(); }
+
+Engine::~Engine() {
+  Shutdown("the engine object was destroyed");
+  // Process sets (and their communicators) outlive the thread so that calls
+  // after a stop still get a precise error; they go with the engine, which
+  // is only replaced by a new init(), while MPI is alive.
+  for (int32_t id : sets_.Ids()) sets_.Remove(id);
+}
+
+Status Engine::Start(MPI_Comm comm, std::unique_ptr<Engine>* out) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) {
+    return Status::InvalidArgument(
+        "MPI is not initialised (or already finalised); import mpi4py's MPI before hvdlite.init()");
+  }
+  int provided = 0;
+  MPI_Query_thread(&provided);
+  if (provided < MPI_THREAD_MULTIPLE) {
+    return Status::InvalidArgument(
+        "MPI was initialised without MPI_THREAD_MULTIPLE; hvdlite's engine thread needs it. "
+        "Leave mpi4py.rc.thread_level at its default ('multiple')");
+  }
+  // A bad setting is reported after the engine thread has agreed with the
+  // other ranks (Setup), so a rank whose environment differs cannot leave the
+  // others waiting in init().
+  EngineOptions options;
+  Status parsed = EngineOptions::FromEnvironment(&options);
+
+  std::unique_ptr<Engine> engine(new Engine(comm, options));
+  engine->options_status_ = parsed;
+  Status s;
+  engine->thread_ = std::thread(&Engine::ThreadMain, engine.get());
+  {
+    std::unique_lock<std::mutex> lock(engine->state_mutex_);
+    engine->state_cv_.wait(lock, [&] { return engine->ready_; });
+    s = engine->setup_status_;
+  }
+  if (!s.ok()) {
+    engine->thread_.join();
+    return s;
+  }
+  *out = std::move(engine);
+  return Status::OK();
+}
+
+void Engine::ThreadMain() {
+  pthread_setname_np(pthread_self(), "hvdlite-engine");
+  affinity_.Start();
+  if (options_.affinity == EngineAffinityMode::kFollow) affinity_.StartFollowing(false);
+  if (options_.priority != EnginePriority::kAuto) SetPriority(pthread_self(), options_.priority);
+  Status s = Setup();
+  {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    ready_ = true;
+    setup_status_ = s;
+    if (!s.ok()) {
+      stopped_ = true;
+      stopped_status_ = s;
+    }
+  }
+  state_cv_.notify_all();
+  if (!s.ok()) {
+    affinity_.Stop();
+    for (int32_t id : sets_.Ids()) sets_.Remove(id);
+    return;
+  }
+  Loop();
+  affinity_.Stop();
+}
+
+Status Engine::Setup() {
+  if (MPI_Comm_dup(user_comm_, &comm_) != MPI_SUCCESS) {
+    return Status::Error(ErrorKind::kMpi, "MPI_Comm_dup of the given communicator failed");
+  }
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  Status found = DiscoverTopology(comm_, &topology_);
+  if (found.ok()) found = ShareSettingsOfRoot(comm_, topology_.rank, &options_);
+  if (!found.ok()) return found;
+  runner_.UseOptions(options_);
+
+  std::vector<int32_t> all(topology_.size);
+  for (int r = 0; r < topology_.size; ++r) all[r] = r;
+  sets_.Add(std::make_shared<ProcessSet>(sets_.NextId(), all, comm_, topology_.HostsOf(all), options_,
+                                         &stats_, &abort_));
+  Status local = options_status_;
+  if (local.ok() && !options_.timeline_path.empty()) local = StartTimeline(options_.timeline_path, options_.timeline_mark_cycles);
+  Status agreed = AgreeOnSetup(local);
+  if (agreed.ok()) agreed = StartAutotune();
+  if (!agreed.ok()) timeline_.Stop();
+  return agreed;
+}
+
+Status Engine::StartAutotune() {
+  // Rank 0's autotune settings and, when it tunes, its starting cycle time
+  // (the fusion threshold is rank 0's already: ShareSettingsOfRoot).
+  EngineOptions::Autotune& a = options_.autotune;
+  double shared[7] = {static_cast<double>(a.enabled), static_cast<double>(a.warmup_samples),
+                      static_cast<double>(a.steps_per_sample), static_cast<double>(a.samples_per_setting),
+                      static_cast<double>(a.tune_fusion), static_cast<double>(a.tune_cycle),
+                      options_.cycle_time_ms};
+  if (MPI_Bcast(shared, 7, MPI_DOUBLE, 0, comm_) != MPI_SUCCESS) {
+    return Status::Error(ErrorKind::kMpi, "MPI_Bcast of the autotune settings failed");
+  }
+  a.enabled = shared[0] != 0;
+  if (!a.enabled) return Status::OK();
+  a.warmup_samples = static_cast<int64_t>(shared[1]);
+  a.steps_per_sample = static_cast<int64_t>(shared[2]);
+  a.samples_per_setting = static_cast<int64_t>(shared[3]);
+  a.tune_fusion = shared[4] != 0;
+  a.tune_cycle = shared[5] != 0;
+  options_.cycle_time_ms = shared[6];
+  WireSettings wire;
+  const bool tunable = sets_.Get(0)->transport().GetWireSettings(&wire);
+  autotuner_ = std::make_unique<Autotuner>(options_, topology_.rank, tunable ? &wire : nullptr);
+  runner_.SetFusionThreshold(autotuner_->settings().fusion_threshold_bytes);
+  cycle_time_ms_ = autotuner_->settings().cycle_time_ms;
+  return Status::OK();
+}
+
+Status Engine::EndAutotuneSample(ProcessSet& global) {
+  TunedSettings next;
+  Status s = autotuner_->EndSample(global.transport(), &next);
+  if (!s.ok()) return s;
+  runner_.SetFusionThreshold(next.fusion_threshold_bytes);
+  cycle_time_ms_ = next.cycle_time_ms;
+  if (next.wire.ring_chunk_bytes > 0) global.transport().Tune(next.wire);
+  if (!autotuner_->tuning()) autotuner_.reset();
+  return Status::OK();
+}
+
+Status Engine::AgreeOnSetup(const Status& local) {
+  // Every rank learns whether init() failed anywhere: otherwise a rank whose
+  // setting or timeline path was bad raises while the others start engines
+  // and wait in their first collective for it forever.
+  const std::string mine = local.ok() ? std::string() : local.message();
+  const int size = topology_.size;
+  int my_len = static_cast<int>(mine.size());
+  std::vector<int> lens(size);
+  if (MPI_Allgather(&my_len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_) != MPI_SUCCESS) {
+    return Status::Error(ErrorKind::kMpi, "MPI_Allgather of the init() outcome failed");
+  }
+  std::vector<int> displs(size);
+  int total = 0;
+  for (int r = 0; r < size; ++r) {
+    displs[r] = total;
+    total += lens[r];
+  }
+  if (total == 0) return Status::OK();
+  std::vector<char> text(static_cast<size_t>(total));
+  if (MPI_Allgatherv(mine.data(), my_len, MPI_CHAR, text.data(), lens.data(), displs.data(),
+                     MPI_CHAR, comm_) != MPI_SUCCESS) {
+    return Status::Error(ErrorKind::kMpi, "MPI_Allgatherv of the init() errors failed");
+  }
+  if (!local.ok()) return local;
+  std::string others;
+  for (int r = 0; r < size; ++r) {
+    if (lens[r] == 0) continue;
+    others += (others.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " +
+              std::string(text.data() + displs[r], static_cast<size_t>(lens[r]));
+  }
+  return Status::InvalidArgument("hvdlite.init() failed on another rank, so it fails here too (" +
+                                 others + ")");
+}
+
+void Engine::Loop() {
+  using Clock = std::chrono::steady_clock;
+  // Rounds in which no rank had anything to do, in a row. After a few, the
+  // engine answers its peers less often (up to 8 cycle times): an idle round
+  // costs the training thread a wake-up and a collective, every cycle, for
+  // the whole forward pass. New work still starts a round at once, and ranks
+  // of a data-parallel job submit their first gradient at about the same time.
+  int idle_rounds = 0;
+  constexpr int kIdleRoundsBeforeBackoff = 4;
+  auto next = Clock::now();
+  while (true) {
+    {
+      // New work starts a round at once; otherwise a round every cycle time
+      // keeps this rank answering its peers' negotiation.
+      std::unique_lock<std::mutex> lock(state_mutex_);
+      state_cv_.wait_until(lock, next, [this] { return shutdown_requested_ || work_pending_; });
+      work_pending_ = false;
+    }
+
+    affinity_.Apply();
+    const auto started = Clock::now();
+    bool idle = true, waiting = false;
+    for (auto& set : sets_.All()) {
+      if (!set->is_member()) continue;
+      bool set_idle = false;
+      if (!RunCycle(*set, set->id() == 0, &set_idle)) return;
+      idle = idle && set_idle;
+      waiting = waiting || set->controller().waiting();
+    }
+    idle_rounds = idle ? idle_rounds + 1 : 0;
+    const auto cycle = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double, std::milli>(cycle_time_ms_));
+    const int backoff = std::min(std::max(idle_rounds - kIdleRoundsBeforeBackoff, 0), 3);
+    // Tensors this rank announced and others have not: the ranks missing them
+    // start a round the moment they submit, and rounds pair up across ranks,
+    // so this rank joins the next one now instead of after its cycle time.
+    next = waiting ? started : started + cycle * (1 << backoff);
+  }
+}
+
+void Engine::SetComputeThreads(int threads) {
+  if (options_.priority != EnginePriority::kAuto || threads <= 0) return;
+  // Topology is fixed once Start() has returned; the engine thread lives
+  // (and its handle is valid) while it has not stopped.
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  if (stopped_ || priority_chosen_) return;
+  priority_chosen_ = true;
+  HostLoad load;
+  load.compute_threads = threads;
+  load.ranks_on_host = topology_.local_size;
+  load.usable_cores = UsableCores(thread_.native_handle());
+  load.job_on_one_host = topology_.local_size == topology_.size;
+  SetPriority(thread_.native_handle(), ResolvePriority(EnginePriority::kAuto, load));
+}
+
+void Engine::SetPriority(pthread_t thread, EnginePriority priority) {
+  if (ApplyPriority(thread, priority) && priority == EnginePriority::kIdle) {
+    stats_.engine_idle_priority.store(1, std::memory_order_relaxed);
+    if (options_.affinity == EngineAffinityMode::kAuto) affinity_.StartFollowing(true);
+  }
+}
+
+bool Engine::RunCycle(ProcessSet& set, bool is_global, bool* idle) {
+  if (reset_compression_.exchange(false)) runner_.ResetCompression();
+  std::vector<Request> requests = set.queue().PopNewRequests();
+  bool shutdown = false;
+  std::string reason;
+  if (is_global) {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    shutdown = shutdown_requested_;
+    reason = shutdown_reason_;
+    if (timeline_.active() && mark_cycles_) timeline_.MarkCycle();
+  }
+  if (timeline_.active()) {
+    for (const auto& q : requests) timeline_.Begin(TimelineRow(q), NegotiatePhase(q));
+  }
+  ResponseList responses;
+  Status s = set.controller().Negotiate(std::move(requests), shutdown, reason, &responses);
+  if (!s.ok()) {
+    Stop(s);
+    return false;
+  }
+  *idle = responses.idle;
+  if (!responses.stall_error.empty()) {
+    Stop(Status::Error(ErrorKind::kStall, responses.stall_error));
+    return false;
+  }
+  if (responses.shutdown) {
+    std::string text;
+    for (size_t i = 0; i < responses.shutdown_ranks.size(); ++i) {
+      if (i) text += "; ";
+      text += "rank " + std::to_string(responses.shutdown_ranks[i]) + " " +
+              responses.shutdown_reasons[i];
+    }
+    Stop(Status::Error(ErrorKind::kShutdown, "hvdlite has shut down: " + text));
+    return false;
+  }
+  const bool sample_ended = is_global && autotuner_ && autotuner_->Record(responses.responses);
+  // Process-set changes run alone, in order; everything else goes to the
+  // runner, which fuses what it can.
+  std::vector<Response> batch;
+  auto flush = [&]() -> bool {
+    if (batch.empty()) return true;
+    Status r = runner_.RunAll(set, batch);
+    batch.clear();
+    if (!r.ok()) Stop(r);
+    return r.ok();
+  };
+  for (auto& response : responses.responses) {
+    if (response.kind == Response::Kind::kCollective &&
+        (response.op() == OpType::kAddProcessSet || response.op() == OpType::kRemoveProcessSet)) {
+      if (!flush()) return false;
+      s = ChangeProcessSets(set, response);
+      if (!s.ok()) {
+        Stop(s);
+        return false;
+      }
+    } else {
+      batch.push_back(std::move(response));
+    }
+  }
+  if (!flush()) return false;
+  if (sample_ended) {
+    s = EndAutotuneSample(set);
+    if (!s.ok()) {
+      Stop(s);
+      return false;
+    }
+  }
+  return true;
+}
+
+Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {
+  TensorEntry entry;
+  if (!global.queue().Take(response.name(), &entry)) {
+    return Status::Error(ErrorKind::kInternal, "process set request vanished from the queue");
+  }
+  const std::string row = TimelineRow(entry.request);
+  timeline_.End(row, NegotiatePhase(entry.request));
+  timeline_.Begin(row, OperationPhase(entry.request));
+  if (response.op() == OpType::kAddProcessSet) {
+    const std::vector<int32_t>& ranks = response.request.set_ranks;
+    const bool member = std::find(ranks.begin(), ranks.end(), topology_.rank) != ranks.end();
+    MPI_Comm comm = MPI_COMM_NULL;
+    // Blocking, but every rank reaches it at the same point of the same round.
+    if (MPI_Comm_split(comm_, member ? 0 : MPI_UNDEFINED, topology_.rank, &comm) != MPI_SUCCESS) {
+      Status s = Status::Error(ErrorKind::kMpi, "MPI_Comm_split for a new process set failed");
+      timeline_.End(row, OperationPhase(entry.request));
+      entry.work->Fail(s);
+      return s;
+    }
+    const int32_t id = sets_.NextId();
+    sets_.Add(std::make_shared<ProcessSet>(id, ranks, comm, topology_.HostsOf(ranks), options_, &stats_,
+                                           &abort_));
+    entry.work->value = id;
+  } else {
+    const int32_t id = response.request.target_set;
+    auto removed = sets_.Remove(id);
+    if (removed) {
+      Status gone = Status::Error(ErrorKind::kShutdown,
+                                  "process set " + std::to_string(id) + " was removed");
+      for (auto& pending : removed->queue().Close(gone)) pending.work->Fail(gone);
+    }
+  }
+  timeline_.End(row, OperationPhase(entry.request));
+  entry.work->Finish();
+  return Status::OK();
+}
+
+void Engine::Stop(const Status& reason) {
+  for (auto& set : sets_.All()) {
+    for (auto& entry : set->queue().Close(reason)) entry.work->Fail(reason);
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    stopped_ = true;
+    stopped_status_ = reason;
+  }
+  // After the stop is visible: a device tensor submitted now gets the
+  // engine's reason, not "no device executor".
+  device_jobs_.Close(reason);
+  state_cv_.notify_all();
+}
+
+Status Engine::stopped_status() {
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  return stopped_ ? stopped_status_ : Status::OK();
+}
+
+void Engine::Shutdown(const std::string& reason) {
+  {
+    std::unique_lock<std::mutex> lock(state_mutex_);
+    if (!stopped_ && !shutdown_requested_) {
+      shutdown_requested_ = true;
+      shutdown_reason_ = reason;
+    }
+    state_cv_.notify_all();
+    if (!state_cv_.wait_for(lock, std::chrono::duration<double>(kShutdownGraceSeconds),
+                            [this] { return stopped_; })) {
+      abort_ = true;  // a peer is not answering: stop waiting on MPI
+    }
+  }
+  if (thread_.joinable()) thread_.join();
+  timeline_.Stop();
+}
+
+Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
+  auto set = sets_.Get(args.process_set);
+  if (!set && !stopped_status().ok()) return stopped_status();
+  if (!set) {
+    return Status::InvalidArgument("there is no process set with id " +
+                                   std::to_string(args.process_set) +
+                                   " (never added, or removed); add it with add_process_set()");
+  }
+  if (!set->is_member()) {
+    std::string ranks;
+    for (size_t i = 0; i < set->ranks().size(); ++i) ranks += (i ? ", " : "") + std::to_string(set->ranks()[i]);
+    return Status::InvalidArgument("rank " + std::to_string(topology_.rank) +
+                                   " is not a member of process set " + std::to_string(set->id()) +
+                                   " (ranks [" + ranks + "]); only members may submit to it");
+  }
+  Request& q = args.request;
+  Status s = CompleteRequest(&q, set->size());
+  if (s.ok()) s = ValidateRequest(q, set->size());
+  if (!s.ok()) return s;
+  // Bad input is reported as such even when the engine has stopped.
+  s = stopped_status();
+  if (!s.ok()) return s;
+  if (q.device && !device_jobs_.enabled()) {
+    return Status::InvalidArgument(
+        "a device tensor was submitted, but no device executor runs in this process (the framework "
+        "adapter starts one for its GPU tensors; hvdlite.torch does)");
+  }
+  if (q.name.empty()) {
+    q.name = set->NextAutoName(q.op);
+    q.auto_named = true;
+  }
+  q.rank = set->rank();
+
+  TensorEntry entry;
+  entry.request = std::move(q);
+  entry.input = args.input;
+  entry.output = args.output;
+  entry.work = std::make_shared<Work>(entry.request.op, entry.request.name);
+  entry.enqueued = std::chrono::steady_clock::now();
+  auto work = entry.work;
+  s = set->queue().Add(std::move(entry));
+  if (!s.ok()) return s;
+  *handle = handles_.Add(std::move(work));
+  affinity_.NewWork();
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    wake = !work_pending_;  // later tensors of a burst need no wake-up call
+    work_pending_ = true;
+  }
+  if (wake) state_cv_.notify_all();
+  return Status::OK();
+}
+
+}  // namespace hvdlite

@@ -1,0 +1,231 @@
+#include "engine/engine_options.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <utility>
+
+namespace hvdlite {
+
+namespace {
+
+// Returns the variable that is set (HVDLITE_ first), or nullptr.
+const char* Lookup(const std::string& suffix, std::string* used_name) {
+  for (const char* prefix : {"HVDLITE_", "HOROVOD_"}) {
+    std::string name = prefix + suffix;
+    const char* value = std::getenv(name.c_str());
+    if (value != nullptr && value[0] != '\0') {
+      *used_name = name;
+      return value;
+    }
+  }
+  return nullptr;
+}
+
+Status BadValue(const std::string& name, const char* value, const char* expected) {
+  return Status::InvalidArgument(name + "='" + value + "' is not valid: expected " + expected +
+                                 ". Fix or unset the variable and start again.");
+}
+
+Status ReadInt(const std::string& suffix, int64_t min_value, int64_t* out) {
+  std::string name;
+  const char* value = Lookup(suffix, &name);
+  if (value == nullptr) return Status::OK();
+  char* end = nullptr;
+  errno = 0;
+  long long parsed = std::strtoll(value, &end, 10);
+  if (errno != 0 || end == value || *end != '\0' || parsed < min_value) {
+    std::string expected = "an integer >= " + std::to_string(min_value);
+    return BadValue(name, value, expected.c_str());
+  }
+  *out = parsed;
+  return Status::OK();
+}
+
+Status ReadDouble(const std::string& suffix, double min_value, double* out) {
+  std::string name;
+  const char* value = Lookup(suffix, &name);
+  if (value == nullptr) return Status::OK();
+  char* end = nullptr;
+  errno = 0;
+  double parsed = std::strtod(value, &end);
+  if (errno != 0 || end == value || *end != '\0' || !std::isfinite(parsed) || parsed < min_value) {
+    std::string expected = "a number >= " + std::to_string(min_value);
+    return BadValue(name, value, expected.c_str());
+  }
+  *out = parsed;
+  return Status::OK();
+}
+
+Status ReadBool(const std::string& suffix, bool* out) {
+  std::string name;
+  const char* value = Lookup(suffix, &name);
+  if (value == nullptr) return Status::OK();
+  std::string v(value);
+  if (v == "1" || v == "true" || v == "True" || v == "yes") {
+    *out = true;
+  } else if (v == "0" || v == "false" || v == "False" || v == "no") {
+    *out = false;
+  } else {
+    return BadValue(name, value, "0 or 1");
+  }
+  return Status::OK();
+}
+
+Status ReadChoice(const std::string& suffix, EngineOptions::Choice* out) {
+  std::string name;
+  const char* value = Lookup(suffix, &name);
+  if (value == nullptr) return Status::OK();
+  const std::string v(value);
+  if (v == "auto") {
+    *out = EngineOptions::Choice::kAuto;
+  } else if (v == "1" || v == "true" || v == "True" || v == "yes") {
+    *out = EngineOptions::Choice::kOn;
+  } else if (v == "0" || v == "false" || v == "False" || v == "no") {
+    *out = EngineOptions::Choice::kOff;
+  } else {
+    return BadValue(name, value, "auto, 0 or 1");
+  }
+  return Status::OK();
+}
+
+// A variable that names one of `values`; `expected` lists them for the error.
+template <typename T>
+Status ReadNamed(const std::string& suffix, std::initializer_list<std::pair<const char*, T>> values,
+                 const char* expected, T* out) {
+  std::string name;
+  const char* value = Lookup(suffix, &name);
+  if (value == nullptr) return Status::OK();
+  for (const auto& [text, v] : values) {
+    if (std::strcmp(value, text) == 0) {
+      *out = v;
+      return Status::OK();
+    }
+  }
+  return BadValue(name, value, expected);
+}
+
+}  // namespace
+
+Status EngineOptions::FromEnvironment(EngineOptions* out) {
+  EngineOptions o;
+  Status s;
+  if (!(s = ReadDouble("CYCLE_TIME", 0.0, &o.cycle_time_ms)).ok()) return s;
+  if (!(s = ReadInt("FUSION_THRESHOLD", 0, &o.fusion_threshold_bytes)).ok()) return s;
+  if (!(s = ReadInt("DIRECT_THRESHOLD", 0, &o.direct_threshold_bytes)).ok()) return s;
+  if (!(s = ReadBool("SHM_ALLREDUCE", &o.shm_allreduce)).ok()) return s;
+  if (!(s = ReadInt("SHM_CHUNK_BYTES", 4096, &o.shm_chunk_bytes)).ok()) return s;
+  if (!(s = ReadInt("SHM_SLOTS", 2, &o.shm_slots)).ok()) return s;
+  if (!(s = ReadChoice("SHM_STREAMING_STORES", &o.shm_streaming_stores)).ok()) return s;
+  if (!(s = ReadInt("CACHE_CAPACITY", 0, &o.cache_capacity)).ok()) return s;
+  if (!(s = ReadChoice("RING_ALLREDUCE", &o.ring)).ok()) return s;
+  if (!(s = ReadInt("RING_THRESHOLD", 0, &o.ring_threshold_bytes)).ok()) return s;
+  if (!(s = ReadInt("RING_CHUNK_BYTES", 1024, &o.ring_chunk_bytes)).ok()) return s;
+  if (!(s = ReadInt("RING_WINDOW", 1, &o.ring_window)).ok()) return s;
+  if (!(s = ReadChoice("HIERARCHICAL_ALLREDUCE", &o.hierarchical_allreduce)).ok()) return s;
+  if (!(s = ReadChoice("HIERARCHICAL_ALLGATHER", &o.hierarchical_allgather)).ok()) return s;
+  if (!(s = ReadInt("HIERARCHICAL_PIECE_BYTES", 1024, &o.hierarchical_piece_bytes)).ok()) return s;
+  std::string name;
+  // "DYNAMIC" (Horovod's value) means: no file now, start_timeline() later.
+  if (const char* path = Lookup("TIMELINE", &name)) {
+    if (std::string(path) != "DYNAMIC") o.timeline_path = path;
+  }
+  if (!(s = ReadBool("TIMELINE_MARK_CYCLES", &o.timeline_mark_cycles)).ok()) return s;
+  bool stall_disabled = false;
+  if (!(s = ReadBool("STALL_CHECK_DISABLE", &stall_disabled)).ok()) return s;
+  o.stall_check_enabled = !stall_disabled;
+  if (!(s = ReadDouble("STALL_CHECK_TIME_SECONDS", 0.0, &o.stall_check_seconds)).ok()) return s;
+  if (!(s = ReadDouble("STALL_SHUTDOWN_TIME_SECONDS", 0.0, &o.stall_shutdown_seconds)).ok()) {
+    return s;
+  }
+  if (!(s = ReadInt("WAIT_SPIN_US", 0, &o.wait.spin_us)).ok()) return s;
+  if (!(s = ReadInt("WAIT_YIELD_US", 0, &o.wait.yield_us)).ok()) return s;
+  if (!(s = ReadInt("WAIT_SLEEP_US", 1, &o.wait.sleep_us)).ok()) return s;
+  if (!(s = ReadDouble("TIMEOUT_SECONDS", 0.0, &o.wait.timeout_seconds)).ok()) return s;
+  if (!(s = ReadNamed<EnginePriority>("ENGINE_PRIORITY",
+                                      {{"auto", EnginePriority::kAuto}, {"normal", EnginePriority::kNormal},
+                                       {"batch", EnginePriority::kBatch}, {"idle", EnginePriority::kIdle}},
+                                      "auto, normal, batch or idle", &o.priority))
+           .ok()) {
+    return s;
+  }
+  if (!(s = ReadNamed<EngineAffinityMode>("ENGINE_AFFINITY",
+                                          {{"auto", EngineAffinityMode::kAuto},
+                                           {"follow", EngineAffinityMode::kFollow},
+                                           {"none", EngineAffinityMode::kNone}},
+                                          "auto, follow or none", &o.affinity))
+           .ok()) {
+    return s;
+  }
+  if (!(s = ReadBool("AUTOTUNE", &o.autotune.enabled)).ok()) return s;
+  if (const char* path = Lookup("AUTOTUNE_LOG", &name)) o.autotune.log_path = path;
+  if (!(s = ReadInt("AUTOTUNE_WARMUP_SAMPLES", 0, &o.autotune.warmup_samples)).ok()) return s;
+  if (!(s = ReadInt("AUTOTUNE_STEPS_PER_SAMPLE", 1, &o.autotune.steps_per_sample)).ok()) return s;
+  if (!(s = ReadInt("AUTOTUNE_SAMPLES_PER_SETTING", 1, &o.autotune.samples_per_setting)).ok()) return s;
+  o.autotune.tune_fusion = Lookup("FUSION_THRESHOLD", &name) == nullptr;
+  o.autotune.tune_cycle = Lookup("CYCLE_TIME", &name) == nullptr;
+  *out = o;
+  return Status::OK();
+}
+
+namespace {
+
+// SharedSettings' fields, with the variable that sets each.
+struct SharedField {
+  const char* variable;
+  int64_t EngineOptions::*field;
+};
+constexpr SharedField kShared[] = {
+    {"HVDLITE_FUSION_THRESHOLD", &EngineOptions::fusion_threshold_bytes},
+    {"HVDLITE_DIRECT_THRESHOLD", &EngineOptions::direct_threshold_bytes},
+    {"HVDLITE_CACHE_CAPACITY", &EngineOptions::cache_capacity},
+    {"HVDLITE_SHM_CHUNK_BYTES", &EngineOptions::shm_chunk_bytes},
+    {"HVDLITE_SHM_SLOTS", &EngineOptions::shm_slots},
+    {"HVDLITE_RING_THRESHOLD", &EngineOptions::ring_threshold_bytes},
+    {"HVDLITE_RING_CHUNK_BYTES", &EngineOptions::ring_chunk_bytes},
+    {"HVDLITE_HIERARCHICAL_PIECE_BYTES", &EngineOptions::hierarchical_piece_bytes},
+};
+
+}  // namespace
+
+std::vector<int64_t> EngineOptions::SharedSettings() const {
+  std::vector<int64_t> out;
+  for (const SharedField& f : kShared) out.push_back(this->*f.field);
+  return out;
+}
+
+std::vector<std::string> EngineOptions::AdoptSharedSettings(const std::vector<int64_t>& root) {
+  std::vector<std::string> changed;
+  size_t i = 0;
+  for (const SharedField& f : kShared) {
+    if (i >= root.size()) break;
+    if (this->*f.field != root[i]) {
+      changed.push_back(f.variable);
+      this->*f.field = root[i];
+    }
+    ++i;
+  }
+  return changed;
+}
+
+Status ShareSettingsOfRoot(MPI_Comm comm, int rank, EngineOptions* options) {
+  std::vector<int64_t> values = options->SharedSettings();
+  if (MPI_Bcast(values.data(), static_cast<int>(values.size()), MPI_INT64_T, 0, comm) != MPI_SUCCESS) {
+    return Status::Error(ErrorKind::kMpi, "MPI_Bcast of the engine settings failed");
+  }
+  const std::vector<std::string> changed = options->AdoptSharedSettings(values);
+  if (!changed.empty()) {
+    std::string names;
+    for (const std::string& n : changed) names += (names.empty() ? "" : ", ") + n;
+    std::fprintf(stderr,
+                 "hvdlite: rank %d: set differently than on rank 0: %s; using rank 0's values "
+                 "(every rank must use the same ones: they decide what goes on the wire)\n",
+                 rank, names.c_str());
+  }
+  return Status::OK();
+}
+
+}  // namespace hvdlite

@@ -1,0 +1,70 @@
+// The MPI wire: every collective on one communicator, issued as a
+// nonblocking MPI call and completed under the engine's WaitPolicy
+// (transport/waiter.h), so an abort or HVDLITE_TIMEOUT_SECONDS stops any
+// wait. 16-bit floats are reduced by MPI user ops over the kernels of
+// reduce_kernels.h (MPI has no half types).
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "engine/engine_options.h"
+#include "transport/transport.h"
+
+namespace hvdlite {
+
+class MpiTransport : public Transport {
+ public:
+  MpiTransport(MPI_Comm comm, const WaitPolicy& wait, const std::atomic<bool>* abort);
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  MPI_Comm comm() const { return comm_; }
+
+  bool Supports(DataType dtype, ReduceOp op) const override;
+  const char* Activity(OpType op, DataType dtype, ReduceOp reduce) const override;
+  Status StartAllreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
+                        double scale, std::unique_ptr<TransportWork>* work) override;
+  Status StartAllgather(const void* send, int64_t bytes, void* recv,
+                        std::unique_ptr<TransportWork>* work) override;
+  Status Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op) override;
+  Status Broadcast(void* data, int64_t bytes, int root) override;
+  Status Allgatherv(const void* input, int64_t input_bytes, void* output,
+                    const std::vector<int64_t>& bytes_per_rank) override;
+  Status Alltoallv(const void* input, const std::vector<int64_t>& send_bytes, void* output,
+                   const std::vector<int64_t>& recv_bytes) override;
+  Status ReduceScatter(const void* input, void* output, const std::vector<int64_t>& counts,
+                       DataType dtype, ReduceOp op) override;
+  Status Barrier() override;
+  Status SendRecv(const void* send, int64_t send_bytes, void* recv, int64_t recv_bytes, int peer,
+                  int tag) override;
+  Status BitwiseAnd(uint64_t* words, int count) override;
+  Status GatherBytes(const std::vector<uint8_t>& mine, int root,
+                     std::vector<std::vector<uint8_t>>* all) override;
+  Status BroadcastBytes(std::vector<uint8_t>* bytes, int root) override;
+
+  // Completes a nonblocking call under the wait policy.
+  Status Wait(MPI_Request* request, const char* what);
+
+ private:
+  Status WaitAll(std::vector<MPI_Request>* requests, const char* what);
+
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  WaitPolicy wait_;
+  const std::atomic<bool>* abort_;
+};
+
+// OK for MPI_SUCCESS, else an MPI error naming `what` and MPI's message.
+Status MpiCheck(int rc, const char* what);
+
+// The MPI element type and op that reduce `dtype` with `op` (Average: Sum);
+// for 16-bit floats a 16-bit type and a user op, created on first use.
+// Returns false when there is none (bool, Adasum, MPI not initialised).
+bool MpiReduction(DataType dtype, ReduceOp op, MPI_Datatype* type, MPI_Op* mpi_op);
+
+}  // namespace hvdlite

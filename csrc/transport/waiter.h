@@ -1,0 +1,56 @@
+// How the engine thread waits for something another rank does (an MPI
+// request to complete, a peer to publish a chunk in shared memory): see
+// WaitPolicy. Stops early when the engine aborts or the timeout passes.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "engine/engine_options.h"
+#include "common/status.h"
+
+namespace hvdlite {
+
+// Calls `done()` (which returns a Status-or-bool pair through `*result`)
+// until it reports completion. `done` returns true when finished; it may set
+// `*error` to stop with a failure (an MPI error).
+template <typename Done>
+Status WaitUntil(const WaitPolicy& policy, const std::atomic<bool>* abort, const char* what,
+                 Done done) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto spin = std::chrono::microseconds(policy.spin_us);
+  const auto yield_until = spin + std::chrono::microseconds(policy.yield_us);
+  const auto nap = std::chrono::microseconds(policy.sleep_us);
+  while (true) {
+    Status error;
+    if (done(&error)) return error;
+    const auto waited = Clock::now() - start;
+    if (abort != nullptr && abort->load(std::memory_order_relaxed)) {
+      // An MPI request cannot be cancelled portably; leaving it is acceptable
+      // because the engine stops using this communicator after an abort.
+      return Status::Error(ErrorKind::kTimeout,
+                           std::string(what) + " abandoned: the engine is shutting down and a "
+                           "peer rank stopped answering");
+    }
+    if (policy.timeout_seconds > 0 &&
+        waited > std::chrono::duration<double>(policy.timeout_seconds)) {
+      char limit[32];
+      std::snprintf(limit, sizeof(limit), "%g", policy.timeout_seconds);
+      return Status::Error(
+          ErrorKind::kTimeout,
+          std::string(what) + " did not complete within HVDLITE_TIMEOUT_SECONDS=" + limit +
+              " s: a peer rank has probably died, hangs, or stopped calling hvdlite");
+    }
+    if (waited >= yield_until) {
+      std::this_thread::sleep_for(nap);
+    } else if (waited >= spin) {
+      std::this_thread::yield();
+    }
+  }
+}
+
+}  // namespace hvdlite
