@@ -117,6 +117,7 @@ ENGINE_SOURCES = [
     "kernels/streaming_copy.cc",
     "negotiation/controller.cc",
     "negotiation/message.cc",
+    "negotiation/rank_agreement.cc",
     "negotiation/request_agreement.cc",
     "negotiation/request_validation.cc",
     "negotiation/response_cache.cc",

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "tuning/engine_priority.h"
+#include "negotiation/rank_agreement.h"
 #include "negotiation/request_validation.h"
 #include "timeline/timeline_names.h"
 
@@ -140,9 +141,8 @@ Status Engine::StartAutotune() {
                       static_cast<double>(a.steps_per_sample), static_cast<double>(a.samples_per_setting),
                       static_cast<double>(a.tune_fusion), static_cast<double>(a.tune_cycle),
                       options_.cycle_time_ms};
-  if (MPI_Bcast(shared, 7, MPI_DOUBLE, 0, comm_) != MPI_SUCCESS) {
-    return Status::Error(ErrorKind::kMpi, "MPI_Bcast of the autotune settings failed");
-  }
+  Status shared_ok = ShareRootValues(comm_, shared, 7, "the autotune settings");
+  if (!shared_ok.ok()) return shared_ok;
   a.enabled = shared[0] != 0;
   if (!a.enabled) return Status::OK();
   a.warmup_samples = static_cast<int64_t>(shared[1]);
@@ -174,32 +174,16 @@ Status Engine::AgreeOnSetup(const Status& local) {
   // Every rank learns whether init() failed anywhere: otherwise a rank whose
   // setting or timeline path was bad raises while the others start engines
   // and wait in their first collective for it forever.
-  const std::string mine = local.ok() ? std::string() : local.message();
-  const int size = topology_.size;
-  int my_len = static_cast<int>(mine.size());
-  std::vector<int> lens(size);
-  if (MPI_Allgather(&my_len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_) != MPI_SUCCESS) {
-    return Status::Error(ErrorKind::kMpi, "MPI_Allgather of the init() outcome failed");
-  }
-  std::vector<int> displs(size);
-  int total = 0;
-  for (int r = 0; r < size; ++r) {
-    displs[r] = total;
-    total += lens[r];
-  }
-  if (total == 0) return Status::OK();
-  std::vector<char> text(static_cast<size_t>(total));
-  if (MPI_Allgatherv(mine.data(), my_len, MPI_CHAR, text.data(), lens.data(), displs.data(),
-                     MPI_CHAR, comm_) != MPI_SUCCESS) {
-    return Status::Error(ErrorKind::kMpi, "MPI_Allgatherv of the init() errors failed");
-  }
+  std::vector<std::string> errors;
+  Status agreed = AgreeOnStatus(comm_, local, &errors);
+  if (!agreed.ok()) return agreed;
   if (!local.ok()) return local;
   std::string others;
-  for (int r = 0; r < size; ++r) {
-    if (lens[r] == 0) continue;
-    others += (others.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " +
-              std::string(text.data() + displs[r], static_cast<size_t>(lens[r]));
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (errors[r].empty()) continue;
+    others += (others.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " + errors[r];
   }
+  if (others.empty()) return Status::OK();
   return Status::InvalidArgument("hvdlite.init() failed on another rank, so it fails here too (" +
                                  others + ")");
 }

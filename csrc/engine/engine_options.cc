@@ -8,6 +8,8 @@
 #include <initializer_list>
 #include <utility>
 
+#include "negotiation/rank_agreement.h"
+
 namespace hvdlite {
 
 namespace {
@@ -213,9 +215,8 @@ std::vector<std::string> EngineOptions::AdoptSharedSettings(const std::vector<in
 
 Status ShareSettingsOfRoot(MPI_Comm comm, int rank, EngineOptions* options) {
   std::vector<int64_t> values = options->SharedSettings();
-  if (MPI_Bcast(values.data(), static_cast<int>(values.size()), MPI_INT64_T, 0, comm) != MPI_SUCCESS) {
-    return Status::Error(ErrorKind::kMpi, "MPI_Bcast of the engine settings failed");
-  }
+  Status shared = ShareRootValues(comm, values.data(), static_cast<int>(values.size()), "the engine settings");
+  if (!shared.ok()) return shared;
   const std::vector<std::string> changed = options->AdoptSharedSettings(values);
   if (!changed.empty()) {
     std::string names;

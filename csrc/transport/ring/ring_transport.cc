@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/reduce_kernels.h"
+#include "negotiation/rank_agreement.h"
 #include "transport/ring/hierarchical_allreduce.h"
 #include "transport/mpi/mpi_transport.h"
 #include "transport/ring/ring_allreduce.h"
@@ -28,12 +29,10 @@ std::unique_ptr<Transport> RingTransport::Create(std::unique_ptr<Transport> inne
                                                  const std::atomic<bool>* abort) {
   // Every rank must pick the same wire, whatever its environment says: each
   // wish holds only where every rank has it.
-  int wishes[4] = {want && inner->size() > 1, options.hierarchical_allreduce != EngineOptions::Choice::kOff,
-                   options.ring == EngineOptions::Choice::kOn,
-                   options.hierarchical_allgather != EngineOptions::Choice::kOff};
-  if (MPI_Allreduce(MPI_IN_PLACE, wishes, 4, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS || !wishes[0]) {
-    return inner;
-  }
+  std::vector<int> wishes = {want && inner->size() > 1, options.hierarchical_allreduce != EngineOptions::Choice::kOff,
+                             options.ring == EngineOptions::Choice::kOn,
+                             options.hierarchical_allgather != EngineOptions::Choice::kOff};
+  if (!AllAgree(comm, &wishes, "the wire's wishes").ok() || !wishes[0]) return inner;
   std::map<int, int> ranks_per_host;
   for (int h : hosts) ++ranks_per_host[h];
   const int per_host = ranks_per_host.begin()->second;

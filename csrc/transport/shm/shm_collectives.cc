@@ -15,6 +15,7 @@
 
 #include "kernels/reduce_kernels.h"
 #include "kernels/streaming_copy.h"
+#include "negotiation/rank_agreement.h"
 #include "transport/transport.h"
 
 
@@ -80,12 +81,6 @@ SlotStoreChoice ChooseStores(EngineOptions::Choice setting) {
   return SlotStoreChoice();
 }
 
-bool AllAgree(MPI_Comm comm, bool mine) {
-  int v = mine ? 1 : 0;
-  if (MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_LAND, comm) != MPI_SUCCESS) return false;
-  return v != 0;
-}
-
 }  // namespace
 
 bool ShmCollectives::Supports(DataType dtype, ReduceOp op) { return ElementwiseReducible(dtype, op); }
@@ -123,7 +118,7 @@ std::unique_ptr<ShmCollectives> ShmCollectives::Create(MPI_Comm comm, bool want,
     }
     if (fd < 0) name[0] = '\0';
   }
-  if (MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, comm) != MPI_SUCCESS) name[0] = '\0';
+  if (!ShareRootValues(comm, name, static_cast<int>(sizeof(name)), "the shared memory's name").ok()) name[0] = '\0';
   if (rank != 0 && name[0] != '\0') fd = shm_open(name, O_RDWR, 0);
   void* base = MAP_FAILED;
   if (fd >= 0) {
