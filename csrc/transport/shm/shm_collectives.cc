@@ -72,11 +72,11 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-SlotStoreChoice ChooseStores(EngineOptions::Choice setting) {
+SlotStoreChoice ChooseStores(Choice setting) {
   switch (setting) {
-    case EngineOptions::Choice::kOn: return SlotStoreChoice(SlotStores::kStreaming);
-    case EngineOptions::Choice::kOff: return SlotStoreChoice(SlotStores::kCached);
-    case EngineOptions::Choice::kAuto: break;
+    case Choice::kOn: return SlotStoreChoice(SlotStores::kStreaming);
+    case Choice::kOff: return SlotStoreChoice(SlotStores::kCached);
+    case Choice::kAuto: break;
   }
   return SlotStoreChoice();
 }
@@ -85,18 +85,16 @@ SlotStoreChoice ChooseStores(EngineOptions::Choice setting) {
 
 bool ShmCollectives::Supports(DataType dtype, ReduceOp op) { return ElementwiseReducible(dtype, op); }
 
-std::unique_ptr<ShmCollectives> ShmCollectives::Create(MPI_Comm comm, bool want,
-                                                   const EngineOptions& options, EngineStats* stats,
-                                                   const std::atomic<bool>* abort) {
+std::unique_ptr<ShmCollectives> ShmCollectives::Create(MPI_Comm comm, bool want, const ShmSetup& setup) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   if (size < 2) return nullptr;
   if (!AllAgree(comm, want)) return nullptr;
 
-  const int64_t chunk = std::max<int64_t>(4096, RoundUp(static_cast<size_t>(options.shm_chunk_bytes), kCacheLine));
-  const int64_t slots = std::max<int64_t>(2, options.shm_slots);
-  const int board_words = static_cast<int>(std::min<int64_t>(kMaxBoardWords, 1 + (options.cache_capacity + 63) / 64));
+  const int64_t chunk = std::max<int64_t>(4096, RoundUp(static_cast<size_t>(setup.options.chunk_bytes), kCacheLine));
+  const int64_t slots = std::max<int64_t>(2, setup.options.slots);
+  const int board_words = static_cast<int>(std::min<int64_t>(kMaxBoardWords, 1 + (setup.cache_capacity + 63) / 64));
   const size_t header = RoundUp(sizeof(Header), kCacheLine);
   const size_t board_row = BoardRowBytes(board_words);
   const size_t region = RoundUp(sizeof(Control), kCacheLine) + 2 * static_cast<size_t>(slots * chunk);
@@ -136,12 +134,11 @@ std::unique_ptr<ShmCollectives> ShmCollectives::Create(MPI_Comm comm, bool want,
     return nullptr;
   }
   return std::unique_ptr<ShmCollectives>(
-      new ShmCollectives(rank, size, base, total, chunk, slots, board_words, options, stats, abort));
+      new ShmCollectives(rank, size, base, total, chunk, slots, board_words, setup));
 }
 
 ShmCollectives::ShmCollectives(int rank, int size, void* base, size_t bytes, int64_t chunk_bytes,
-                               int64_t slots, int board_words, const EngineOptions& options,
-                               EngineStats* stats, const std::atomic<bool>* abort)
+                               int64_t slots, int board_words, const ShmSetup& setup)
     : rank_(rank),
       size_(size),
       base_(base),
@@ -150,13 +147,13 @@ ShmCollectives::ShmCollectives(int rank, int size, void* base, size_t bytes, int
       slots_(slots),
       region_bytes_(RoundUp(sizeof(Control), kCacheLine) + 2 * static_cast<size_t>(slots * chunk_bytes)),
       board_words_(board_words),
-      wait_(options.wait),
-      spin_ns_(options.wait.spin_us * 1000),
-      abort_(abort),
-      stats_(stats),
+      wait_(setup.wait),
+      spin_ns_(setup.wait.spin_us * 1000),
+      abort_(setup.abort),
+      stats_(setup.stats),
       sources_(static_cast<size_t>(size)),
       scratch_(static_cast<size_t>(chunk_bytes)),
-      store_choice_(ChooseStores(options.shm_streaming_stores)) {}
+      store_choice_(ChooseStores(setup.options.streaming_stores)) {}
 
 ShmCollectives::~ShmCollectives() {
   // Local: a peer that died cannot make this wait.
