@@ -109,6 +109,7 @@ ENGINE_SOURCES = [
     "compressors/topk.cc",
     "engine/engine.cc",
     "engine/engine_options.cc",
+    "engine/engine_setup.cc",
     "engine/handle_table.cc",
     "engine/tensor_queue.cc",
     "engine/work.cc",

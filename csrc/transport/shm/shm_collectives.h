@@ -119,6 +119,9 @@ class ShmCollectives {
   Status Wait(const char* what, Ready ready);
   // Shortens the spin while waits outlast it, lengthens it while they do not.
   void AdaptSpin(int64_t waited_ns);
+  // One Allreduce call's chunks as they move through the three steps
+  // (shm_collectives.cc).
+  class AllreduceCall;
 
   int rank_;
   int size_;
