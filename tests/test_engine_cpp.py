@@ -1,7 +1,10 @@
 """MPI-free C++ unit tests of engine parts (tests/cpp/): the response cache,
 message serialization, the coordinator's decisions (Controller's
 Coordinate and Decide), the shared-memory slots' stores, the engine
-thread's placement trial. Each program is built against the engine's objects
+thread's placement trial, and the allreduce pipeline with each bucket
+strategy and the compressors on the wire, over an in-process fake transport
+(tests/cpp/fake_transport.h: ranks are threads), and the setup agreement
+helpers on one rank. Each program is built against the engine's objects
 by tests/cpp_build.py and prints one line per test and a failure count."""
 import pytest
 
@@ -11,6 +14,7 @@ from cpp_build import build_and_run
 @pytest.mark.parametrize("program", ["test_response_cache", "test_message", "test_controller",
                                      "test_reduce_kernels", "test_bucket_planner",
                                      "test_request_validation", "test_shm_stores",
-                                     "test_affinity_trial"])
+                                     "test_affinity_trial", "test_allreduce_pipeline",
+                                     "test_rank_agreement"])
 def test_engine_unit(program, tmp_path):
     print(build_and_run(program, tmp_path))

@@ -92,8 +92,21 @@ bool PowerSGDCompressor::LowRank(const Segment& s) const {
 
 Status PowerSGDCompressor::Exchange(Transport& wire, float* data, const std::vector<Segment>& segs,
                                     int64_t* wire_bytes) {
-  const int r = rank_;
-  // Plan both allreduces' layouts; P = (M + error) Q for each low-rank tensor.
+  PlanRound(segs);
+  const int64_t first = static_cast<int64_t>(first_.size()), second = static_cast<int64_t>(second_.size());
+  ComputeP(data, segs);
+  Status status = first > 0 ? wire.Allreduce(first_.data(), first, DataType::kFloat32, ReduceOp::kSum)
+                            : Status::OK();
+  if (!status.ok()) return status;
+  ComputeQ(data, segs);
+  if (second > 0) status = wire.Allreduce(second_.data(), second, DataType::kFloat32, ReduceOp::kSum);
+  if (!status.ok()) return status;
+  Approximate(data, segs, 1.0f / static_cast<float>(wire.size()));
+  *wire_bytes = (first + second) * static_cast<int64_t>(sizeof(float));
+  return Status::OK();
+}
+
+void PowerSGDCompressor::PlanRound(const std::vector<Segment>& segs) {
   plans_.assign(segs.size(), Plan{});
   int64_t first = 0, second = 0;
   for (size_t t = 0; t < segs.size(); ++t) {
@@ -104,14 +117,18 @@ Status PowerSGDCompressor::Exchange(Transport& wire, float* data, const std::vec
     plan.first = first;
     plan.second = second;
     if (plan.low_rank) {
-      first += s.rows * r;
-      second += (s.count / s.rows) * r;
+      first += s.rows * rank_;
+      second += (s.count / s.rows) * rank_;
     } else {
       first += s.count;
     }
   }
   first_.resize(static_cast<size_t>(first));
   second_.resize(static_cast<size_t>(second));
+}
+
+void PowerSGDCompressor::ComputeP(float* data, const std::vector<Segment>& segs) {
+  const int r = rank_;
   for (size_t t = 0; t < segs.size(); ++t) {
     const Segment& s = segs[t];
     float* m = data + s.offset;
@@ -132,11 +149,10 @@ Status PowerSGDCompressor::Exchange(Transport& wire, float* data, const std::vec
       for (int j = 0; j < r; ++j) p[i * r + j] = Dot(m + i * cols, st.q.data() + j * cols, cols);
     }
   }
-  Status status = first > 0 ? wire.Allreduce(first_.data(), first, DataType::kFloat32, ReduceOp::kSum)
-                            : Status::OK();
-  if (!status.ok()) return status;
+}
 
-  // Dense tensors are done; Q = M^T P with P's columns orthonormal.
+void PowerSGDCompressor::ComputeQ(float* data, const std::vector<Segment>& segs) {
+  const int r = rank_;
   for (size_t t = 0; t < segs.size(); ++t) {
     const Segment& s = segs[t];
     float* m = data + s.offset;
@@ -153,18 +169,15 @@ Status PowerSGDCompressor::Exchange(Transport& wire, float* data, const std::vec
       for (int j = 0; j < r; ++j) Axpy(q + j * cols, p[i * r + j], m + i * cols, cols);
     }
   }
-  if (second > 0) status = wire.Allreduce(second_.data(), second, DataType::kFloat32, ReduceOp::kSum);
-  if (!status.ok()) return status;
+}
 
-  // The sum's approximation P Q^T replaces M; what this rank's share of it
-  // missed is kept for the next round.
-  const float share = 1.0f / static_cast<float>(wire.size());
+void PowerSGDCompressor::Approximate(float* data, const std::vector<Segment>& segs, float share) {
+  const int r = rank_;
   for (size_t t = 0; t < segs.size(); ++t) {
     const Segment& s = segs[t];
     TensorState& st = *plans_[t].state;
-    const bool low_rank = plans_[t].low_rank;
     ++st.rounds;
-    if (!low_rank) continue;
+    if (!plans_[t].low_rank) continue;
     const int64_t rows = s.rows, cols = s.count / s.rows;
     float* m = data + s.offset;
     const float* p = first_.data() + plans_[t].first;
@@ -183,8 +196,6 @@ Status PowerSGDCompressor::Exchange(Transport& wire, float* data, const std::vec
     // Warm start: the mean Q begins the next round's power iteration.
     for (int64_t i = 0; i < cols * r; ++i) st.q[i] = q[i] * share;
   }
-  *wire_bytes = (first + second) * static_cast<int64_t>(sizeof(float));
-  return Status::OK();
 }
 
 bool PowerSGDCompressor::GetError(const std::string& name, std::vector<float>* out) const {

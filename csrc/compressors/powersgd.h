@@ -60,6 +60,16 @@ class PowerSGDCompressor : public Compressor {
     int64_t second = 0;  // offset in second_ (Q^T)
   };
 
+  // Exchange's steps. Lays out both allreduces (plans_), sizing first_ and second_.
+  void PlanRound(const std::vector<Segment>& segs);
+  // first_ = P = (M + error) Q of each low-rank tensor, and the dense ones as they are.
+  void ComputeP(float* data, const std::vector<Segment>& segs);
+  // The dense tensors' sums back into `data`; second_ = Q = M^T P with P's columns orthonormal.
+  void ComputeQ(float* data, const std::vector<Segment>& segs);
+  // The sum's approximation P Q^T into `data`; what this rank's `share`
+  // of it missed is kept as its error for the next round.
+  void Approximate(float* data, const std::vector<Segment>& segs, float share);
+
   const int rank_;
   const int64_t start_iter_;
   std::unordered_map<std::string, TensorState> state_;

@@ -47,44 +47,6 @@ Engine::~Engine() {
   for (int32_t id : sets_.Ids()) sets_.Remove(id);
 }
 
-Status Engine::Start(MPI_Comm comm, std::unique_ptr<Engine>* out) {
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (!initialized || finalized) {
-    return Status::InvalidArgument(
-        "MPI is not initialised (or already finalised); import mpi4py's MPI before hvdlite.init()");
-  }
-  int provided = 0;
-  MPI_Query_thread(&provided);
-  if (provided < MPI_THREAD_MULTIPLE) {
-    return Status::InvalidArgument(
-        "MPI was initialised without MPI_THREAD_MULTIPLE; hvdlite's engine thread needs it. "
-        "Leave mpi4py.rc.thread_level at its default ('multiple')");
-  }
-  // A bad setting is reported after the engine thread has agreed with the
-  // other ranks (Setup), so a rank whose environment differs cannot leave the
-  // others waiting in init().
-  EngineOptions options;
-  Status parsed = EngineOptions::FromEnvironment(&options);
-
-  std::unique_ptr<Engine> engine(new Engine(comm, options));
-  engine->options_status_ = parsed;
-  Status s;
-  engine->thread_ = std::thread(&Engine::ThreadMain, engine.get());
-  {
-    std::unique_lock<std::mutex> lock(engine->state_mutex_);
-    engine->state_cv_.wait(lock, [&] { return engine->ready_; });
-    s = engine->setup_status_;
-  }
-  if (!s.ok()) {
-    engine->thread_.join();
-    return s;
-  }
-  *out = std::move(engine);
-  return Status::OK();
-}
-
 void Engine::ThreadMain() {
   pthread_setname_np(pthread_self(), "hvdlite-engine");
   affinity_.Start();
@@ -110,55 +72,6 @@ void Engine::ThreadMain() {
   affinity_.Stop();
 }
 
-Status Engine::Setup() {
-  if (MPI_Comm_dup(user_comm_, &comm_) != MPI_SUCCESS) {
-    return Status::Error(ErrorKind::kMpi, "MPI_Comm_dup of the given communicator failed");
-  }
-  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-  Status found = DiscoverTopology(comm_, &topology_);
-  if (found.ok()) found = ShareSettingsOfRoot(comm_, topology_.rank, &options_);
-  if (!found.ok()) return found;
-  runner_.UseOptions(options_);
-
-  std::vector<int32_t> all(topology_.size);
-  for (int r = 0; r < topology_.size; ++r) all[r] = r;
-  sets_.Add(std::make_shared<ProcessSet>(sets_.NextId(), all, comm_, topology_.HostsOf(all), options_,
-                                         &stats_, &abort_));
-  Status local = options_status_;
-  if (local.ok() && !options_.timeline_path.empty()) local = StartTimeline(options_.timeline_path, options_.timeline_mark_cycles);
-  Status agreed = AgreeOnSetup(local);
-  if (agreed.ok()) agreed = StartAutotune();
-  if (!agreed.ok()) timeline_.Stop();
-  return agreed;
-}
-
-Status Engine::StartAutotune() {
-  // Rank 0's autotune settings and, when it tunes, its starting cycle time
-  // (the fusion threshold is rank 0's already: ShareSettingsOfRoot).
-  EngineOptions::Autotune& a = options_.autotune;
-  double shared[7] = {static_cast<double>(a.enabled), static_cast<double>(a.warmup_samples),
-                      static_cast<double>(a.steps_per_sample), static_cast<double>(a.samples_per_setting),
-                      static_cast<double>(a.tune_fusion), static_cast<double>(a.tune_cycle),
-                      options_.cycle_time_ms};
-  if (MPI_Bcast(shared, 7, MPI_DOUBLE, 0, comm_) != MPI_SUCCESS) {
-    return Status::Error(ErrorKind::kMpi, "MPI_Bcast of the autotune settings failed");
-  }
-  a.enabled = shared[0] != 0;
-  if (!a.enabled) return Status::OK();
-  a.warmup_samples = static_cast<int64_t>(shared[1]);
-  a.steps_per_sample = static_cast<int64_t>(shared[2]);
-  a.samples_per_setting = static_cast<int64_t>(shared[3]);
-  a.tune_fusion = shared[4] != 0;
-  a.tune_cycle = shared[5] != 0;
-  options_.cycle_time_ms = shared[6];
-  WireSettings wire;
-  const bool tunable = sets_.Get(0)->transport().GetWireSettings(&wire);
-  autotuner_ = std::make_unique<Autotuner>(options_, topology_.rank, tunable ? &wire : nullptr);
-  runner_.SetFusionThreshold(autotuner_->settings().fusion_threshold_bytes);
-  cycle_time_ms_ = autotuner_->settings().cycle_time_ms;
-  return Status::OK();
-}
-
 Status Engine::EndAutotuneSample(ProcessSet& global) {
   TunedSettings next;
   Status s = autotuner_->EndSample(global.transport(), &next);
@@ -168,40 +81,6 @@ Status Engine::EndAutotuneSample(ProcessSet& global) {
   if (next.wire.ring_chunk_bytes > 0) global.transport().Tune(next.wire);
   if (!autotuner_->tuning()) autotuner_.reset();
   return Status::OK();
-}
-
-Status Engine::AgreeOnSetup(const Status& local) {
-  // Every rank learns whether init() failed anywhere: otherwise a rank whose
-  // setting or timeline path was bad raises while the others start engines
-  // and wait in their first collective for it forever.
-  const std::string mine = local.ok() ? std::string() : local.message();
-  const int size = topology_.size;
-  int my_len = static_cast<int>(mine.size());
-  std::vector<int> lens(size);
-  if (MPI_Allgather(&my_len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_) != MPI_SUCCESS) {
-    return Status::Error(ErrorKind::kMpi, "MPI_Allgather of the init() outcome failed");
-  }
-  std::vector<int> displs(size);
-  int total = 0;
-  for (int r = 0; r < size; ++r) {
-    displs[r] = total;
-    total += lens[r];
-  }
-  if (total == 0) return Status::OK();
-  std::vector<char> text(static_cast<size_t>(total));
-  if (MPI_Allgatherv(mine.data(), my_len, MPI_CHAR, text.data(), lens.data(), displs.data(),
-                     MPI_CHAR, comm_) != MPI_SUCCESS) {
-    return Status::Error(ErrorKind::kMpi, "MPI_Allgatherv of the init() errors failed");
-  }
-  if (!local.ok()) return local;
-  std::string others;
-  for (int r = 0; r < size; ++r) {
-    if (lens[r] == 0) continue;
-    others += (others.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " +
-              std::string(text.data() + displs[r], static_cast<size_t>(lens[r]));
-  }
-  return Status::InvalidArgument("hvdlite.init() failed on another rank, so it fails here too (" +
-                                 others + ")");
 }
 
 void Engine::Loop() {

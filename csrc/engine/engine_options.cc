@@ -1,5 +1,6 @@
 #include "engine/engine_options.h"
 
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -7,6 +8,8 @@
 #include <cstring>
 #include <initializer_list>
 #include <utility>
+
+#include "negotiation/rank_agreement.h"
 
 namespace hvdlite {
 
@@ -116,18 +119,18 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
   if (!(s = ReadDouble("CYCLE_TIME", 0.0, &o.cycle_time_ms)).ok()) return s;
   if (!(s = ReadInt("FUSION_THRESHOLD", 0, &o.fusion_threshold_bytes)).ok()) return s;
   if (!(s = ReadInt("DIRECT_THRESHOLD", 0, &o.direct_threshold_bytes)).ok()) return s;
-  if (!(s = ReadBool("SHM_ALLREDUCE", &o.shm_allreduce)).ok()) return s;
-  if (!(s = ReadInt("SHM_CHUNK_BYTES", 4096, &o.shm_chunk_bytes)).ok()) return s;
-  if (!(s = ReadInt("SHM_SLOTS", 2, &o.shm_slots)).ok()) return s;
-  if (!(s = ReadChoice("SHM_STREAMING_STORES", &o.shm_streaming_stores)).ok()) return s;
+  if (!(s = ReadBool("SHM_ALLREDUCE", &o.shm.allreduce)).ok()) return s;
+  if (!(s = ReadInt("SHM_CHUNK_BYTES", 4096, &o.shm.chunk_bytes)).ok()) return s;
+  if (!(s = ReadInt("SHM_SLOTS", 2, &o.shm.slots)).ok()) return s;
+  if (!(s = ReadChoice("SHM_STREAMING_STORES", &o.shm.streaming_stores)).ok()) return s;
   if (!(s = ReadInt("CACHE_CAPACITY", 0, &o.cache_capacity)).ok()) return s;
-  if (!(s = ReadChoice("RING_ALLREDUCE", &o.ring)).ok()) return s;
-  if (!(s = ReadInt("RING_THRESHOLD", 0, &o.ring_threshold_bytes)).ok()) return s;
-  if (!(s = ReadInt("RING_CHUNK_BYTES", 1024, &o.ring_chunk_bytes)).ok()) return s;
-  if (!(s = ReadInt("RING_WINDOW", 1, &o.ring_window)).ok()) return s;
-  if (!(s = ReadChoice("HIERARCHICAL_ALLREDUCE", &o.hierarchical_allreduce)).ok()) return s;
-  if (!(s = ReadChoice("HIERARCHICAL_ALLGATHER", &o.hierarchical_allgather)).ok()) return s;
-  if (!(s = ReadInt("HIERARCHICAL_PIECE_BYTES", 1024, &o.hierarchical_piece_bytes)).ok()) return s;
+  if (!(s = ReadChoice("RING_ALLREDUCE", &o.ring.allreduce)).ok()) return s;
+  if (!(s = ReadInt("RING_THRESHOLD", 0, &o.ring.threshold_bytes)).ok()) return s;
+  if (!(s = ReadInt("RING_CHUNK_BYTES", 1024, &o.ring.chunk_bytes)).ok()) return s;
+  if (!(s = ReadInt("RING_WINDOW", 1, &o.ring.window)).ok()) return s;
+  if (!(s = ReadChoice("HIERARCHICAL_ALLREDUCE", &o.hierarchical.allreduce)).ok()) return s;
+  if (!(s = ReadChoice("HIERARCHICAL_ALLGATHER", &o.hierarchical.allgather)).ok()) return s;
+  if (!(s = ReadInt("HIERARCHICAL_PIECE_BYTES", 1024, &o.hierarchical.piece_bytes)).ok()) return s;
   std::string name;
   // "DYNAMIC" (Horovod's value) means: no file now, start_timeline() later.
   if (const char* path = Lookup("TIMELINE", &name)) {
@@ -173,49 +176,43 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
 
 namespace {
 
-// SharedSettings' fields, with the variable that sets each.
-struct SharedField {
-  const char* variable;
-  int64_t EngineOptions::*field;
+// SharedSettings' fields, in the order of the variables that set them.
+constexpr const char* kSharedVariables[] = {
+    "HVDLITE_FUSION_THRESHOLD", "HVDLITE_DIRECT_THRESHOLD", "HVDLITE_CACHE_CAPACITY",
+    "HVDLITE_SHM_CHUNK_BYTES",  "HVDLITE_SHM_SLOTS",        "HVDLITE_RING_THRESHOLD",
+    "HVDLITE_RING_CHUNK_BYTES", "HVDLITE_HIERARCHICAL_PIECE_BYTES",
 };
-constexpr SharedField kShared[] = {
-    {"HVDLITE_FUSION_THRESHOLD", &EngineOptions::fusion_threshold_bytes},
-    {"HVDLITE_DIRECT_THRESHOLD", &EngineOptions::direct_threshold_bytes},
-    {"HVDLITE_CACHE_CAPACITY", &EngineOptions::cache_capacity},
-    {"HVDLITE_SHM_CHUNK_BYTES", &EngineOptions::shm_chunk_bytes},
-    {"HVDLITE_SHM_SLOTS", &EngineOptions::shm_slots},
-    {"HVDLITE_RING_THRESHOLD", &EngineOptions::ring_threshold_bytes},
-    {"HVDLITE_RING_CHUNK_BYTES", &EngineOptions::ring_chunk_bytes},
-    {"HVDLITE_HIERARCHICAL_PIECE_BYTES", &EngineOptions::hierarchical_piece_bytes},
-};
+
+template <typename Options>  // EngineOptions, const or not
+std::array<decltype(&std::declval<Options&>().cache_capacity), 8> SharedFields(Options& o) {
+  return {&o.fusion_threshold_bytes, &o.direct_threshold_bytes, &o.cache_capacity, &o.shm.chunk_bytes,
+          &o.shm.slots,             &o.ring.threshold_bytes,   &o.ring.chunk_bytes, &o.hierarchical.piece_bytes};
+}
 
 }  // namespace
 
 std::vector<int64_t> EngineOptions::SharedSettings() const {
   std::vector<int64_t> out;
-  for (const SharedField& f : kShared) out.push_back(this->*f.field);
+  for (const int64_t* field : SharedFields(*this)) out.push_back(*field);
   return out;
 }
 
 std::vector<std::string> EngineOptions::AdoptSharedSettings(const std::vector<int64_t>& root) {
   std::vector<std::string> changed;
-  size_t i = 0;
-  for (const SharedField& f : kShared) {
-    if (i >= root.size()) break;
-    if (this->*f.field != root[i]) {
-      changed.push_back(f.variable);
-      this->*f.field = root[i];
+  const auto fields = SharedFields(*this);
+  for (size_t i = 0; i < fields.size() && i < root.size(); ++i) {
+    if (*fields[i] != root[i]) {
+      changed.push_back(kSharedVariables[i]);
+      *fields[i] = root[i];
     }
-    ++i;
   }
   return changed;
 }
 
 Status ShareSettingsOfRoot(MPI_Comm comm, int rank, EngineOptions* options) {
   std::vector<int64_t> values = options->SharedSettings();
-  if (MPI_Bcast(values.data(), static_cast<int>(values.size()), MPI_INT64_T, 0, comm) != MPI_SUCCESS) {
-    return Status::Error(ErrorKind::kMpi, "MPI_Bcast of the engine settings failed");
-  }
+  Status shared = ShareRootValues(comm, values.data(), static_cast<int>(values.size()), "the engine settings");
+  if (!shared.ok()) return shared;
   const std::vector<std::string> changed = options->AdoptSharedSettings(values);
   if (!changed.empty()) {
     std::string names;

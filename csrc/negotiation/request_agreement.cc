@@ -53,6 +53,50 @@ std::string Mismatched(const std::string& name, const char* field, const std::st
          ". Every rank must submit the same name with the same " + field + ".";
 }
 
+// The shape rules of the operation: the whole shape, or all but the first dimension.
+std::string ShapeMismatch(const std::vector<Request>& q, const OpRules& rules) {
+  if (rules.whole_shape && !AllSame(q, [](const Request& x) { return x.shape; })) {
+    return Mismatched(q[0].name, "shape", DescribeByRank(q, [](const Request& x) { return ShapeString(x.shape); }));
+  }
+  if (rules.trailing_shape) {
+    if (!AllSame(q, [](const Request& x) { return x.shape.size(); })) {
+      return Mismatched(q[0].name, "number of dimensions", DescribeByRank(q, [](const Request& x) {
+                        return std::to_string(x.shape.size());
+                      }));
+    }
+    if (!AllSame(q, TrailingDims)) {
+      return Mismatched(q[0].name, "trailing dimensions (all but the first must agree)",
+                      DescribeByRank(q, [](const Request& x) {
+                        return ShapeString(TrailingDims(x));
+                      }));
+    }
+  }
+  return "";
+}
+
+// A reduction's op, scale factors and compression.
+std::string ReductionMismatch(const std::vector<Request>& q) {
+  if (!AllSame(q, [](const Request& x) { return x.reduce_op; })) {
+    return Mismatched(q[0].name, "reduce op", DescribeByRank(q, [](const Request& x) {
+                      return std::string(ReduceOpName(x.reduce_op));
+                    }));
+  }
+  if (!AllSame(q, [](const Request& x) { return x.prescale; })) {
+    return Mismatched(q[0].name, "prescale_factor",
+                    DescribeByRank(q, [](const Request& x) { return Num(x.prescale); }));
+  }
+  if (!AllSame(q, [](const Request& x) { return x.postscale; })) {
+    return Mismatched(q[0].name, "postscale_factor",
+                    DescribeByRank(q, [](const Request& x) { return Num(x.postscale); }));
+  }
+  if (!AllSame(q, [](const Request& x) { return x.compression; })) {
+    return Mismatched(q[0].name, "compression", DescribeByRank(q, [](const Request& x) {
+                      return x.compression.ToString();
+                    }));
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string FindMismatch(const std::vector<Request>& q) {
@@ -73,42 +117,9 @@ std::string FindMismatch(const std::vector<Request>& q) {
   }
   const OpType op = q[0].op;
   const OpRules& rules = RulesFor(op);
-  if (rules.whole_shape && !AllSame(q, [](const Request& x) { return x.shape; })) {
-    return Mismatched(q[0].name, "shape", DescribeByRank(q, [](const Request& x) { return ShapeString(x.shape); }));
-  }
-  if (rules.trailing_shape) {
-    if (!AllSame(q, [](const Request& x) { return x.shape.size(); })) {
-      return Mismatched(q[0].name, "number of dimensions", DescribeByRank(q, [](const Request& x) {
-                        return std::to_string(x.shape.size());
-                      }));
-    }
-    if (!AllSame(q, TrailingDims)) {
-      return Mismatched(q[0].name, "trailing dimensions (all but the first must agree)",
-                      DescribeByRank(q, [](const Request& x) {
-                        return ShapeString(TrailingDims(x));
-                      }));
-    }
-  }
-  if (rules.reduces) {
-    if (!AllSame(q, [](const Request& x) { return x.reduce_op; })) {
-      return Mismatched(q[0].name, "reduce op", DescribeByRank(q, [](const Request& x) {
-                        return std::string(ReduceOpName(x.reduce_op));
-                      }));
-    }
-    if (!AllSame(q, [](const Request& x) { return x.prescale; })) {
-      return Mismatched(q[0].name, "prescale_factor",
-                      DescribeByRank(q, [](const Request& x) { return Num(x.prescale); }));
-    }
-    if (!AllSame(q, [](const Request& x) { return x.postscale; })) {
-      return Mismatched(q[0].name, "postscale_factor",
-                      DescribeByRank(q, [](const Request& x) { return Num(x.postscale); }));
-    }
-    if (!AllSame(q, [](const Request& x) { return x.compression; })) {
-      return Mismatched(q[0].name, "compression", DescribeByRank(q, [](const Request& x) {
-                        return x.compression.ToString();
-                      }));
-    }
-  }
+  std::string mismatch = ShapeMismatch(q, rules);
+  if (mismatch.empty() && rules.reduces) mismatch = ReductionMismatch(q);
+  if (!mismatch.empty()) return mismatch;
   if (rules.has_root && !AllSame(q, [](const Request& x) { return x.root_rank; })) {
     return Mismatched(q[0].name, "root rank", DescribeByRank(q, [](const Request& x) {
                       return std::to_string(x.root_rank);

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/scale.h"
+#include "ops/compressed_wire.h"
 #include "timeline/timeline_names.h"
 
 namespace hvdlite {
@@ -21,12 +22,12 @@ Status AllocateOutput(TensorEntry& e, int64_t rows, size_t elem_bytes) {
   return Status::OK();
 }
 
-Status CompressedReducescatter(OperationContext& ctx, ProcessSet& set, TensorEntry& e,
+Status CompressedReducescatter(OperationContext& ctx, Transport& wire, TensorEntry& e,
                                const Response& response, const std::vector<int64_t>& counts);
 
 }  // namespace
 
-Status RunAllgather(OperationContext& ctx, ProcessSet& set, TensorEntry& e, const Response& response) {
+Status RunAllgather(OperationContext& ctx, Transport& wire, TensorEntry& e, const Response& response) {
   const Request& q = e.request;
   const int64_t row_bytes = RowElements(q.shape) * static_cast<int64_t>(DataTypeSize(q.dtype));
   std::vector<int64_t> bytes_per_rank;
@@ -38,26 +39,24 @@ Status RunAllgather(OperationContext& ctx, ProcessSet& set, TensorEntry& e, cons
   Status s = AllocateOutput(e, total_rows, DataTypeSize(q.dtype));
   if (!s.ok()) return s;
   ctx.stats->Add(ctx.stats->collectives, 1);
-  Transport& wire = set.transport();
   return ctx.Timed(e, wire.Activity(OpType::kAllgather), [&] {
-    return wire.Allgatherv(e.input, bytes_per_rank[set.rank()], e.work->output.data(), bytes_per_rank);
+    return wire.Allgatherv(e.input, bytes_per_rank[wire.rank()], e.work->output.data(), bytes_per_rank);
   });
 }
 
-Status RunBroadcast(OperationContext& ctx, ProcessSet& set, TensorEntry& e) {
+Status RunBroadcast(OperationContext& ctx, Transport& wire, TensorEntry& e) {
   const Request& q = e.request;
   const int64_t bytes = NumElements(q.shape) * static_cast<int64_t>(DataTypeSize(q.dtype));
-  if (set.rank() == q.root_rank) CopyScaled(e.input, e.output, bytes, DataType::kUInt8, 1.0);
+  if (wire.rank() == q.root_rank) CopyScaled(e.input, e.output, bytes, DataType::kUInt8, 1.0);
   ctx.stats->Add(ctx.stats->collectives, 1);
-  Transport& wire = set.transport();
   return ctx.Timed(e, wire.Activity(OpType::kBroadcast),
                    [&] { return wire.Broadcast(e.output, bytes, q.root_rank); });
 }
 
-Status RunAlltoall(OperationContext& ctx, ProcessSet& set, TensorEntry& e, const Response& response) {
+Status RunAlltoall(OperationContext& ctx, Transport& wire, TensorEntry& e, const Response& response) {
   const Request& q = e.request;
-  const int size = set.size();
-  const int me = set.rank();
+  const int size = wire.size();
+  const int me = wire.rank();
   const int64_t row_bytes = RowElements(q.shape) * static_cast<int64_t>(DataTypeSize(q.dtype));
   std::vector<int64_t> send_bytes(size), recv_bytes(size);
   e.work->received_splits.assign(size, 0);
@@ -72,29 +71,27 @@ Status RunAlltoall(OperationContext& ctx, ProcessSet& set, TensorEntry& e, const
   Status s = AllocateOutput(e, recv_rows, DataTypeSize(q.dtype));
   if (!s.ok()) return s;
   ctx.stats->Add(ctx.stats->collectives, 1);
-  Transport& wire = set.transport();
   return ctx.Timed(e, wire.Activity(OpType::kAlltoall), [&] {
     return wire.Alltoallv(e.input, send_bytes, e.work->output.data(), recv_bytes);
   });
 }
 
-Status RunReducescatter(OperationContext& ctx, ProcessSet& set, TensorEntry& e, const Response& response) {
+Status RunReducescatter(OperationContext& ctx, Transport& wire, TensorEntry& e, const Response& response) {
   const Request& q = e.request;
-  const int me = set.rank();
+  const int me = wire.rank();
   const int64_t row_elems = RowElements(q.shape);
   std::vector<int64_t> counts;
   for (int64_t rows : response.rows_per_rank) counts.push_back(rows * row_elems);
   ctx.stats->Add(ctx.stats->collectives, 1);
   if (EffectiveCompression(q).type != CompressionType::kNone) {
-    return CompressedReducescatter(ctx, set, e, response, counts);
+    return CompressedReducescatter(ctx, wire, e, response, counts);
   }
   Status s = AllocateOutput(e, response.rows_per_rank[me], DataTypeSize(q.dtype));
   if (!s.ok()) return s;
   const int64_t my_count = counts[me];
-  const double post = PostFactor(q, set.size());
+  const double post = PostFactor(q, wire.size());
   const int64_t count = NumElements(q.shape);
   void* out = e.work->output.data();
-  Transport& wire = set.transport();
   const char* what = wire.Activity(OpType::kReducescatter);
   if (Is16BitFloat(q.dtype)) {
     // Summed in float32, rounded once.
@@ -124,11 +121,11 @@ namespace {
 
 // float32 only (validation): the compressor's wire form crosses the wire,
 // summed as its element type (fp16), or gathered and summed here (top-k).
-Status CompressedReducescatter(OperationContext& ctx, ProcessSet& set, TensorEntry& e,
+Status CompressedReducescatter(OperationContext& ctx, Transport& wire, TensorEntry& e,
                                const Response& response, const std::vector<int64_t>& counts) {
   const Request& q = e.request;
-  const int size = set.size();
-  const int me = set.rank();
+  const int size = wire.size();
+  const int me = wire.rank();
   Compressor* c = ctx.compressors.For(EffectiveCompression(q));
   const int64_t count = NumElements(q.shape);
   int64_t my_start = 0;
@@ -137,42 +134,36 @@ Status CompressedReducescatter(OperationContext& ctx, ProcessSet& set, TensorEnt
   Status s = AllocateOutput(e, response.rows_per_rank[me], sizeof(float));
   if (!s.ok()) return s;
   auto* out = static_cast<float*>(e.work->output.data());
-  const float* src = static_cast<const float*>(e.input);
-  if (q.prescale != 1.0) {
-    ctx.scratch_in.resize(static_cast<size_t>(count));
-    CopyScaled(src, ctx.scratch_in.data(), count, DataType::kFloat32, q.prescale);
-    src = ctx.scratch_in.data();
-  }
   const auto segs = OneSegment(e, count);
   c->BeginRound(segs);
-  const size_t wire_bytes = c->CompressedBytes(segs);
-  uint8_t* staged = ctx.buffers.Get(FusionBuffer::kSend, 0, wire_bytes);
-  if (!staged) return OutOfMemory("a compression buffer", wire_bytes);
-  c->Compress(src, segs, staged);
-  Transport& wire = set.transport();
-  if (c->wire() == Compressor::Wire::kAllreduce) {
-    ctx.stats->Add(WireBytes(ctx.stats, q.compression.type), static_cast<int64_t>(wire_bytes));
-    const size_t unit = wire_bytes / static_cast<size_t>(std::max<int64_t>(count, 1));
-    uint8_t* mine = ctx.buffers.Get(FusionBuffer::kGather, 0, static_cast<size_t>(my_count) * unit + 64);
-    if (!mine) return OutOfMemory("a compression buffer", static_cast<size_t>(my_count) * unit);
+  CompressedForms forms;
+  forms.bytes = c->CompressedBytes(segs);
+  forms.ranks = size;
+  forms.mine = ctx.buffers.Get(FusionBuffer::kSend, 0, forms.bytes);
+  if (!forms.mine) return OutOfMemory("a compression buffer", forms.bytes);
+  CompressScaled(*c, static_cast<const float*>(e.input), count, q.prescale, segs, forms.mine, &ctx.scratch_in);
+  ctx.stats->Add(WireBytes(ctx.stats, q.compression.type), static_cast<int64_t>(forms.bytes));
+  if (!GathersForms(*c)) {
+    // Summed as the wire type, each rank keeps its block only.
+    const size_t unit = forms.bytes / static_cast<size_t>(std::max<int64_t>(count, 1));
+    uint8_t* summed = ctx.buffers.Get(FusionBuffer::kGather, 0, static_cast<size_t>(my_count) * unit + 64);
+    if (!summed) return OutOfMemory("a compression buffer", static_cast<size_t>(my_count) * unit);
     s = ctx.Timed(e, wire.Activity(OpType::kReducescatter), [&] {
-      return wire.ReduceScatter(staged, mine, counts, c->wire_dtype(), ReduceOp::kSum);
+      return wire.ReduceScatter(forms.mine, summed, counts, c->wire_dtype(), ReduceOp::kSum);
     });
-    if (s.ok()) c->Decompress(mine, {Segment{q.name, 0, my_count}}, out);
+    forms.mine = summed;
+    if (s.ok()) DecodeCompressedSum(*c, forms, 0, {Segment{q.name, 0, my_count}}, my_count, out);
   } else {
-    ctx.stats->Add(WireBytes(ctx.stats, q.compression.type), static_cast<int64_t>(wire_bytes));
-    uint8_t* gathered = ctx.buffers.Get(FusionBuffer::kGather, 0, wire_bytes * size);
-    if (!gathered) return OutOfMemory("a gather buffer", wire_bytes * size);
-    s = ctx.Timed(e, wire.Activity(OpType::kAllgather), [&] {
+    forms.gathered = ctx.buffers.Get(FusionBuffer::kGather, 0, forms.bytes * size);
+    if (!forms.gathered) return OutOfMemory("a gather buffer", forms.bytes * size);
+    s = ctx.Timed(e, CompressedActivity(wire, *c), [&] {
       std::unique_ptr<TransportWork> work;
-      Status started = wire.StartAllgather(staged, static_cast<int64_t>(wire_bytes), gathered, &work);
+      Status started = StartCompressedExchange(wire, *c, forms, &work);
       return started.ok() ? work->Wait() : started;
     });
-    if (s.ok()) {
-      ctx.scratch_out.assign(static_cast<size_t>(count), 0.0f);
-      for (int r = 0; r < size; ++r) {
-        c->DecompressAdd(gathered + static_cast<size_t>(r) * wire_bytes, segs, ctx.scratch_out.data());
-      }
+    if (s.ok()) {  // every rank's whole sum, then this rank's block of it
+      ctx.scratch_out.resize(static_cast<size_t>(count));
+      DecodeCompressedSum(*c, forms, 0, segs, count, ctx.scratch_out.data());
       std::memcpy(out, ctx.scratch_out.data() + my_start, static_cast<size_t>(my_count) * sizeof(float));
     }
   }

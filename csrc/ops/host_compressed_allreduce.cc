@@ -1,8 +1,9 @@
 #include "ops/host_compressed_allreduce.h"
 
 #include <algorithm>
-#include <cstring>
 #include <string>
+
+#include "ops/compressed_wire.h"
 
 namespace hvdlite {
 
@@ -39,29 +40,21 @@ Status HostCompressedAllreduce::Run(const HostLevels& levels, Compressor* compre
 
   BlockSegments(segs, lo, lo + mine);
   compressor->BeginRound(block_segs_);  // a block's part is its own tensor here
-  const size_t bytes = compressor->CompressedBytes(block_segs_);
-  wire_.resize(std::max<size_t>(bytes, 1));
-  const size_t sent = compressor->Compress(block_.data(), block_segs_, wire_.data());
-  *wire_bytes += static_cast<int64_t>(sent);
-  std::unique_ptr<TransportWork> work;
-  if (compressor->wire() == Compressor::Wire::kAllreduce) {
-    const int64_t elems = static_cast<int64_t>(sent / DataTypeSize(compressor->wire_dtype()));
-    s = across.StartAllreduce(Transport::kInPlace, wire_.data(), elems, compressor->wire_dtype(),
-                              ReduceOp::kSum, 1.0, &work);
-    if (s.ok()) s = work->Wait();
-    if (s.ok()) compressor->Decompress(wire_.data(), block_segs_, block_.data());
-  } else {
+  wire_.resize(std::max<size_t>(compressor->CompressedBytes(block_segs_), 1));
+  CompressedForms forms;
+  forms.mine = wire_.data();
+  forms.bytes = compressor->Compress(block_.data(), block_segs_, wire_.data());
+  forms.ranks = across.size();
+  *wire_bytes += static_cast<int64_t>(forms.bytes);
+  if (GathersForms(*compressor)) {
     // Every host's block has the same segments, so the same wire size.
-    gathered_.resize(std::max<size_t>(sent * static_cast<size_t>(across.size()), 1));
-    s = across.StartAllgather(wire_.data(), static_cast<int64_t>(sent), gathered_.data(), &work);
-    if (s.ok()) s = work->Wait();
-    if (s.ok()) {
-      std::fill(block_.begin(), block_.begin() + mine, 0.0f);
-      for (int h = 0; h < across.size(); ++h) {
-        compressor->DecompressAdd(gathered_.data() + static_cast<size_t>(h) * sent, block_segs_, block_.data());
-      }
-    }
+    gathered_.resize(std::max<size_t>(forms.bytes * static_cast<size_t>(forms.ranks), 1));
+    forms.gathered = gathered_.data();
   }
+  std::unique_ptr<TransportWork> work;
+  s = StartCompressedExchange(across, *compressor, forms, &work);
+  if (s.ok()) s = work->Wait();
+  if (s.ok()) DecodeCompressedSum(*compressor, forms, 0, block_segs_, mine, block_.data());
   if (!s.ok()) return s;
 
   std::vector<int64_t> block_bytes(counts);

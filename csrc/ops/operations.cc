@@ -106,7 +106,7 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
       continue;
     }
     fatal = group.second[0]->request.reduce_op == ReduceOp::kAdasum ? adasum_.Run(set, group.second)
-                                                                    : allreduces_.Run(set, group.second);
+                                                                    : allreduces_.Run(set.transport(), group.second);
   }
   if (!fatal.ok()) {
     for (auto& e : taken) {
@@ -151,10 +151,10 @@ void OperationRunner::HandOver(ProcessSet& set, const Response& response, std::v
 
 Status OperationRunner::RunOne(ProcessSet& set, const Response& r, TensorEntry& e) {
   switch (r.op()) {
-    case OpType::kAllgather: return RunAllgather(ctx_, set, e, r);
-    case OpType::kBroadcast: return RunBroadcast(ctx_, set, e);
-    case OpType::kAlltoall: return RunAlltoall(ctx_, set, e, r);
-    case OpType::kReducescatter: return RunReducescatter(ctx_, set, e, r);
+    case OpType::kAllgather: return RunAllgather(ctx_, set.transport(), e, r);
+    case OpType::kBroadcast: return RunBroadcast(ctx_, set.transport(), e);
+    case OpType::kAlltoall: return RunAlltoall(ctx_, set.transport(), e, r);
+    case OpType::kReducescatter: return RunReducescatter(ctx_, set.transport(), e, r);
     case OpType::kBarrier: return set.transport().Barrier();
     case OpType::kJoin:
       e.work->value = r.last_joined_rank;

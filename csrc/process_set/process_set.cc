@@ -14,11 +14,23 @@ ProcessSet::ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, co
     // The wire is chosen once, here: shared memory when every member is on
     // this host (and it is not turned off), MPI otherwise; large allreduces
     // between hosts around the ring.
+    ShmSetup shm;
+    shm.options = options.shm;
+    shm.wait = options.wait;
+    shm.cache_capacity = options.cache_capacity;
+    shm.stats = stats;
+    shm.abort = abort;
     transport_ = ShmTransport::Create(std::make_unique<MpiTransport>(comm_, options.wait, abort),
-                                      one_host && options.shm_allreduce, options, stats, abort);
-    const bool ring = options.ring == EngineOptions::Choice::kOn ||
-                      (options.ring == EngineOptions::Choice::kAuto && !one_host);
-    transport_ = RingTransport::Create(std::move(transport_), comm_, hosts, ring, options, stats, abort);
+                                      one_host && options.shm.allreduce, shm);
+    RingSetup ring;
+    ring.options = options.ring;
+    ring.hierarchical = options.hierarchical;
+    ring.wait = options.wait;
+    ring.stats = stats;
+    ring.abort = abort;
+    const bool want_ring = options.ring.allreduce == Choice::kOn ||
+                           (options.ring.allreduce == Choice::kAuto && !one_host);
+    transport_ = RingTransport::Create(std::move(transport_), comm_, hosts, want_ring, ring);
     controller_ = std::make_unique<Controller>(transport_.get(), options, stats);
   }
 }

@@ -9,7 +9,7 @@
 #include <string>
 #include <thread>
 
-#include "engine/engine_options.h"
+#include "transport/wire_options.h"
 #include "common/status.h"
 
 namespace hvdlite {

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/engine_options.h"
+#include "transport/wire_options.h"
 #include "transport/transport.h"
 
 namespace hvdlite {

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "common/common.h"
-#include "engine/engine_options.h"
+#include "transport/wire_options.h"
 #include "common/status.h"
 #include "transport/transport.h"
 

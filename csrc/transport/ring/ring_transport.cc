@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/reduce_kernels.h"
+#include "negotiation/rank_agreement.h"
 #include "transport/ring/hierarchical_allreduce.h"
 #include "transport/mpi/mpi_transport.h"
 #include "transport/ring/ring_allreduce.h"
@@ -23,17 +24,12 @@ constexpr int kHierarchicalDepth = 2;
 }  // namespace
 
 std::unique_ptr<Transport> RingTransport::Create(std::unique_ptr<Transport> inner, MPI_Comm comm,
-                                                 const std::vector<int>& hosts, bool want,
-                                                 const EngineOptions& options, EngineStats* stats,
-                                                 const std::atomic<bool>* abort) {
+                                                 const std::vector<int>& hosts, bool want, const RingSetup& setup) {
   // Every rank must pick the same wire, whatever its environment says: each
   // wish holds only where every rank has it.
-  int wishes[4] = {want && inner->size() > 1, options.hierarchical_allreduce != EngineOptions::Choice::kOff,
-                   options.ring == EngineOptions::Choice::kOn,
-                   options.hierarchical_allgather != EngineOptions::Choice::kOff};
-  if (MPI_Allreduce(MPI_IN_PLACE, wishes, 4, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS || !wishes[0]) {
-    return inner;
-  }
+  std::vector<int> wishes = {want && inner->size() > 1, setup.hierarchical.allreduce != Choice::kOff,
+                             setup.options.allreduce == Choice::kOn, setup.hierarchical.allgather != Choice::kOff};
+  if (!AllAgree(comm, &wishes, "the wire's wishes").ok() || !wishes[0]) return inner;
   std::map<int, int> ranks_per_host;
   for (int h : hosts) ++ranks_per_host[h];
   const int per_host = ranks_per_host.begin()->second;
@@ -69,14 +65,14 @@ std::unique_ptr<Transport> RingTransport::Create(std::unique_ptr<Transport> inne
     if (c != MPI_COMM_NULL) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
   }
   std::unique_ptr<RingTransport> wire(
-      new RingTransport(std::move(inner), ring, local, local_gather, options, stats, abort));
+      new RingTransport(std::move(inner), ring, local, local_gather, setup));
   // Without the levels (MPI refused a duplicate: fatal to the job soon
   // anyway) compression just applies to every rank's whole buffer.
-  if (hierarchical && wire->CreateHostLevels(options, hosts)) wire->hierarchical_allgather_ = wishes[3] != 0;
+  if (hierarchical && wire->CreateHostLevels(setup, hosts)) wire->hierarchical_allgather_ = wishes[3] != 0;
   return wire;
 }
 
-bool RingTransport::CreateHostLevels(const EngineOptions& options, const std::vector<int>& hosts) {
+bool RingTransport::CreateHostLevels(const RingSetup& setup, const std::vector<int>& hosts) {
   if (MPI_Comm_dup(local_, &host_comm_) != MPI_SUCCESS || MPI_Comm_dup(ring_, &across_comm_) != MPI_SUCCESS) {
     return false;
   }
@@ -87,7 +83,7 @@ bool RingTransport::CreateHostLevels(const EngineOptions& options, const std::ve
   std::vector<int> one_per_host(static_cast<size_t>(ring_size_));
   for (int i = 0; i < ring_size_; ++i) one_per_host[static_cast<size_t>(i)] = i;
   across_ = Create(std::make_unique<MpiTransport>(across_comm_, wait_, abort_), across_comm_, one_per_host,
-                   true, options, stats_, abort_);
+                   true, setup);
   // The grid, as the communicators order it: hosts by id (ring_'s key),
   // ranks in a host by set rank (local_'s key).
   std::map<int, std::vector<int>> by_host;
@@ -99,19 +95,18 @@ bool RingTransport::CreateHostLevels(const EngineOptions& options, const std::ve
 }
 
 RingTransport::RingTransport(std::unique_ptr<Transport> inner, MPI_Comm ring, MPI_Comm local,
-                             MPI_Comm local_gather, const EngineOptions& options, EngineStats* stats,
-                             const std::atomic<bool>* abort)
+                             MPI_Comm local_gather, const RingSetup& setup)
     : ForwardingTransport(std::move(inner)),
       ring_(ring),
       local_(local),
       local_gather_(local_gather),
-      threshold_bytes_(options.ring_threshold_bytes),
-      chunk_bytes_(options.ring_chunk_bytes),
-      piece_bytes_(options.hierarchical_piece_bytes),
-      window_(static_cast<int>(options.ring_window)),
-      wait_(options.wait),
-      abort_(abort),
-      stats_(stats) {
+      threshold_bytes_(setup.options.threshold_bytes),
+      chunk_bytes_(setup.options.chunk_bytes),
+      piece_bytes_(setup.hierarchical.piece_bytes),
+      window_(static_cast<int>(setup.options.window)),
+      wait_(setup.wait),
+      abort_(setup.abort),
+      stats_(setup.stats) {
   MPI_Comm_rank(ring_, &ring_rank_);
   MPI_Comm_size(ring_, &ring_size_);
 }

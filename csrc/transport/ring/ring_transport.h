@@ -8,7 +8,7 @@
 // among themselves and the ring joins one rank per host
 // (HierarchicalAllreduceWork, hierarchical_allreduce.h).
 //
-// Large allreduces (at least ring_threshold_bytes) of element-wise
+// Large allreduces (at least RingOptions::threshold_bytes) of element-wise
 // reductions take the ring; everything else goes to the inner transport.
 #pragma once
 
@@ -18,14 +18,23 @@
 #include <memory>
 #include <vector>
 
-#include "engine/engine_options.h"
 #include "engine/engine_stats.h"
 #include "transport/forwarding_transport.h"
 #include "transport/ring/hierarchical_allgather.h"
 #include "transport/ring/hierarchical_allreduce.h"
 #include "transport/ring/hierarchical_reducescatter.h"
+#include "transport/wire_options.h"
 
 namespace hvdlite {
+
+// What the ring wire is set up with.
+struct RingSetup {
+  RingOptions options;
+  HierarchicalOptions hierarchical;
+  WaitPolicy wait;
+  EngineStats* stats = nullptr;
+  const std::atomic<bool>* abort = nullptr;
+};
 
 class RingTransport : public ForwardingTransport {
  public:
@@ -35,9 +44,7 @@ class RingTransport : public ForwardingTransport {
   // `hosts`: the host of each rank of `comm`. With several ranks on each of
   // several hosts (the same number on each) the allreduce is hierarchical.
   static std::unique_ptr<Transport> Create(std::unique_ptr<Transport> inner, MPI_Comm comm,
-                                           const std::vector<int>& hosts, bool want,
-                                           const EngineOptions& options, EngineStats* stats,
-                                           const std::atomic<bool>* abort);
+                                           const std::vector<int>& hosts, bool want, const RingSetup& setup);
   ~RingTransport() override;
 
   const char* Activity(OpType op, DataType dtype, ReduceOp reduce) const override;
@@ -56,12 +63,12 @@ class RingTransport : public ForwardingTransport {
 
  private:
   RingTransport(std::unique_ptr<Transport> inner, MPI_Comm ring, MPI_Comm local, MPI_Comm local_gather,
-                const EngineOptions& options, EngineStats* stats, const std::atomic<bool>* abort);
+                const RingSetup& setup);
   bool Takes(int64_t count, DataType dtype, ReduceOp op) const;
   // Hierarchical: the two levels as transports of their own, on duplicates
   // of local_ and ring_ (collective over the set, like Create); false if MPI
   // refused a duplicate.
-  bool CreateHostLevels(const EngineOptions& options, const std::vector<int>& hosts);
+  bool CreateHostLevels(const RingSetup& setup, const std::vector<int>& hosts);
 
   MPI_Comm ring_;   // the ranks around the ring (hierarchical: one per host)
   MPI_Comm local_;  // hierarchical: this host's ranks; else MPI_COMM_NULL

@@ -15,6 +15,7 @@
 
 #include "kernels/reduce_kernels.h"
 #include "kernels/streaming_copy.h"
+#include "negotiation/rank_agreement.h"
 #include "transport/transport.h"
 
 
@@ -71,37 +72,20 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-SlotStoreChoice ChooseStores(EngineOptions::Choice setting) {
-  switch (setting) {
-    case EngineOptions::Choice::kOn: return SlotStoreChoice(SlotStores::kStreaming);
-    case EngineOptions::Choice::kOff: return SlotStoreChoice(SlotStores::kCached);
-    case EngineOptions::Choice::kAuto: break;
-  }
-  return SlotStoreChoice();
-}
-
-bool AllAgree(MPI_Comm comm, bool mine) {
-  int v = mine ? 1 : 0;
-  if (MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_LAND, comm) != MPI_SUCCESS) return false;
-  return v != 0;
-}
-
 }  // namespace
 
 bool ShmCollectives::Supports(DataType dtype, ReduceOp op) { return ElementwiseReducible(dtype, op); }
 
-std::unique_ptr<ShmCollectives> ShmCollectives::Create(MPI_Comm comm, bool want,
-                                                   const EngineOptions& options, EngineStats* stats,
-                                                   const std::atomic<bool>* abort) {
+std::unique_ptr<ShmCollectives> ShmCollectives::Create(MPI_Comm comm, bool want, const ShmSetup& setup) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   if (size < 2) return nullptr;
   if (!AllAgree(comm, want)) return nullptr;
 
-  const int64_t chunk = std::max<int64_t>(4096, RoundUp(static_cast<size_t>(options.shm_chunk_bytes), kCacheLine));
-  const int64_t slots = std::max<int64_t>(2, options.shm_slots);
-  const int board_words = static_cast<int>(std::min<int64_t>(kMaxBoardWords, 1 + (options.cache_capacity + 63) / 64));
+  const int64_t chunk = std::max<int64_t>(4096, RoundUp(static_cast<size_t>(setup.options.chunk_bytes), kCacheLine));
+  const int64_t slots = std::max<int64_t>(2, setup.options.slots);
+  const int board_words = static_cast<int>(std::min<int64_t>(kMaxBoardWords, 1 + (setup.cache_capacity + 63) / 64));
   const size_t header = RoundUp(sizeof(Header), kCacheLine);
   const size_t board_row = BoardRowBytes(board_words);
   const size_t region = RoundUp(sizeof(Control), kCacheLine) + 2 * static_cast<size_t>(slots * chunk);
@@ -123,7 +107,7 @@ std::unique_ptr<ShmCollectives> ShmCollectives::Create(MPI_Comm comm, bool want,
     }
     if (fd < 0) name[0] = '\0';
   }
-  if (MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, comm) != MPI_SUCCESS) name[0] = '\0';
+  if (!ShareRootValues(comm, name, static_cast<int>(sizeof(name)), "the shared memory's name").ok()) name[0] = '\0';
   if (rank != 0 && name[0] != '\0') fd = shm_open(name, O_RDWR, 0);
   void* base = MAP_FAILED;
   if (fd >= 0) {
@@ -141,12 +125,11 @@ std::unique_ptr<ShmCollectives> ShmCollectives::Create(MPI_Comm comm, bool want,
     return nullptr;
   }
   return std::unique_ptr<ShmCollectives>(
-      new ShmCollectives(rank, size, base, total, chunk, slots, board_words, options, stats, abort));
+      new ShmCollectives(rank, size, base, total, chunk, slots, board_words, setup));
 }
 
 ShmCollectives::ShmCollectives(int rank, int size, void* base, size_t bytes, int64_t chunk_bytes,
-                               int64_t slots, int board_words, const EngineOptions& options,
-                               EngineStats* stats, const std::atomic<bool>* abort)
+                               int64_t slots, int board_words, const ShmSetup& setup)
     : rank_(rank),
       size_(size),
       base_(base),
@@ -155,13 +138,13 @@ ShmCollectives::ShmCollectives(int rank, int size, void* base, size_t bytes, int
       slots_(slots),
       region_bytes_(RoundUp(sizeof(Control), kCacheLine) + 2 * static_cast<size_t>(slots * chunk_bytes)),
       board_words_(board_words),
-      wait_(options.wait),
-      spin_ns_(options.wait.spin_us * 1000),
-      abort_(abort),
-      stats_(stats),
+      wait_(setup.wait),
+      spin_ns_(setup.wait.spin_us * 1000),
+      abort_(setup.abort),
+      stats_(setup.stats),
       sources_(static_cast<size_t>(size)),
       scratch_(static_cast<size_t>(chunk_bytes)),
-      store_choice_(ChooseStores(options.shm_streaming_stores)) {}
+      store_choice_(SlotStoreChoice::For(setup.options.streaming_stores)) {}
 
 ShmCollectives::~ShmCollectives() {
   // Local: a peer that died cannot make this wait.
@@ -296,126 +279,171 @@ void ShmCollectives::PartOfChunk(int64_t n, int64_t elem, int p, int64_t* lo, in
   *hi = std::min(n, each * (p + 1));
 }
 
-Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
-                                 double scale) {
-  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
-  const int64_t per_chunk = chunk_bytes_ / elem;
-  const auto* in = static_cast<const uint8_t*>(send == Transport::kInPlace ? recv : send);
-  auto* out = static_cast<uint8_t*>(recv);
-  const int64_t chunks = (count + per_chunk - 1) / per_chunk;
-  const uint64_t base = seq_;
-  auto seq_of = [base](int64_t chunk) { return base + static_cast<uint64_t>(chunk) + 1; };
-  // Rank p owns part p of every chunk (cache-line aligned): it alone sums
-  // that part, in rank order, and the others copy the result, so every rank
-  // ends with the same bits.
-  auto part = [&](int64_t chunk, int p, int64_t* lo, int64_t* hi) {
-    PartOfChunk(std::min(per_chunk, count - chunk * per_chunk), elem, p, lo, hi);
-  };
-  // Chunks [0, copied) have their parts for the other ranks in this rank's
-  // ring, [0, reduced) have this rank's part summed, [0, gathered) are done.
-  // A chunk moves on as soon as the peers allow, which keeps it in cache;
-  // while a peer is behind, this rank copies ahead (as far as its ring and
-  // the peers' reading allow).
-  int64_t copied = 0, reduced = 0, gathered = 0;
-  auto can_gather = [&] { return gathered < reduced && AllReduced(seq_of(gathered)); };
-  auto can_reduce = [&] { return reduced < copied && AllPublished(seq_of(reduced)); };
-  auto can_copy = [&] {
-    return copied < chunks && copied - gathered < slots_ && SlotFree(seq_of(copied));
-  };
-  int64_t lo = 0, hi = 0;
+// Rank p owns part p of every chunk (cache-line aligned): it alone sums that
+// part, in rank order, and the others copy the result, so every rank ends
+// with the same bits. Chunks [0, copied) have their parts for the other
+// ranks in this rank's ring, [0, reduced) have this rank's part summed,
+// [0, gathered) are done. A chunk moves on as soon as the peers allow, which
+// keeps it in cache; while a peer is behind, this rank copies ahead (as far
+// as its ring and the peers' reading allow).
+class ShmCollectives::AllreduceCall {
+ public:
+  AllreduceCall(ShmCollectives& shm, const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
+                double scale)
+      : shm_(shm),
+        elem_(static_cast<int64_t>(DataTypeSize(dtype))),
+        per_chunk_(shm.chunk_bytes_ / elem_),
+        count_(count),
+        chunks_((count + per_chunk_ - 1) / per_chunk_),
+        base_(shm.seq_),
+        in_(static_cast<const uint8_t*>(send == Transport::kInPlace ? recv : send)),
+        out_(static_cast<uint8_t*>(recv)),
+        dtype_(dtype),
+        op_(op),
+        scale_(scale) {}
+
+  Status Run() {
+    const int64_t switches_before = shm_.store_choice_.switches();
+    while (gathered_ < chunks_) {
+      if (CanGather()) {
+        Gather();
+      } else if (CanReduce()) {
+        Reduce();
+      } else if (CanCopy()) {
+        Copy();
+      } else {
+        Status s = shm_.Wait("shared-memory allreduce", [&] { return CanGather() || CanReduce() || CanCopy(); });
+        if (!s.ok()) return s;
+      }
+    }
+    shm_.seq_ = base_ + static_cast<uint64_t>(chunks_);
+    shm_.stats_->Add(shm_.stats_->shm_streamed_bytes, streamed_);
+    shm_.stats_->Add(shm_.stats_->shm_store_switches, shm_.store_choice_.switches() - switches_before);
+    return Status::OK();
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  uint64_t SeqOf(int64_t chunk) const { return base_ + static_cast<uint64_t>(chunk) + 1; }
+  void Part(int64_t chunk, int p, int64_t* lo, int64_t* hi) const {
+    shm_.PartOfChunk(std::min(per_chunk_, count_ - chunk * per_chunk_), elem_, p, lo, hi);
+  }
+  bool CanGather() const { return gathered_ < reduced_ && shm_.AllReduced(SeqOf(gathered_)); }
+  bool CanReduce() const { return reduced_ < copied_ && shm_.AllPublished(SeqOf(reduced_)); }
+  bool CanCopy() const {
+    return copied_ < chunks_ && copied_ - gathered_ < shm_.slots_ && shm_.SlotFree(SeqOf(copied_));
+  }
   // The steps of sampled chunks are timed for the choice of stores
   // (slot_store_choice.h); an unsampled step reads no clock.
-  using Clock = std::chrono::steady_clock;
-  int64_t streamed = 0;  // bytes this call wrote with streaming stores
-  auto begin = [&](uint64_t seq) { return store_choice_.Timed(seq) ? Clock::now() : Clock::time_point(); };
-  auto record = [&](uint64_t seq, Clock::time_point start, int64_t bytes) {
+  Clock::time_point Begin(uint64_t seq) const {
+    return shm_.store_choice_.Timed(seq) ? Clock::now() : Clock::time_point();
+  }
+  void Record(uint64_t seq, Clock::time_point start, int64_t bytes) {
     if (start == Clock::time_point()) return;
-    store_choice_.Record(seq, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
-                         bytes);
-  };
+    shm_.store_choice_.Record(
+        seq, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(), bytes);
+  }
   // Copies with the stores chunk seq takes, counting what it streams.
-  auto copy = [&](uint64_t seq, void* dst, const void* src, size_t n) {
-    if (store_choice_.For(seq) == SlotStores::kStreaming) {
+  void CopyBytes(uint64_t seq, void* dst, const void* src, size_t n) {
+    if (shm_.store_choice_.For(seq) == SlotStores::kStreaming) {
       StreamingCopy(dst, src, n);
-      streamed += static_cast<int64_t>(n);
+      streamed_ += static_cast<int64_t>(n);
     } else {
       std::memcpy(dst, src, n);
     }
-  };
-  const int64_t switches_before = store_choice_.switches();
-  while (gathered < chunks) {
-    if (can_gather()) {
-      const uint64_t seq = seq_of(gathered);
-      const auto start = begin(seq);
-      int64_t bytes = 0;
-      uint8_t* dst = out + gathered * per_chunk * elem;
-      for (int p = 0; p < size_; ++p) {
-        if (p == rank_) continue;
-        part(gathered, p, &lo, &hi);
-        const size_t n = static_cast<size_t>((hi - lo) * elem);
-        copy(seq, dst + lo * elem, result_slot(p, seq) + lo * elem, n);
-        bytes += static_cast<int64_t>(n);
-      }
-      record(seq, start, bytes);
-      control(rank_)->consumed.store(seq, std::memory_order_release);
-      Signal();
-      ++gathered;
-    } else if (can_reduce()) {
-      const uint64_t seq = seq_of(reduced);
-      const auto start = begin(seq);
-      part(reduced, rank_, &lo, &hi);
-      const uint8_t* mine = in + (reduced * per_chunk + lo) * elem;
-      for (int r = 0; r < size_; ++r) {
-        sources_[static_cast<size_t>(r)] = r == rank_ ? mine : slot(r, seq) + lo * elem;
-      }
-      // Summed, in one pass, into this rank's output (which may be the input
-      // it reads: each element is read before it is written) and the shared
-      // result for the peers, with the stores the chunk takes. Streamed sums
-      // of other types than float32 go through a scratch part that stays in
-      // cache, streamed from there to the shared result and to the output.
-      uint8_t* result = result_slot(rank_, seq) + lo * elem;
-      uint8_t* mine_out = out + (reduced * per_chunk + lo) * elem;
-      const size_t bytes = static_cast<size_t>((hi - lo) * elem);
-      if (store_choice_.For(seq) == SlotStores::kStreaming) {
-        if (ReduceSourcesStreaming(sources_, result, mine_out, hi - lo, dtype, op, scale)) {
-          streamed += 2 * static_cast<int64_t>(bytes);
-        } else {
-          ReduceSources(sources_, scratch_.data(), hi - lo, dtype, op, scale);
-          copy(seq, result, scratch_.data(), bytes);
-          copy(seq, mine_out, scratch_.data(), bytes);
-        }
-      } else {
-        ReduceSources(sources_, result, hi - lo, dtype, op, scale, mine_out);
-      }
-      record(seq, start, static_cast<int64_t>(bytes));
-      control(rank_)->reduced.store(seq, std::memory_order_release);
-      Signal();
-      ++reduced;
-    } else if (can_copy()) {
-      const uint64_t seq = seq_of(copied);
-      const auto start = begin(seq);
-      int64_t bytes = 0;
-      const uint8_t* src = in + copied * per_chunk * elem;
-      for (int p = 0; p < size_; ++p) {
-        if (p == rank_) continue;
-        part(copied, p, &lo, &hi);
-        const size_t n = static_cast<size_t>((hi - lo) * elem);
-        copy(seq, slot(rank_, seq) + lo * elem, src + lo * elem, n);
-        bytes += static_cast<int64_t>(n);
-      }
-      record(seq, start, bytes);
-      control(rank_)->published.store(seq, std::memory_order_release);
-      Signal();
-      ++copied;
-    } else {
-      Status s = Wait("shared-memory allreduce", [&] { return can_gather() || can_reduce() || can_copy(); });
-      if (!s.ok()) return s;
-    }
   }
-  seq_ = base + static_cast<uint64_t>(chunks);
-  stats_->Add(stats_->shm_streamed_bytes, streamed);
-  stats_->Add(stats_->shm_store_switches, store_choice_.switches() - switches_before);
-  return Status::OK();
+  // A counter moved: the peers learn it.
+  void Publish(std::atomic<uint64_t>& counter, uint64_t seq) {
+    counter.store(seq, std::memory_order_release);
+    shm_.Signal();
+  }
+
+  // The other ranks' summed parts of the next chunk into the output.
+  void Gather() {
+    const uint64_t seq = SeqOf(gathered_);
+    const auto start = Begin(seq);
+    int64_t bytes = 0, lo = 0, hi = 0;
+    uint8_t* dst = out_ + gathered_ * per_chunk_ * elem_;
+    for (int p = 0; p < shm_.size_; ++p) {
+      if (p == shm_.rank_) continue;
+      Part(gathered_, p, &lo, &hi);
+      const size_t n = static_cast<size_t>((hi - lo) * elem_);
+      CopyBytes(seq, dst + lo * elem_, shm_.result_slot(p, seq) + lo * elem_, n);
+      bytes += static_cast<int64_t>(n);
+    }
+    Record(seq, start, bytes);
+    Publish(shm_.control(shm_.rank_)->consumed, seq);
+    ++gathered_;
+  }
+
+  // This rank's part of the next chunk, summed over every rank's input.
+  void Reduce() {
+    const uint64_t seq = SeqOf(reduced_);
+    const auto start = Begin(seq);
+    int64_t lo = 0, hi = 0;
+    Part(reduced_, shm_.rank_, &lo, &hi);
+    const uint8_t* mine = in_ + (reduced_ * per_chunk_ + lo) * elem_;
+    for (int r = 0; r < shm_.size_; ++r) {
+      shm_.sources_[static_cast<size_t>(r)] = r == shm_.rank_ ? mine : shm_.slot(r, seq) + lo * elem_;
+    }
+    // Summed, in one pass, into this rank's output (which may be the input
+    // it reads: each element is read before it is written) and the shared
+    // result for the peers, with the stores the chunk takes. Streamed sums
+    // of other types than float32 go through a scratch part that stays in
+    // cache, streamed from there to the shared result and to the output.
+    uint8_t* result = shm_.result_slot(shm_.rank_, seq) + lo * elem_;
+    uint8_t* mine_out = out_ + (reduced_ * per_chunk_ + lo) * elem_;
+    const size_t bytes = static_cast<size_t>((hi - lo) * elem_);
+    if (shm_.store_choice_.For(seq) == SlotStores::kStreaming) {
+      if (ReduceSourcesStreaming(shm_.sources_, result, mine_out, hi - lo, dtype_, op_, scale_)) {
+        streamed_ += 2 * static_cast<int64_t>(bytes);
+      } else {
+        ReduceSources(shm_.sources_, shm_.scratch_.data(), hi - lo, dtype_, op_, scale_);
+        CopyBytes(seq, result, shm_.scratch_.data(), bytes);
+        CopyBytes(seq, mine_out, shm_.scratch_.data(), bytes);
+      }
+    } else {
+      ReduceSources(shm_.sources_, result, hi - lo, dtype_, op_, scale_, mine_out);
+    }
+    Record(seq, start, static_cast<int64_t>(bytes));
+    Publish(shm_.control(shm_.rank_)->reduced, seq);
+    ++reduced_;
+  }
+
+  // The next chunk's parts for the other ranks into this rank's ring.
+  void Copy() {
+    const uint64_t seq = SeqOf(copied_);
+    const auto start = Begin(seq);
+    int64_t bytes = 0, lo = 0, hi = 0;
+    const uint8_t* src = in_ + copied_ * per_chunk_ * elem_;
+    for (int p = 0; p < shm_.size_; ++p) {
+      if (p == shm_.rank_) continue;
+      Part(copied_, p, &lo, &hi);
+      const size_t n = static_cast<size_t>((hi - lo) * elem_);
+      CopyBytes(seq, shm_.slot(shm_.rank_, seq) + lo * elem_, src + lo * elem_, n);
+      bytes += static_cast<int64_t>(n);
+    }
+    Record(seq, start, bytes);
+    Publish(shm_.control(shm_.rank_)->published, seq);
+    ++copied_;
+  }
+
+  ShmCollectives& shm_;
+  const int64_t elem_, per_chunk_, count_, chunks_;
+  const uint64_t base_;
+  const uint8_t* in_;
+  uint8_t* out_;
+  const DataType dtype_;
+  const ReduceOp op_;
+  const double scale_;
+  int64_t copied_ = 0, reduced_ = 0, gathered_ = 0;
+  int64_t streamed_ = 0;  // bytes this call wrote with streaming stores
+};
+
+Status ShmCollectives::Allreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
+                                 double scale) {
+  return AllreduceCall(*this, send, recv, count, dtype, op, scale).Run();
 }
 
 }  // namespace hvdlite

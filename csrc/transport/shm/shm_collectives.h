@@ -48,12 +48,21 @@
 #include <vector>
 
 #include "common/common.h"
-#include "engine/engine_options.h"
-#include "engine/engine_stats.h"
 #include "common/status.h"
+#include "engine/engine_stats.h"
+#include "transport/wire_options.h"
 #include "transport/shm/slot_store_choice.h"
 
 namespace hvdlite {
+
+// What the shared-memory wire is set up with.
+struct ShmSetup {
+  ShmOptions options;
+  WaitPolicy wait;
+  int64_t cache_capacity = 0;  // the response cache's slots: the negotiation board's bits
+  EngineStats* stats = nullptr;
+  const std::atomic<bool>* abort = nullptr;
+};
 
 class ShmCollectives {
  public:
@@ -62,8 +71,7 @@ class ShmCollectives {
   // there is one rank, or any rank could not map the segment; every rank gets
   // the same answer.
   // `stats` counts what the stores do (shm_streamed_bytes, shm_store_switches).
-  static std::unique_ptr<ShmCollectives> Create(MPI_Comm comm, bool want, const EngineOptions& options,
-                                              EngineStats* stats, const std::atomic<bool>* abort);
+  static std::unique_ptr<ShmCollectives> Create(MPI_Comm comm, bool want, const ShmSetup& setup);
   ~ShmCollectives();
   ShmCollectives(const ShmCollectives&) = delete;
   ShmCollectives& operator=(const ShmCollectives&) = delete;
@@ -89,8 +97,7 @@ class ShmCollectives {
   struct BoardRow;  // a rank's negotiation vectors, in shared memory
 
   ShmCollectives(int rank, int size, void* base, size_t bytes, int64_t chunk_bytes, int64_t slots,
-                 int board_words, const EngineOptions& options, EngineStats* stats,
-                 const std::atomic<bool>* abort);
+                 int board_words, const ShmSetup& setup);
   Header* header() const;
   Control* control(int rank) const;
   BoardRow* board_row(int rank) const;
@@ -112,6 +119,9 @@ class ShmCollectives {
   Status Wait(const char* what, Ready ready);
   // Shortens the spin while waits outlast it, lengthens it while they do not.
   void AdaptSpin(int64_t waited_ns);
+  // One Allreduce call's chunks as they move through the three steps
+  // (shm_collectives.cc).
+  class AllreduceCall;
 
   int rank_;
   int size_;

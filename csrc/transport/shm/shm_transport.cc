@@ -7,11 +7,10 @@
 namespace hvdlite {
 
 std::unique_ptr<Transport> ShmTransport::Create(std::unique_ptr<MpiTransport> mpi, bool want,
-                                                const EngineOptions& options, EngineStats* stats,
-                                                const std::atomic<bool>* abort) {
-  auto shm = ShmCollectives::Create(mpi->comm(), want, options, stats, abort);
+                                                const ShmSetup& setup) {
+  auto shm = ShmCollectives::Create(mpi->comm(), want, setup);
   if (!shm) return mpi;
-  return std::unique_ptr<Transport>(new ShmTransport(std::move(mpi), std::move(shm), stats));
+  return std::unique_ptr<Transport>(new ShmTransport(std::move(mpi), std::move(shm), setup.stats));
 }
 
 const char* ShmTransport::Activity(OpType op, DataType dtype, ReduceOp reduce) const {

@@ -18,9 +18,7 @@ class ShmTransport : public ForwardingTransport {
   // Collective over `mpi`'s communicator: returns `mpi` itself when any rank
   // does not `want` shared memory or cannot set it up
   // (ShmCollectives::Create), so every rank picks the same wire.
-  static std::unique_ptr<Transport> Create(std::unique_ptr<MpiTransport> mpi, bool want,
-                                           const EngineOptions& options, EngineStats* stats,
-                                           const std::atomic<bool>* abort);
+  static std::unique_ptr<Transport> Create(std::unique_ptr<MpiTransport> mpi, bool want, const ShmSetup& setup);
 
   const char* Activity(OpType op, DataType dtype, ReduceOp reduce) const override;
   Status StartAllreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,

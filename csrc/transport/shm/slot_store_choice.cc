@@ -20,6 +20,15 @@ SlotStoreChoice::SlotStoreChoice() {
 
 SlotStoreChoice::SlotStoreChoice(SlotStores fixed) : preferred_(fixed), adaptive_(false) {}
 
+SlotStoreChoice SlotStoreChoice::For(Choice setting) {
+  switch (setting) {
+    case Choice::kOn: return SlotStoreChoice(SlotStores::kStreaming);
+    case Choice::kOff: return SlotStoreChoice(SlotStores::kCached);
+    case Choice::kAuto: break;
+  }
+  return SlotStoreChoice();
+}
+
 SlotStores SlotStoreChoice::For(uint64_t seq) const {
   return adaptive_ && seq % probe_every_ == 0 ? Other(preferred_) : preferred_;
 }

@@ -25,6 +25,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "transport/wire_options.h"
+
 namespace hvdlite {
 
 enum class SlotStores { kCached = 0, kStreaming = 1 };
@@ -46,6 +48,8 @@ class SlotStoreChoice {
   // `fixed`: always these stores, nothing measured (HVDLITE_SHM_STREAMING_STORES=0 or 1).
   SlotStoreChoice();
   explicit SlotStoreChoice(SlotStores fixed);
+  // As HVDLITE_SHM_STREAMING_STORES says: kOn and kOff fixed, kAuto measured.
+  static SlotStoreChoice For(Choice setting);
   // The stores for chunk `seq` (the shared-memory chunk counter).
   SlotStores For(uint64_t seq) const;
   // Whether chunk `seq`'s steps are to be timed and recorded: every
