@@ -900,7 +900,7 @@ def network_section(data, img):
     if f:
         return "\n".join(out + [f])
     n = network_numbers(case)
-    out.append("Two hosts made of network namespaces with their own sshd (`tests/hosts_fixture.py`), "
+    out.append("Two hosts made of network namespaces with their own sshd (`tests/harness/hosts.py`), "
                "one rank each, the link shaped with `tc` to **%s**%s on both ends, `UCX_TLS=tcp,self`. "
                "Started by `hvdrun -H host1:1,host2:1` on host 1. Both ranks still share the same 2 "
                "cores, so compute is not faster than in the local cases. Load %s.\n"

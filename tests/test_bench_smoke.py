@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from checks import installed, require
+from harness.checks import installed, require
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = os.path.join(REPO, "bench", "run.py")
@@ -103,7 +103,7 @@ def test_tiny_hosts_and_autotune_cases(tmp_path):
     """Case 7 between two emulated hosts (wire floor beside the contenders),
     case 9 (the train step there, with compression) and case 8 (autotune's
     choice timed beside a sweep) in a tiny run."""
-    from checks import REQUIRE_ALL
+    from harness.checks import REQUIRE_ALL
     require("hvdlite._engine", import_module=False)
     require("torch", import_module=False)
     require("matplotlib", import_module=False)
@@ -190,7 +190,7 @@ def test_step_phases_prints_every_rank(tmp_path):
     and wall time, in both modes."""
     import re
 
-    from mpi_harness import mpiexec, rank_env
+    from harness.ranks import mpiexec, rank_env
     require("torch", import_module=False)
     require("hvdlite._engine", import_module=False)
     for mode in ("nocomm", "hvdlite"):

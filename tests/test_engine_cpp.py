@@ -2,10 +2,10 @@
 message serialization, the coordinator's decisions (Controller's
 Coordinate and Decide), the shared-memory slots' stores, the engine
 thread's placement trial. Each program is built against the engine's objects
-by tests/cpp_build.py and prints one line per test and a failure count."""
+by tests/harness/cpp_build.py and prints one line per test and a failure count."""
 import pytest
 
-from cpp_build import build_and_run
+from harness.cpp_build import build_and_run
 
 
 @pytest.mark.parametrize("program", ["test_response_cache", "test_message", "test_controller",

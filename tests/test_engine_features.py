@@ -1,26 +1,31 @@
-"""Fusion, response cache, compression, timeline, stall inspector (multi-rank).
+"""Fusion, response cache, compression, timeline, stall inspector and the
+engine thread's placement (multi-rank).
 
-Each case of tests/scripts/engine_features.py is a case here; the ranks are
-launched once per configuration."""
+Each case of the feature modules tests/scripts/engine_{fusion_cache,
+compression,timeline,stall,thread}.py is a case here; the ranks are launched
+once per module and configuration."""
 import json
 import subprocess
 import sys
 
 import pytest
 
-from mpi_harness import RankTests, mpiexec, rank_env
+from harness.ranks import RankTests, mpiexec, rank_env
 
-FEATURES = RankTests("scripts/engine_features.py")
+FEATURES = {name: RankTests(f"scripts/engine_{name}.py")
+            for name in ("fusion_cache", "compression", "timeline", "stall", "thread")}
 AUTOTUNE = RankTests("scripts/engine_autotune.py")
 
 
-def cases_without(*prefixes):
-    return [c for c in FEATURES.cases if not c.startswith(prefixes)]
+def cases(*modules, without=()):
+    """(module, case) of these feature modules, less the cases named ``without``."""
+    return [pytest.param(FEATURES[name], case, id=f"{name}-{case}")
+            for name in modules for case in FEATURES[name].cases if not case.startswith(without)]
 
 
-@pytest.mark.parametrize("case", FEATURES.cases)
-def test_features_two_ranks(case, rank_launch):
-    rank_launch(FEATURES, 2).check(case)
+@pytest.mark.parametrize("features,case", cases(*FEATURES))
+def test_features_two_ranks(features, case, rank_launch):
+    rank_launch(features, 2).check(case)
 
 
 @pytest.mark.parametrize("case", AUTOTUNE.cases)
@@ -28,17 +33,18 @@ def test_autotune_two_ranks(case, rank_launch):
     rank_launch(AUTOTUNE, 2).check(case)
 
 
-@pytest.mark.parametrize("case", cases_without("test_timeline", "test_stall"))
-def test_features_four_ranks(case, rank_launch):
-    rank_launch(FEATURES, 4).check(case)
+@pytest.mark.parametrize("features,case", cases("fusion_cache", "compression", "thread"))
+def test_features_four_ranks(features, case, rank_launch):
+    rank_launch(features, 4).check(case)
 
 
-@pytest.mark.parametrize("case", cases_without("test_stall", "test_engine_priority", "test_engine_affinity"))
-def test_features_over_mpi(case, rank_launch):
+@pytest.mark.parametrize("features,case", cases("fusion_cache", "compression", "timeline"))
+def test_features_over_mpi(features, case, rank_launch):
     """The same checks with shared memory turned off: MPI carries fused and
     compressed buckets (one host uses shared memory otherwise); every case
-    fails if anything went through shared memory."""
-    rank_launch(FEATURES, 2, env={"HVDLITE_SHM_ALLREDUCE": "0"}).check(case)
+    fails if anything went through shared memory. (The stall inspector and
+    the engine thread's placement run over shared memory only.)"""
+    rank_launch(features, 2, env={"HVDLITE_SHM_ALLREDUCE": "0"}).check(case)
 
 
 KILLED_SCRIPT = """

@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-from checks import require
+from harness.checks import require
 
 BASICS = ["init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
           "cross_size", "cross_rank", "mpi_threads_supported", "mpi_built", "mpi_enabled",

@@ -16,9 +16,9 @@ import uuid
 
 import pytest
 
-from hosts_fixture import hvdrun_argv, wait_until_gone
-from checks import require, unavailable
-from mpi_harness import TESTS, RankTests, mpiexec, rank_env, run_ranks
+from harness.hosts import hvdrun_argv, wait_until_gone
+from harness.checks import require, unavailable
+from harness.ranks import TESTS, RankTests, mpiexec, rank_env, run_ranks
 
 FAILURE_LIMIT_S = 10.0
 REPO = os.path.dirname(TESTS)

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from checks import require
-from mpi_harness import JOB_EXIT, ROOT, RankTests, run_ranks
+from harness.checks import require
+from harness.ranks import JOB_EXIT, ROOT, RankTests, run_ranks
 
 COLLECTIVES = RankTests("scripts/torch_collectives.py")
 OPTIMIZER = RankTests("scripts/torch_optimizer.py")

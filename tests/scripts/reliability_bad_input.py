@@ -1,6 +1,6 @@
 """The bad-input catalogue (docs/reliability.md), on real ranks.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_reliability.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_reliability.py
 runs it at 2 and 4 ranks. Each case is one catalogue entry: it must raise a
 clear hvdlite error (whose message says what to do) or give the right result,
 and the interpreter must survive. The two large cases (about 5 GB per rank)
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import hvdlite as hvd
-from checks import expect
+from harness.checks import expect
 
 
 def still_works(rank, size, what):

@@ -1,6 +1,6 @@
 """The three TensorFlow examples, short settings, and what they report.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_tensorflow_adapter.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_tensorflow_adapter.py
 runs it at 2 ranks. The examples initialise hvdlite themselves.
 """
 import importlib.util

@@ -1,10 +1,10 @@
 """hvdlite.torch collectives against references computed locally.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_torch_adapter.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_torch_adapter.py
 runs it at 2 and 3 ranks. Every rank can rebuild every other rank's input
 (seeded by rank), so each result is checked against what it must be.
 """
-from checks import check, expect, require
+from harness.checks import check, expect, require
 
 torch = require("torch")
 

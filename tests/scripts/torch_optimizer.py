@@ -3,7 +3,7 @@ reference trained on the combined batch (every rank computes the reference
 itself, from the same seeded data), and join with ranks that run out of
 data at different steps.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_torch_adapter.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_torch_adapter.py
 runs it at 2 ranks.
 """
 import os
@@ -12,7 +12,7 @@ import tempfile
 import time
 import warnings
 
-from checks import check, expect, require
+from harness.checks import check, expect, require
 
 torch = require("torch")
 

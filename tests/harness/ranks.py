@@ -2,9 +2,9 @@
 
 Rank-side test modules (tests/scripts/engine_collectives.py and others) are
 pytest modules that every rank runs under ``mpiexec -n N python -m pytest``
-(tests/rank_plugin.py: fixtures, reports, ranks kept in step); each of their
-cases is also one case of the outer pytest run, which launches the ranks
-once per (module, ranks, environment)::
+(tests/harness/rank_plugin.py: fixtures, reports, ranks kept in step); each
+of their cases is also one case of the outer pytest run, which launches the
+ranks once per (module, ranks, environment)::
 
     COLLECTIVES = RankTests("scripts/engine_collectives.py")
 
@@ -17,8 +17,9 @@ that this session selected (so ``-k``, ``--lf`` or a single node id launch
 only those); the others read the ranks' reports. ``check(case)`` fails with
 each failing rank's text, or, for a rank that died or hung, with what it was
 doing and the tail of the job's output; a case that a rank skipped is skipped
-(failed under HVDLITE_TEST_REQUIRE_ALL=1, like any skip: checks.unavailable). ``RankTests.cases`` ends with
-``JOB_EXIT``, whose check is the job's exit status.
+(failed under HVDLITE_TEST_REQUIRE_ALL=1, like any skip: checks.unavailable).
+``RankTests.cases`` ends with ``JOB_EXIT``, whose check is the job's exit
+status.
 
 ``run_ranks(script, np_)`` runs a plain script that prints ``RANK <r> OK``.
 """
@@ -35,10 +36,10 @@ import time
 
 import pytest
 
-import rank_plugin
-from checks import REQUIRE_ALL, require, unavailable  # noqa: F401  (REQUIRE_ALL, require: still imported from here by some tests)
+from harness import rank_plugin
+from harness.checks import unavailable
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(TESTS)
 JOB_EXIT = "job_exit"
 # What a rank raises when a peer's failed case shut hvdlite down (rank_plugin).
