@@ -1,8 +1,8 @@
 // Micro-benchmark of csrc/compressors on the ResNet-50 gradient size
 // (25,557,032 float32), single-threaded, against memcpy of the same buffer.
-// Not a test. Build and run:
-//   .venv/bin/mpicxx -std=c++17 -O3 -I csrc bench/compressors_bench.cc
-//       csrc/compressors/*.cc csrc/common/common.cc csrc/negotiation/message.cc -o /tmp/cbench && /tmp/cbench [reps [floats]]
+// Not a test. Built against the engine by bench/cpp.py:
+//   python bench/cpp.py compressors_bench       # prints the binary's path
+//   <binary> [reps [floats]]
 // (python -m hvdlite.bench builds and runs it as its "compression kernels" case.)
 #include <mpi.h>
 

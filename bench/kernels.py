@@ -1,74 +1,21 @@
 """Case 4: the compression kernels alone, as ratios to a memcpy of the same bytes.
 
-Builds bench/compressors_bench.cc with the MPI compiler wrapper the engine was
-built with (same flags as the engine: -std=c++17 -O3, runtime kernel dispatch)
-into a cache directory keyed by the sources' hash, runs it ``runs`` times and
+Builds bench/compressors_bench.cc against the engine (bench/cpp.py: the MPI
+compiler wrapper the engine was built with, its flags -std=c++17 -O3, runtime
+kernel dispatch; cached by the sources' hash), runs it ``runs`` times and
 parses its table. Rows are aggregated over runs: median of the medians, best
 of the bests, best of the per-thread CPU times.
 """
-import ast
-import glob
-import hashlib
 import os
 import re
-import shutil
 import statistics
 import subprocess
 
-BENCH = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(BENCH)
+from . import cpp
+from .report_format import case_failed, load_str, ms, ratio, table
+from .report_plots import pyplot
+
 ROW = re.compile(r"^(\S.*?|\s+\S.*?)\s{2,}(-?[\d.]+)\s+(-?[\d.]+)\s+(-?[\d.]+)\s+([\d.]+)x\s+([\d.]+)x\s*$")
-
-
-def sources():
-    """The bench and the engine's sources less the C API (build_engine.py's
-    ENGINE_SOURCES, read from the file: importing it writes _build_info.py),
-    so the compressors link with whatever they use."""
-    csrc = os.path.join(REPO, "csrc")
-    tree = ast.parse(open(os.path.join(REPO, "build_engine.py")).read())
-    listed = next(ast.literal_eval(node.value) for node in tree.body
-                  if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "ENGINE_SOURCES")
-    files = [os.path.join(BENCH, "compressors_bench.cc")]
-    files += [os.path.join(csrc, f) for f in listed if f != "api/c_api.cc"]
-    headers = sorted(glob.glob(os.path.join(csrc, "**", "*.h"), recursive=True))
-    return files, headers
-
-
-def mpicxx():
-    exe = os.environ.get("MPICXX")
-    if not exe:
-        try:
-            from hvdlite import _build_info
-            exe = _build_info.MPICXX
-        except ImportError:
-            exe = None
-    if not exe or not os.path.exists(exe):
-        import sys
-        exe = shutil.which("mpicxx") or os.path.join(sys.prefix, "bin", "mpicxx")
-    return exe
-
-
-def build(cache_dir=None, log=None):
-    """Compile the micro-benchmark (cached); returns the binary's path."""
-    files, headers = sources()
-    h = hashlib.sha256()
-    for f in files + headers:
-        with open(f, "rb") as fh:
-            h.update(f.encode() + b"\0" + fh.read())
-    cxx = mpicxx()
-    h.update(cxx.encode())
-    cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "hvdlite-bench")
-    out_dir = os.path.join(cache_dir, h.hexdigest()[:16])
-    exe = os.path.join(out_dir, "compressors_bench")
-    if os.path.exists(exe):
-        return exe, cxx
-    os.makedirs(out_dir, exist_ok=True)
-    cmd = [cxx, "-std=c++17", "-O3", "-I", os.path.join(REPO, "csrc")] + files + ["-o", exe + ".tmp"]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError("building compressors_bench failed:\n%s\n%s" % (" ".join(cmd), p.stderr[-3000:]))
-    os.replace(exe + ".tmp", exe)
-    return exe, cxx
 
 
 def parse(text):
@@ -86,7 +33,7 @@ def parse(text):
 
 
 def run(floats=25557032, reps=7, runs=3, cache_dir=None, progress=None):
-    exe, cxx = build(cache_dir)
+    exe, cxx = cpp.build("compressors_bench", cache_dir)
     per_run = []
     header = None
     for i in range(runs):
@@ -113,7 +60,7 @@ def run(floats=25557032, reps=7, runs=3, cache_dir=None, progress=None):
         rows[n]["ratio_best"] = statistics.median(v["ratio_wall"] for v in vals)
         rows[n]["ratio_cpu"] = statistics.median(v["ratio_cpu"] for v in vals)
     return {"floats": floats, "reps": reps, "runs": runs, "header": header, "compiler": cxx,
-            "flags": "-std=c++17 -O3", "rows": rows}
+            "flags": " ".join(cpp.FLAGS), "rows": rows}
 
 
 # The rows the report shows, with the names users know them by.
@@ -132,3 +79,57 @@ HEADLINE = [
     ("PowerSGD rank 4 compute, 161 matrices", "PowerSGD rank 4 arithmetic, 161 matrices"),
     ("  reference: exact nth_element k=1% (1 run)".strip(), "exact selection (nth_element), reference"),
 ]
+
+
+# ---- the report's section (bench/report.py assembles the document) ----------------------
+
+def plot_kernels(path, res):
+    plt = pyplot()
+    rows = res["rows"]
+    items = [(label, rows[k]) for k, label in HEADLINE if k in rows]
+    fig, ax = plt.subplots(figsize=(7.5, 0.42 * len(items) + 1.3))
+    y = list(range(len(items)))[::-1]
+    ax.barh([v - 0.2 for v in y], [r["ratio_best"] for _, r in items], height=0.4, label="wall (best)",
+            color="#2a7ab9")
+    ax.barh([v + 0.2 for v in y], [r["ratio_cpu"] for _, r in items], height=0.4, label="thread CPU (best)",
+            color="#9cc3e4")
+    ax.set_yticks(y)
+    ax.set_yticklabels([label for label, _ in items], fontsize=8)
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="#333333", lw=0.8)
+    ax.set_xlabel("time / memcpy of the fp32 buffer (log scale)", fontsize=8)
+    ax.set_title("compression kernels on %d floats, 1 thread" % res["floats"], fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def kernels_section(case, img):
+    out = ["## 4. Compression kernels alone\n"]
+    f = case_failed(case)
+    if f:
+        return "\n".join(out + [f])
+    rows = case["rows"]
+    out.append("`bench/compressors_bench.cc` built with `%s %s` (the engine's flags) on %d float32 "
+               "(%.0f MB), one thread, %d runs x %d repetitions. Wall: best time over repetitions; "
+               "CPU: the thread's CPU time, steadier on a shared machine. Ratios are to a memcpy of "
+               "the fp32 buffer measured in the same run. Load %s.\n"
+               % (os.path.basename(case["compiler"]), case["flags"], case["floats"], case["floats"] * 4 / 1e6,
+                  case["runs"], case["reps"], load_str(case)))
+    t = []
+    for k, label in HEADLINE:
+        if k in rows:
+            r = rows[k]
+            t.append([label, ms(r["median_ms"]), ms(r["best_ms"]), ms(r["cpu_best_ms"]),
+                      ratio(r["ratio_best"]), ratio(r["ratio_cpu"])])
+    out.append(table(["kernel", "median ms", "best ms", "CPU ms", "x memcpy (wall)", "x memcpy (CPU)"], t))
+    out.append("\n" + img("bench_kernels.png", plot_kernels, case))
+    return "\n".join(out)
+
+
+def headline(res):
+    rows = res["rows"]
+    return "fp16 round trip %s memcpy, top-k 1%% (161 tensors) %s memcpy" % (
+        ratio(rows["fp16 round trip (sum of the two)"]["ratio_best"]),
+        ratio(rows["top-k 0.01 compress, 161 segments"]["ratio_best"]))

@@ -16,6 +16,7 @@ min and max, and as ratios to peers measured in the same run. Writes
 import argparse
 import datetime
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -304,16 +305,12 @@ def case_negotiation(R, P, args, tiny):
 
 
 def load_fixture():
-    path = os.path.join(REPO, "tests", "hosts_fixture.py")
-    if not os.path.exists(path):
-        return None, "tests/hosts_fixture.py not found (run from a checkout)"
-    tests = os.path.dirname(path)
+    tests = os.path.join(REPO, "tests")
+    if not os.path.exists(os.path.join(tests, "harness", "hosts.py")):
+        return None, "tests/harness/hosts.py not found (run from a checkout)"
     if tests not in sys.path:
-        sys.path.insert(0, tests)  # the fixture imports its neighbours (checks.py)
-    spec = importlib.util.spec_from_file_location("hvdlite_bench_hosts_fixture", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod, None
+        sys.path.insert(0, tests)  # the test harness package
+    return importlib.import_module("harness.hosts"), None
 
 
 def emulated_hosts(count, args):

@@ -4,8 +4,8 @@ its errors, and a small model trained with it (multi-rank).
 Each case of tests/scripts/engine_adasum.py is a case here."""
 import pytest
 
-from checks import require
-from mpi_harness import JOB_EXIT, RankTests
+from harness.checks import require
+from harness.ranks import JOB_EXIT, RankTests
 
 ADASUM = RankTests("scripts/engine_adasum.py")
 NOT_POW2 = [c for c in ADASUM.cases if c.startswith("test_non_power_of_two")]

@@ -1,14 +1,17 @@
 """Smoke test of the benchmark suite (python -m hvdlite.bench): a tiny run of the
 allreduce and train-step cases writes the results JSON, the Markdown report and
-the plots, and --report regenerates the report from the JSON alone."""
+the plots, and --report regenerates the report from the JSON alone; the C++
+micro-benchmarks (bench/cpp.py) build against the engine and run tiny."""
 
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 
-from checks import installed, require
+from harness.checks import installed, require, unavailable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = os.path.join(REPO, "bench", "run.py")
@@ -75,13 +78,54 @@ def test_tiny_suite_writes_json_markdown_and_plots(tmp_path):
         _check_png(str(out2 / "img" / name))
 
 
-def test_kernel_table_parser():
-    """The compression-kernel case parses compressors_bench's table (no build needed)."""
+def _bench_module(name):
     sys.path.insert(0, REPO)
     try:
-        from bench import kernels
+        return __import__(f"bench.{name}", fromlist=["_"])
     finally:
         sys.path.remove(REPO)
+
+
+def _built(program):
+    """bench/<program>.cc built by bench/cpp.py (objects cached across runs)."""
+    cpp = _bench_module("cpp")
+    if not os.path.isfile(cpp.mpicxx()):
+        unavailable("no mpicxx found: install the mpich wheel (pip install mpich)")
+    exe, _ = cpp.build(program, cache_dir=os.path.join(tempfile.gettempdir(), "hvdlite-bench-cpp"))
+    return exe
+
+
+def test_compressors_bench_builds_and_runs_tiny():
+    """bench/compressors_bench.cc on 1,000,000 floats, 1 repetition: the table
+    the kernels case parses, with every row the report shows."""
+    kernels = _bench_module("kernels")
+    p = subprocess.run([_built("compressors_bench"), "1", "1000000"], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    header, rows = kernels.parse(p.stdout)
+    assert header and header.startswith("1000000 float32") and "1 reps" in header, p.stdout
+    missing = [key for key, _ in kernels.HEADLINE if key not in rows]
+    assert not missing, f"rows missing: {missing}\n{p.stdout}"
+    for name, r in rows.items():
+        assert r["median_ms"] >= r["best_ms"] >= 0 and r["ratio_wall"] >= 0 and r["ratio_cpu"] >= 0, (name, r)
+    for key, _ in kernels.HEADLINE:  # each at least 1/100 of a memcpy of the buffer
+        assert rows[key]["ratio_wall"] > 0 and rows[key]["ratio_cpu"] > 0, (key, rows[key])
+    assert rows["memcpy float32 (the whole buffer)"]["ratio_wall"] == 1.0, p.stdout
+
+
+def test_sum_step_bench_builds_and_runs_tiny():
+    """bench/sum_step_bench.cc on 1 MB tensors, 3 repetitions: both ways of
+    the shared-memory sum step timed."""
+    p = subprocess.run([_built("sum_step_bench"), "3", "1"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    m = re.fullmatch(r"sum step per 1 MB tensor, median of 3: scratch ([\d.]+) ms, one pass ([\d.]+) ms\n",
+                     p.stdout)
+    assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, p.stdout
+
+
+def test_kernel_table_parser():
+    """The compression-kernel case parses compressors_bench's table (no build needed)."""
+    kernels = _bench_module("kernels")
     text = "\n".join([
         "25557032 float32 (102.2 MB), 7 reps, fp16 kernels: f16c",
         "ms                                               median     best cpu best   best/memcpy (wall, cpu)",
@@ -103,7 +147,7 @@ def test_tiny_hosts_and_autotune_cases(tmp_path):
     """Case 7 between two emulated hosts (wire floor beside the contenders),
     case 9 (the train step there, with compression) and case 8 (autotune's
     choice timed beside a sweep) in a tiny run."""
-    from checks import REQUIRE_ALL
+    from harness.checks import REQUIRE_ALL
     require("hvdlite._engine", import_module=False)
     require("torch", import_module=False)
     require("matplotlib", import_module=False)
@@ -190,7 +234,7 @@ def test_step_phases_prints_every_rank(tmp_path):
     and wall time, in both modes."""
     import re
 
-    from mpi_harness import mpiexec, rank_env
+    from harness.ranks import mpiexec, rank_env
     require("torch", import_module=False)
     require("hvdlite._engine", import_module=False)
     for mode in ("nocomm", "hvdlite"):

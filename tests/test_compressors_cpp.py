@@ -5,7 +5,7 @@ exactness (half rounding, vectorised == scalar, the MPI sum op, top-k against a
 full sort, error feedback conserving the gradient) is checked in C++; this test
 compiles that program with the venv's MPI compiler wrapper and runs it.
 """
-from cpp_build import build_and_run
+from harness.cpp_build import build_and_run
 
 
 def test_compressors_cpp(tmp_path):

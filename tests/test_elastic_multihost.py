@@ -1,4 +1,4 @@
-"""Elastic jobs across real SSH hosts (network namespaces, tests/hosts_fixture.py):
+"""Elastic jobs across real SSH hosts (network namespaces, tests/harness/hosts.py):
 torch digits training under ``hvd.elastic.run`` keeps going when a host is
 killed or cut off, grows when the discovery script lists a new host, and
 gives up cleanly below --min-np.
@@ -19,8 +19,8 @@ import uuid
 
 import pytest
 
-from checks import require
-from hosts_fixture import REPO, hosts_or_skip, wait_until_gone
+from harness.checks import require
+from harness.hosts import REPO, hosts_or_skip, wait_until_gone
 from test_launcher_multihost import LINE, SCRIPTS, _describe, hvdrun_env
 
 ELASTIC = os.path.join(SCRIPTS, "elastic_digits.py")

@@ -4,7 +4,7 @@ Each case of the rank-side modules (tests/scripts/engine_*.py) is a case here;
 the ranks are launched once per module, rank count and wire."""
 import pytest
 
-from mpi_harness import RankTests
+from harness.ranks import RankTests
 
 COLLECTIVES = RankTests("scripts/engine_collectives.py")
 JOIN = RankTests("scripts/engine_join.py")

@@ -5,10 +5,10 @@ thread's placement trial, and the allreduce pipeline with each bucket
 strategy and the compressors on the wire, over an in-process fake transport
 (tests/cpp/fake_transport.h: ranks are threads), and the setup agreement
 helpers on one rank. Each program is built against the engine's objects
-by tests/cpp_build.py and prints one line per test and a failure count."""
+by tests/harness/cpp_build.py and prints one line per test and a failure count."""
 import pytest
 
-from cpp_build import build_and_run
+from harness.cpp_build import build_and_run
 
 
 @pytest.mark.parametrize("program", ["test_response_cache", "test_message", "test_controller",

@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-from checks import require
+from harness.checks import require
 
 BASICS = ["init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
           "cross_size", "cross_rank", "mpi_threads_supported", "mpi_built", "mpi_enabled",
@@ -85,14 +85,29 @@ def test_signatures_readable_before_init(module):
     if module.startswith(("hvdlite.tensorflow", "hvdlite.keras")):
         require("tensorflow")
     import inspect
+    import pydoc
 
+    import hvdlite
+    assert not hvdlite.is_initialized()
     mod = importlib.import_module(module)
+    checked = 0
     for name in NAMES[module]:
         obj = getattr(mod, name)
-        if callable(obj):
-            try:
-                sig = inspect.signature(obj)
-            except (TypeError, ValueError):
-                continue  # builtins without a signature
-            assert str(sig)
-    assert "ranks=None" in repr(importlib.import_module("hvdlite").global_process_set)
+        if not callable(obj):
+            continue
+        try:
+            sig = inspect.signature(obj)
+        except (TypeError, ValueError):
+            continue  # builtins without a signature
+        text = str(sig)
+        checked += 1
+        for param in sig.parameters.values():
+            assert param.name in text, f"{module}.{name}{text} lacks {param.name}"
+            if isinstance(param.default, hvdlite.ProcessSet):
+                assert f"{param.name}={param.default!r}" in text and "ranks=None" in text, \
+                    f"{module}.{name}{text}: the process set's default"
+        if inspect.isclass(obj) and obj.__init__ is object.__init__ and obj.__new__ is object.__new__:
+            continue  # help() shows no signature for a class without one of its own
+        assert text in pydoc.render_doc(obj, renderer=pydoc.plaintext), f"help({module}.{name}) lacks {text}"
+    assert checked > 0, f"no signature of {module} was checked"
+    assert "ranks=None" in repr(hvdlite.global_process_set)

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from hosts_fixture import REPO, hvdrun_argv, tagged_processes, wait_until_gone
+from harness.hosts import REPO, hvdrun_argv, tagged_processes, wait_until_gone
 
 SCRIPTS = os.path.join(REPO, "tests", "scripts")
 RANK = os.path.join(SCRIPTS, "launcher_rank.py")
@@ -223,7 +223,7 @@ def test_launcher_that_never_starts_ranks(tmp_path, tag):
 def test_elastic_script_runs_as_a_plain_job_and_under_elastic_hvdrun(tag, mode):
     """The same elastic training script: one plain run, or an elastic job
     (one generation, no host changes) that leaves no commit behind."""
-    from checks import require
+    from harness.checks import require
     require("torch")
     hosts = ["-np", "2"] if mode == "plain" else ["--min-np", "2", "-H", "localhost:2"]
     p = hvdrun(hosts + [sys.executable, os.path.join(SCRIPTS, "elastic_digits.py"), tag, "torch",

@@ -1,5 +1,5 @@
 """hvdrun across real SSH hosts: two network-namespace hosts with their own hostnames
-and sshd (tests/hosts_fixture.py), hvdrun started "on" the first one.
+and sshd (tests/harness/hosts.py), hvdrun started "on" the first one.
 
 Needs root and network namespaces.  Without them the tests skip, unless
 HVDLITE_TEST_REQUIRE_ALL=1 (CI), where they fail; a missing tool (sshd, ip, ...)
@@ -17,8 +17,8 @@ import uuid
 
 import pytest
 
-from checks import require
-from hosts_fixture import REPO, hosts_or_skip, hvdrun_argv, wait_until_gone
+from harness.checks import require
+from harness.hosts import REPO, hosts_or_skip, hvdrun_argv, wait_until_gone
 
 SCRIPTS = os.path.join(REPO, "tests", "scripts")
 RANK = os.path.join(SCRIPTS, "launcher_rank.py")

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from checks import REQUIRE_ALL, unavailable
-from hosts_fixture import REPO, hvdrun_argv
+from harness.checks import REQUIRE_ALL, unavailable
+from harness.hosts import REPO, hvdrun_argv
 
 try:
     import hvdlite.launcher as pkg

@@ -1,6 +1,6 @@
 """Collectives between hosts: every check of tests/scripts/engine_collectives.py
 on ranks spread over network-namespace hosts with their own sshd
-(tests/hosts_fixture.py), started by hvdrun, MPI over TCP. One rank per host
+(tests/harness/hosts.py), started by hvdrun, MPI over TCP. One rank per host
 takes the ring between hosts; two per host take it hierarchically (reduce in
 the host, ring between hosts) unless that is turned off. The thresholds are
 lowered so that most reductions take the ring, in many chunks. The autotune
@@ -12,8 +12,8 @@ import os
 
 import pytest
 
-from hosts_fixture import hosts_or_skip, hvdrun_argv
-from mpi_harness import RankTests
+from harness.hosts import hosts_or_skip, hvdrun_argv
+from harness.ranks import RankTests
 
 COLLECTIVES = RankTests("scripts/engine_collectives.py")
 AUTOTUNE = RankTests("scripts/engine_autotune.py")

@@ -1,7 +1,7 @@
 """A rank on another host fails, hangs or stalls while every rank uses hvdlite: the
 job ends within 10 s, hvdrun names the rank, and nothing is left on any host.
 
-Uses the two SSH test hosts of tests/hosts_fixture.py (root and network
+Uses the two SSH test hosts of tests/harness/hosts.py (root and network
 namespaces; see test_launcher_multihost.py, whose helpers these tests share).
 """
 import os
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from checks import require
+from harness.checks import require
 # The fixtures (hosts: module-scoped SSH hosts; tag: checks every host for
 # leftovers after each test) and helpers of the launcher's multi-host tests.
 from test_launcher_multihost import (FAILURE_LIMIT_S, SCRIPTS, hosts, hvdrun,  # noqa: F401

@@ -2,7 +2,7 @@
 (always) and ThreadSanitizer (opt-in: HVDLITE_TEST_TSAN=1, about 3x slower).
 
 The engine is built with the sanitizer into a private copy of the package
-(tests/sanitizer_build.py), never into the shared editable install. Python is
+(tests/harness/sanitizer_build.py), never into the shared editable install. Python is
 not instrumented, so the sanitizer runtime is preloaded into every rank
 (``mpiexec -genv LD_PRELOAD ...``, not into mpiexec itself). Suppressions live
 in tests/sanitizers/, each entry explained there. A run passes when every rank
@@ -16,24 +16,25 @@ import sys
 
 import pytest
 
-from hosts_fixture import hosts_or_skip, hvdrun_argv
-from mpi_harness import TESTS, mpiexec, rank_env
-from sanitizer_build import build, runtime_library
+from harness.hosts import hosts_or_skip, hvdrun_argv
+from harness.ranks import TESTS, mpiexec, rank_env
+from harness.sanitizer_build import build, runtime_library
 
 SUPP = os.path.join(TESTS, "sanitizers")
 REPORT = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|"
                     r"WARNING: ThreadSanitizer|SUMMARY: \w+Sanitizer")
 
 # What runs under the sanitizers: (python's arguments, ranks). Rank-side test
-# modules (tests/rank_plugin.py) run under pytest, the other scripts directly.
+# modules (tests/harness/rank_plugin.py) run under pytest, the other scripts directly.
 # Without pytest's faulthandler plugin: its fatal-signal handlers make
 # LeakSanitizer's tracer crash at exit in ranks that ran Python threads
 # (reliability_threads.py), and the sanitizers report crashes themselves.
 PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:faulthandler", "-o", "addopts="]
 ENGINE_RUNS = [
     (PYTEST + ["{tests}/scripts/engine_collectives.py"], 2),
-    (PYTEST + ["{tests}/scripts/engine_features.py",
-               "-k", "fusion_matches_unfused or cache or fp16 or topk or timeline"], 2),
+    (PYTEST + ["{tests}/scripts/engine_fusion_cache.py", "{tests}/scripts/engine_compression.py",
+               "{tests}/scripts/engine_timeline.py",
+               "-k", "fusion_matches_unfused or test_cache or fp16 or topk or test_timeline"], 2),
     (PYTEST + ["{tests}/scripts/reliability_bad_input.py"], 2),
     (PYTEST + ["{tests}/scripts/reliability_threads.py"], 2),
     (PYTEST + ["{tests}/scripts/engine_adasum.py", "-k", "not non_power_of_two"], 2),

@@ -1,5 +1,5 @@
 """hvdlite under a real SLURM: slurmctld and one slurmd per network-namespace host
-(tests/slurm_fixture.py), 2 nodes x 2 tasks.
+(tests/harness/slurm.py), 2 nodes x 2 tasks.
 
 - sbatch with hvdrun and no -H: hvdrun takes the allocation (MPI's launcher starts
   the ranks through srun), the digits example gives the same result as 4 local ranks;
@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from checks import require
-from hosts_fixture import REPO, hvdrun_argv
-from slurm_fixture import slurm_or_skip
+from harness.checks import require
+from harness.hosts import REPO, hvdrun_argv
+from harness.slurm import slurm_or_skip
 
 EXAMPLE = os.path.join(REPO, "examples", "pytorch_digits.py")
 FAILURE = os.path.join(REPO, "tests", "scripts", "reliability_failure.py")

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from checks import require, unavailable
-from mpi_harness import JOB_EXIT, RankTests
+from harness.checks import require, unavailable
+from harness.ranks import JOB_EXIT, RankTests
 
 OPS = RankTests("scripts/tf_ops.py")
 GRAPH = RankTests("scripts/tf_graph.py")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from mpi_harness import REQUIRE_ALL
+from harness.checks import REQUIRE_ALL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "hvdlite", "timeline.py")

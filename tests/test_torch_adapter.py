@@ -1,9 +1,12 @@
 """hvdlite.torch on real ranks: every collective against a local reference,
 DistributedOptimizer against single-process training, overlap, join, misuse."""
+import os
+import re
+
 import pytest
 
-from checks import require
-from mpi_harness import JOB_EXIT, RankTests, run_ranks
+from harness.checks import require
+from harness.ranks import JOB_EXIT, ROOT, RankTests, run_ranks
 
 COLLECTIVES = RankTests("scripts/torch_collectives.py")
 OPTIMIZER = RankTests("scripts/torch_optimizer.py")
@@ -83,12 +86,43 @@ def test_digits_compression_accuracy(transport, ranks, case, rank_launch):
         print(reports[0]["stdout"])
 
 
-def test_synthetic_benchmark_runs():
+def test_synthetic_benchmark_reports_and_reduces(tmp_path):
+    """examples/pytorch_synthetic_benchmark.py at 2 ranks: its report has one
+    rate per iteration and the mean and total of those rates, and the engine's
+    timeline shows every parameter's gradient allreduced at every step."""
+    import importlib.util
+
+    import numpy as np
+
+    import hvdlite.timeline
+    spec = importlib.util.spec_from_file_location(
+        "pytorch_synthetic_benchmark", os.path.join(ROOT, "examples", "pytorch_synthetic_benchmark.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    params = {name for name, _ in example.SmallResNet().named_parameters()}
+    warmup, iters = 1, 2
+    timeline = tmp_path / "timeline.json"
     proc = run_ranks("../examples/pytorch_synthetic_benchmark.py", 2, expect_ok=False,
-                     args=["--batch-size", "4", "--image-size", "16", "--num-warmup-batches", "1",
-                           "--num-batches-per-iter", "1", "--num-iters", "2"])
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    assert "Total img/sec on 2 CPU(s)" in proc.stdout, proc.stdout
+                     env={"HVDLITE_TIMELINE": timeline},
+                     args=["--batch-size", "4", "--image-size", "16", "--num-warmup-batches", warmup,
+                           "--num-batches-per-iter", "1", "--num-iters", iters])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "Number of CPUs: 2 (1 thread(s) each)" in proc.stdout, out
+    rates = [float(r) for r in re.findall(r"^Iter #\d+: ([\d.]+) img/sec per CPU$", proc.stdout, re.M)]
+    assert len(rates) == iters and all(r > 0 for r in rates), out
+    mean = float(re.search(r"^Img/sec per CPU: ([\d.]+) ", proc.stdout, re.M).group(1))
+    total = float(re.search(r"^Total img/sec on 2 CPU\(s\): ([\d.]+) ", proc.stdout, re.M).group(1))
+    assert abs(mean - np.mean(rates)) <= 0.1 and abs(total - 2 * mean) <= 0.2, out
+    events = hvdlite.timeline.load(str(timeline))
+    rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    reduced = {}
+    for e in events:
+        if e.get("name") == "ALLREDUCE" and e.get("ph") == "E":
+            row = rows[e["tid"]]
+            reduced[row] = reduced.get(row, 0) + 1
+    want = {f"allreduce.{name}": warmup + iters for name in params}
+    assert reduced == want, f"allreduces per tensor {reduced}, want {want}"
 
 
 @pytest.mark.parametrize("case", ELASTIC.cases)

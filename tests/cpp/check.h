@@ -1,7 +1,7 @@
 // Plain checks for the C++ test programs in this directory: CHECK(cond, fmt,
 // ...) counts and prints a failed check and goes on; RunTests runs named test
 // functions, prints "ok"/"FAIL" per test and "<n> checks, <m> failed", and
-// returns the exit status. tests/cpp_build.py builds and runs the programs.
+// returns the exit status. tests/harness/cpp_build.py builds and runs the programs.
 #pragma once
 
 #include <cstdio>

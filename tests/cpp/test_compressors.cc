@@ -3,7 +3,7 @@
 // full sort, DecompressAdd, and that error feedback loses nothing.
 // (The element-wise reductions themselves: test_reduce_kernels.cc.)
 // A plain program: prints each failed check, exits non-zero if any failed.
-// Built and run by tests/test_compressors_cpp.py (tests/cpp_build.py).
+// Built and run by tests/test_compressors_cpp.py (tests/harness/cpp_build.py).
 #include <mpi.h>
 
 #include <algorithm>

@@ -5,7 +5,7 @@ The cases: every rank ends with bitwise the same parameters (every rank gets
 the same Adasum result, so the replicas never drift), the loss falls well,
 held-out accuracy is high; they check one training, run for the first case.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_adasum.py runs
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_adasum.py runs
 it at 2 and 4 ranks.
 """
 import time
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import hvdlite as hvd
-from checks import require
+from harness.checks import require
 
 load_digits = require("sklearn.datasets").load_digits
 

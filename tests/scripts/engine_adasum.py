@@ -1,6 +1,6 @@
 """op=Adasum against a NumPy reference of Horovod's definition, on every rank.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_adasum.py runs
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_adasum.py runs
 its power-of-2 cases at 2 ranks over MPI and 4 ranks with shared memory on,
 and its test_non_power_of_two_* cases at 3 ranks. Each rank rebuilds every
 rank's input from (salt, rank), so the reference runs locally: the binary tree
@@ -13,7 +13,7 @@ import pytest
 
 import hvdlite as hvd
 from adasum_reference import adasum_tree
-from checks import REQUIRE_ALL, expect, installed, require
+from harness.checks import REQUIRE_ALL, expect, installed, require
 from hvdlite import timeline
 
 # bfloat16 inputs; without ml_dtypes the other dtypes still run (CI requires it).

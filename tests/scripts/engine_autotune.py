@@ -1,7 +1,7 @@
 """HVDLITE_AUTOTUNE on real ranks: the search over every knob the wire has,
 the choice it keeps, settings the user fixed, and ranks whose settings differ.
 
-A rank-side test module (see tests/rank_plugin.py): tests/test_engine_features.py
+A rank-side test module (see tests/harness/rank_plugin.py): tests/test_engine_features.py
 runs it at 2 ranks on one host, tests/test_multihost_collectives.py between
 hosts (where the ring's chunk size, and with several ranks per host the
 hierarchical allreduce, are knobs too). Each case starts its own engine with

@@ -1,6 +1,6 @@
 """Every collective x dtype x op against a NumPy reference, on every rank.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_engine.py runs
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_engine.py runs
 it at 2 and 4 ranks, reductions through shared memory and through MPI. Each rank can rebuild every other rank's input from (seed,
 rank), so the reference is computed locally and compared exactly: values are
 small integers times 1/4, so float sums are exact in any order.
@@ -11,8 +11,8 @@ import os
 import numpy as np
 
 import hvdlite as hvd
-from checks import check_equal, expect
-from collective_reference import reduce_ref
+from harness.checks import check_equal, expect
+from harness.collective_reference import reduce_ref
 
 INT_TYPES = [np.uint8, np.int8, np.uint16, np.int16, np.int32, np.int64]
 FLOAT_TYPES = [np.float16, np.float32, np.float64]

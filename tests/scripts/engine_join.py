@@ -1,6 +1,6 @@
 """join(): ranks that run out of data take part with zeros until all join.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_engine.py runs
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_engine.py runs
 it at 2 and 4 ranks. The cases run in this order in one process.
 """
 import numpy as np

@@ -1,6 +1,6 @@
 """Seeded random programs of collectives, checked against NumPy on every rank.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_engine.py runs
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_engine.py runs
 it at 2 and 3 ranks. A program is a few collectives drawn from one seed (the
 same on every rank): allreduce (Sum, Average, Min, Max, Product, scaled, in
 place), grouped allreduce, allgather with first dimensions differing per
@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 
 import hvdlite as hvd
-from checks import REQUIRE_ALL, check_equal, installed, require
-from collective_reference import is_float, reduce_ref, rows_per_rank
+from harness.checks import REQUIRE_ALL, check_equal, installed, require
+from harness.collective_reference import is_float, reduce_ref, rows_per_rank
 
 COUNT = int(os.environ.get("HVDLITE_TEST_RANDOM_PROGRAMS", "300"))
 SEED = int(os.environ.get("HVDLITE_TEST_RANDOM_SEED", "0"))

@@ -1,7 +1,7 @@
 """init(process_sets=...) as Horovod scripts use it, on a process whose MPI
 is started by hvdlite itself (mpi4py.rc.initialize = False).
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_engine.py runs
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_engine.py runs
 it at 2 and 3 ranks. Its cases are steps of one scenario, each set up by the
 fixtures of the steps before: MPI started with MPI_THREAD_MULTIPLE by init();
 a list with a repeated set raises ValueError after registering the others,
@@ -25,7 +25,7 @@ import pytest  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import hvdlite as hvd  # noqa: E402
-from checks import expect  # noqa: E402
+from harness.checks import expect  # noqa: E402
 from hvdlite.process_sets import get_process_set_ids_and_ranks  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """Several Python threads per rank submit collectives at once; every result is
 checked against a NumPy reference built from every rank's (reproducible) input.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_reliability.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_reliability.py
 runs it at 2 ranks. The threads run once, for the first case that needs them.
 
 Names are unique per thread (thread t on every rank submits the same names in

@@ -3,7 +3,7 @@ DistributedOptimizer: wire bytes from hvdlite.engine_stats() and test accuracy
 on digits against the uncompressed run (fp16 within 0.5 point, top-k 1 % with
 error feedback within 2 points).
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_tensorflow_adapter.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_tensorflow_adapter.py
 runs it at 2 ranks. Each of the six trainings (tape or optimizer, times none,
 fp16, top-k) runs once, for the first case that needs it; rank 0 prints
 ACCURACY lines.

@@ -4,7 +4,7 @@ unbuilt optimizer and with its fit callbacks, ObjectState, reset callbacks,
 run(). Every rank starts from different values; each check compares with
 rank 0's values or the committed copy.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_tensorflow_adapter.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_tensorflow_adapter.py
 runs it at 2 ranks.
 """
 import numpy as np

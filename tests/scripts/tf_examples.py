@@ -1,6 +1,6 @@
 """The three TensorFlow examples, short settings, and what they report.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_tensorflow_adapter.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_tensorflow_adapter.py
 runs it at 2 ranks. The examples initialise hvdlite themselves.
 """
 import importlib.util
@@ -33,7 +33,23 @@ def test_tensorflow2_digits_matches_one_process():
 
 
 def test_synthetic_benchmark():
+    """The benchmark's report: the total is the sum of the ranks' rates, and
+    the engine reduced every gradient of the mlp at every step (its bytes_in
+    counter grows by steps x parameters x 4 bytes, plus the total's float64)."""
+    import hvdlite
+    import hvdlite.tensorflow as hvd
+    width, batch, warmup, per_iter, iters = 256, 8, 1, 2, 2
+    hvd.init()
+    before = hvdlite.engine_stats()["bytes_in"]
     bench = load("tensorflow2_synthetic_benchmark").main(
-        ["--width", "256", "--batch-size", "8", "--num-warmup-batches", "1", "--num-batches-per-iter", "2",
-         "--num-iters", "2", "--json"])
-    assert bench["samples_per_sec_total"] > 0, bench
+        ["--width", str(width), "--batch-size", str(batch), "--num-warmup-batches", str(warmup),
+         "--num-batches-per-iter", str(per_iter), "--num-iters", str(iters), "--json"])
+    reduced = hvdlite.engine_stats()["bytes_in"] - before
+    size = hvd.size()
+    params = 5 * (width * width + width) + (width * 1000 + 1000)  # 5 hidden layers, 1000 logits
+    steps = warmup + per_iter * iters
+    assert reduced == steps * params * 4 + 8, (reduced, steps, params)
+    assert bench["ranks"] == size and bench["reduce"] and bench["batch_size"] == batch, bench
+    rates = hvd.allgather_object(bench["samples_per_sec_per_rank"])
+    assert all(r > 0 for r in rates), rates
+    assert abs(bench["samples_per_sec_total"] - sum(rates)) <= 0.01 * size, (bench, rates)

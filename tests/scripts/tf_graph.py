@@ -4,7 +4,7 @@ collective through tf.gradients and GradientTape against NumPy, TensorFlow
 error classes in graph and eager mode, object collectives and variables in
 graphs, local sources, user compressors, SyncBatchNormalization, join.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_tensorflow_adapter.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_tensorflow_adapter.py
 runs it at 2 ranks.
 """
 import numpy as np

@@ -8,7 +8,7 @@ metric averaging, learning-rate schedules, momentum correction), load_model,
 KerasState with its callbacks, mixed precision with an overflow on one rank.
 Keras 3 is never imported (the last case checks).
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_tensorflow_adapter.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_tensorflow_adapter.py
 runs it at 2 ranks with TF_USE_LEGACY_KERAS=1.
 """
 import importlib.util

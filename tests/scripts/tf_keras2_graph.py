@@ -4,7 +4,7 @@ with backward_passes_per_step=2), BroadcastGlobalVariablesCallback runs its
 broadcast in Keras' session, MetricAverageCallback averages, KerasState
 syncs, commits and restores through the session.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_tensorflow_adapter.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_tensorflow_adapter.py
 runs it at 2 ranks with TF_USE_LEGACY_KERAS=1.
 """
 import functools

@@ -5,7 +5,7 @@ accuracy on digits, metric averaging, optimizer wrapping and config, save ->
 load_model -> continue, learning-rate callbacks, Horovod's custom-loop API,
 local variables, BestModelCheckpoint, a tf_keras model.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_tensorflow_adapter.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_tensorflow_adapter.py
 runs it at 2 ranks.
 """
 import functools
@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import tf_common
-from checks import require
+from harness.checks import require
 from tf_common import rows_for_rank
 
 tf_common.start()  # thread settings apply only before TensorFlow's first op

@@ -1,7 +1,7 @@
 """hvdlite.tensorflow collectives, broadcast helpers, DistributedGradientTape
 and bad input, eagerly and inside tf.function.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_tensorflow_adapter.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_tensorflow_adapter.py
 runs it at 2 ranks.
 """
 import warnings

@@ -8,7 +8,7 @@ average_aggregated_gradients; global_step counts every step), sparse gradients
 with and without sparse_as_dense, local variables, op=Adasum (the delta
 optimizer), what the wrapper delegates, and argument errors.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_tensorflow_adapter.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_tensorflow_adapter.py
 runs its test_eager_off_* cases at 3 ranks (eager execution disabled first,
 as TensorFlow needs; a process set of ranks 0 and 2) and the others at 2.
 """

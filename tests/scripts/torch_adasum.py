@@ -3,7 +3,7 @@ DistributedOptimizer(op=Adasum), Horovod's delta optimizer, against a NumPy
 reference (engine_adasum.py's, Horovod's tree written out in float64); the
 digits example trains with --op adasum.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_torch_adapter.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_torch_adapter.py
 runs it at 2 and 4 ranks.
 """
 import os
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from adasum_reference import adasum_tree
-from checks import check, expect, require
+from harness.checks import check, expect, require
 
 torch = require("torch")
 

@@ -4,12 +4,12 @@ through host memory), the DistributedOptimizer on a CUDA model, and the
 ordering of a collective after work on another CUDA stream; each result
 against a reference computed locally on the CPU.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_torch_adapter.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_torch_adapter.py
 runs it on a machine with a GPU: at 1 rank (NCCL through the device executor)
 and at 2 ranks sharing one GPU (NCCL refuses that: the tensors are staged
 through host memory to the engine). Without a GPU the outer test skips.
 """
-from checks import check, require
+from harness.checks import check, require
 
 torch = require("torch")
 

@@ -6,7 +6,7 @@ for every case that needs it. The runs of the newer compressors also check,
 after every step, that the parameters are bitwise identical on all ranks
 (the example's --check).
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_torch_adapter.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_torch_adapter.py
 runs it at 2 ranks. Rank 0 prints ACCURACY <json> in each case.
 """
 import json
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from checks import require
+from harness.checks import require
 
 require("torch")
 require("sklearn")

@@ -3,12 +3,12 @@ DistributedOptimizer's state and Python attributes, replacing the tracked
 model, ObjectState, reset callbacks, run(). Every rank starts from different
 values; checks compare with rank 0's values or the committed copy.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_torch_adapter.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_torch_adapter.py
 runs it at 3 ranks.
 """
 import pytest
 
-from checks import check, expect, require
+from harness.checks import check, expect, require
 
 torch = require("torch")
 

@@ -1,13 +1,13 @@
 """One rank: hvdlite.torch is plain torch (collectives are identities, the
 optimizer adds no hooks), and `import hvdlite` alone does not import torch.
 
-A rank-side test module (see tests/rank_plugin.py); tests/test_torch_adapter.py
+A rank-side test module (see tests/harness/rank_plugin.py); tests/test_torch_adapter.py
 runs it on 1 rank.
 """
 import subprocess
 import sys
 
-from checks import check, require
+from harness.checks import check, require
 
 torch = require("torch")
 

@@ -29,7 +29,9 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from checks import REQUIRE_ALL
+if not __package__:  # run as a script (below): tests/ holds the harness package
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness.checks import REQUIRE_ALL  # noqa: E402
 
 SSHD = "/usr/sbin/sshd"
 NS_PREFIX = "hvdl"          # namespaces are called hvdl<pid>-n<k> and hvdl<pid>-sw
@@ -427,7 +429,7 @@ class NetnsHosts:
 
 # ---- helpers for the launcher tests ---------------------------------------------
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def hosts_or_skip(count=2):
@@ -496,7 +498,7 @@ def wait_until_gone(tag, timeout=3.0):
 
 
 if __name__ == "__main__":
-    # Manual use (root):  python tests/hosts_fixture.py [N [CMD...]]
+    # Manual use (root):  python tests/harness/hosts.py [N [CMD...]]
     # runs CMD (default: an interactive shell) on host 1 while N hosts are up,
     # with their ssh first in PATH and $HVDL_KEY naming the key they accept.
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 2

@@ -7,8 +7,8 @@ and the objects are compiled in parallel at -O1 (what the sanitizers'
 documentation recommends; cffi's own build would compile one file at a time at
 -O3). Put the returned directory first on PYTHONPATH and preload the runtime.
 
-    python tests/sanitizer_build.py address,undefined     # prints the directory
-    python tests/sanitizer_build.py thread
+    python tests/harness/sanitizer_build.py address,undefined     # prints the directory
+    python tests/harness/sanitizer_build.py thread
 
 Builds are cached by a hash of csrc/, build_engine.py and the compiler (the
 Python files are copied from the checkout on every use), under $HVDLITE_SANITIZER_CACHE (default: <tmp>/hvdlite-sanitizer-builds).
@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KINDS = {"address,undefined": "libasan.so", "thread": "libtsan.so"}
 
 # Runs inside the staging directory, in a fresh interpreter with HVDLITE_SANITIZE set.

@@ -4,7 +4,7 @@ conftest.py takes its fixtures and hooks, so from the repository root
     mpiexec -n 2 python -m pytest tests/scripts/engine_collectives.py
 
 runs that module's cases on 2 ranks (the outer side, which reports each case
-as a case of the suite, is mpi_harness.RankTests).
+as a case of the suite, is harness.ranks.RankTests).
 
 The cases get the fixtures ``rank`` and ``size`` (hvdlite initialised). Under
 a launcher, each rank also writes one JSON line per case to

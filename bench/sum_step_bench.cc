@@ -4,10 +4,10 @@
 // and into the gradient. "scratch": ReduceSources into an in-cache scratch, then
 // two StreamingCopy passes (the engine before); "one pass":
 // ReduceSourcesStreaming. Twelve gradients rotate, so each is read from memory.
-// From the repository root:
-//   g++ -std=c++17 -O3 -I csrc bench/results/2026-11-26-fused-streaming/sum_step.cc \
-//       csrc/kernels/reduce_kernels.cc csrc/kernels/streaming_copy.cc csrc/kernels/scale.cc csrc/common/common.cc -o /tmp/sum_step
-//   /tmp/sum_step
+// Not a test (bench/results/2026-11-26-fused-streaming/README.md has its
+// numbers). Built against the engine by bench/cpp.py:
+//   python bench/cpp.py sum_step_bench          # prints the binary's path
+//   <binary> [reps [MB per tensor]]             # defaults: 40 reps, 16 MB
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,8 +20,10 @@
 
 using namespace hvdlite;
 
-int main() {
-  const size_t kTensor = 16 << 20, kChunk = 128 << 10, kPart = kChunk / 2, kPool = 12;
+int main(int argc, char** argv) {
+  const int reps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 40;
+  const size_t megabytes = argc > 2 ? std::max(1, std::atoi(argv[2])) : 16;
+  const size_t kTensor = megabytes << 20, kChunk = 128 << 10, kPart = kChunk / 2, kPool = 12;
   std::vector<uint8_t*> grads(kPool);
   for (auto& g : grads) {
     g = static_cast<uint8_t*>(std::aligned_alloc(64, kTensor));
@@ -33,7 +35,7 @@ int main() {
   std::memset(result, 0, kTensor / 2);
   std::vector<uint8_t> scratch(kPart);
   std::vector<double> ms[2];
-  for (int rep = 0; rep < 40; ++rep) {
+  for (int rep = 0; rep < reps; ++rep) {
     for (int way = 0; way < 2; ++way) {
       uint8_t* grad = grads[(rep * 2 + way) % kPool];
       const auto t0 = std::chrono::steady_clock::now();
@@ -53,6 +55,6 @@ int main() {
     }
   }
   for (auto& v : ms) std::sort(v.begin(), v.end());
-  std::printf("sum step per 16 MB tensor, median of 40: scratch %.3f ms, one pass %.3f ms\n", ms[0][20],
-              ms[1][20]);
+  std::printf("sum step per %zu MB tensor, median of %d: scratch %.3f ms, one pass %.3f ms\n", megabytes, reps,
+              ms[0][reps / 2], ms[1][reps / 2]);
 }

@@ -1,4 +1,4 @@
-"""A real SLURM cluster on the network-namespace hosts of tests/hosts_fixture.py.
+"""A real SLURM cluster on the network-namespace hosts of tests/harness/hosts.py.
 
 slurmctld runs on host 1, a slurmd on every host (each in its host's network, UTS
 and mount namespaces, so each has its own hostname and address), and one munged
@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 import time
 
-from hosts_fixture import NetnsHosts, hosts_or_skip
+from harness.hosts import NetnsHosts, hosts_or_skip
 
 INSTALL_HINT = "apt-get install -y --no-install-recommends slurm-wlm munge"
 TOOLS = ("slurmctld", "slurmd", "srun", "sbatch", "salloc", "sinfo", "munged")

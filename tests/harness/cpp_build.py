@@ -20,9 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from checks import unavailable
+from harness.checks import unavailable
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CSRC = os.path.join(ROOT, "csrc")
 CPP_TESTS = os.path.join(ROOT, "tests", "cpp")
 # Under AddressSanitizer and UndefinedBehaviorSanitizer: an overread, a leak
