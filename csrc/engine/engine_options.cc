@@ -78,17 +78,17 @@ Status ReadBool(const std::string& suffix, bool* out) {
   return Status::OK();
 }
 
-Status ReadChoice(const std::string& suffix, EngineOptions::Choice* out) {
+Status ReadChoice(const std::string& suffix, Choice* out) {
   std::string name;
   const char* value = Lookup(suffix, &name);
   if (value == nullptr) return Status::OK();
   const std::string v(value);
   if (v == "auto") {
-    *out = EngineOptions::Choice::kAuto;
+    *out = Choice::kAuto;
   } else if (v == "1" || v == "true" || v == "True" || v == "yes") {
-    *out = EngineOptions::Choice::kOn;
+    *out = Choice::kOn;
   } else if (v == "0" || v == "false" || v == "False" || v == "no") {
-    *out = EngineOptions::Choice::kOff;
+    *out = Choice::kOff;
   } else {
     return BadValue(name, value, "auto, 0 or 1");
   }

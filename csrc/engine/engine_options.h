@@ -37,7 +37,6 @@ struct EngineOptions {
   // fastest on the ResNet-50 set, docs/benchmarks.md). 0: the fusion threshold.
   int64_t direct_threshold_bytes = 1024 * 1024;
   int64_t cache_capacity = 1024;
-  using Choice = hvdlite::Choice;
   // Each wire's settings (wire_options.h).
   ShmOptions shm;
   RingOptions ring;
