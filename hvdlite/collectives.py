@@ -72,20 +72,18 @@ def submit(req, adapter, src, *, output=None, keep=None, finish=None):
 # ---------------------------------------------------------------- allreduce
 
 def allreduce_request(code, shape, name, op, prescale, postscale, spec, process_set, what):
-    """An allreduce (the per-gradient path calls :func:`allreduce_fast`)."""
+    """An allreduce (the per-gradient path calls ``allreduce_fast``)."""
     return dict(op=ALLREDUCE, name=name, dtype_code=code, shape=shape, reduce_op=op,
                 prescale=request.factor(prescale, "prescale_factor", what),
                 postscale=request.factor(postscale, "postscale_factor", what),
                 compression=spec, process_set=process_set_id(process_set))
 
 
-def allreduce_fast(adapter, code, shape, src, output, name, op, prescale, postscale, spec,
-                   pid, keep, finish=None):
-    """:func:`allreduce_request` + :func:`submit` in one C call, for
-    arguments already checked: this runs once per gradient per step."""
-    return _binding.enqueue_allreduce(
-        name, code, shape, adapter.address(src), adapter.address(output), op, prescale, postscale,
-        spec, pid, keep, output, finish)
+# An allreduce into a caller-owned output with arguments already checked,
+# in one C call: it runs once per gradient per step. Arguments: name, dtype
+# code, shape, input and output addresses, op, prescale, postscale, spec,
+# process set id, keep, result[, finish].
+allreduce_fast = _binding.enqueue_allreduce
 
 
 def allreduce_grad(ops, grads, op, prescale, postscale):

@@ -43,12 +43,16 @@ def _check_reduce(a, op, what):
     return code, op
 
 
+def _address(a):
+    return _binding.ffi.from_buffer(a, require_writable=False)
+
+
 class _NumpyArrays(collectives.Adapter):
     def dtype_code(self, a, what):
         return _check_array(a, what)
 
     def address(self, a):
-        return _binding.ffi.from_buffer(a, require_writable=False)
+        return _address(a)
 
     def wrap(self, owned, nbytes, shape, dtype):
         count = int(np.prod(shape)) if shape else 1
@@ -119,9 +123,9 @@ def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscal
     if postscale_factor.__class__ is not float:
         postscale_factor = request.factor(postscale_factor, "postscale_factor", "allreduce")
     return collectives.allreduce_fast(
-        _ARRAYS, code, tensor.shape, tensor, out, name, op, prescale_factor, postscale_factor,
-        as_spec(compression), 0 if process_set is None else process_set_id(process_set),
-        (tensor, out))
+        name, code, tensor.shape, _address(tensor), _address(out), op, prescale_factor,
+        postscale_factor, as_spec(compression),
+        0 if process_set is None else process_set_id(process_set), (tensor, out), out)
 
 
 def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,

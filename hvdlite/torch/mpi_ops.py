@@ -215,10 +215,10 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
             return target
 
     return collectives.allreduce_fast(
-        _TENSORS, code, tuple(src.shape), src, work, name, op,
+        name, code, tuple(src.shape), src.data_ptr(), work.data_ptr(), op,
         request.factor(prescale_factor, "prescale_factor", what),
         request.factor(postscale_factor, "postscale_factor", what), spec, pid,
-        (tensor, src, work), finish)
+        (tensor, src, work), work, finish)
 
 
 def _python_compressed_allreduce(tensor, output, name, op, prescale_factor, postscale_factor,
