@@ -96,6 +96,14 @@ def sanitizer_flags():
 # Listed, not globbed, so a half-written file in csrc/ never breaks an install.
 ENGINE_SOURCES = [
     "api/c_api.cc",
+    "api/codes.cc",
+    "api/compression.cc",
+    "api/device_jobs.cc",
+    "api/engine_control.cc",
+    "api/enqueue.cc",
+    "api/handles.cc",
+    "api/process_sets.cc",
+    "api/runtime.cc",
     "common/common.cc",
     "common/json_text.cc",
     "compressors/bf16.cc",

@@ -15,16 +15,46 @@ except ImportError as e:  # pragma: no cover - only on a broken install
         f"{e}. Reinstall with: pip install --no-build-isolation -e . "
         "(after 'pip install mpich cffi setuptools wheel')") from e
 
-# Collective kinds (csrc/common/common.h OpType).
-ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER = 0, 1, 2, 3, 4, 5
-ADD_PROCESS_SET, REMOVE_PROCESS_SET, JOIN = 6, 7, 8
 
-# DataType codes.
-DTYPE_CODES = {
-    "uint8": 0, "int8": 1, "int32": 2, "int64": 3, "float16": 4,
-    "float32": 5, "float64": 6, "bfloat16": 7, "bool": 8, "uint16": 9, "int16": 10,
-}
+def _codes(enum, prefix):
+    """A C API enum (csrc/api/c_api.h) as {lower-case name: code}, in code order."""
+    elements = ffi.typeof(f"enum {enum}").elements  # {code: "PREFIX_NAME"}
+    return {elements[code][len(prefix):].lower(): code for code in sorted(elements)}
+
+
+# The engine's codes, from its C API.
+OP_CODES = _codes("hvd_op_type", "HVD_OP_")
+DTYPE_CODES = _codes("hvd_data_type", "HVD_DTYPE_")
 DTYPE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
+REDUCE_OP_CODES = _codes("hvd_reduce_op", "HVD_REDUCE_")
+COMPRESSION_CODES = _codes("hvd_compression_type", "HVD_COMPRESSION_")
+ERROR_KINDS = _codes("hvd_error_kind", "HVD_ERROR_")
+
+ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER = (
+    lib.HVD_OP_ALLREDUCE, lib.HVD_OP_ALLGATHER, lib.HVD_OP_BROADCAST, lib.HVD_OP_ALLTOALL,
+    lib.HVD_OP_REDUCESCATTER, lib.HVD_OP_BARRIER)
+ADD_PROCESS_SET, REMOVE_PROCESS_SET, JOIN = (
+    lib.HVD_OP_ADD_PROCESS_SET, lib.HVD_OP_REMOVE_PROCESS_SET, lib.HVD_OP_JOIN)
+
+# Engine ErrorKind -> exception class.
+_ERROR_CLASSES = {
+    lib.HVD_ERROR_INVALID_ARGUMENT: exceptions.InvalidArgumentError,
+    lib.HVD_ERROR_MISMATCH: exceptions.TensorMismatchError,
+    lib.HVD_ERROR_SHUTDOWN: exceptions.HvdliteShutdownError,
+    lib.HVD_ERROR_MPI: exceptions.MPIError,
+    lib.HVD_ERROR_STALL: exceptions.StallError,
+    lib.HVD_ERROR_INTERNAL: exceptions.HvdliteError,
+    lib.HVD_ERROR_NOT_INITIALIZED: exceptions.NotInitializedError,
+    lib.HVD_ERROR_TIMEOUT: exceptions.HvdliteTimeoutError,
+}
+# Kinds after which this rank's MPI_Finalize would wait for a lost peer.
+PEER_LOST_KINDS = (lib.HVD_ERROR_MPI, lib.HVD_ERROR_TIMEOUT)
+
+
+def error(kind, message):
+    """The exception for an engine ErrorKind."""
+    return _ERROR_CLASSES.get(kind, exceptions.HvdliteError)(message)
+
 
 # How often a waiting Python thread comes back from C so Ctrl-C works.
 _WAIT_SLICE_SECONDS = 0.2
@@ -32,8 +62,7 @@ _MAX_DIMS = 32
 
 
 def last_error():
-    return exceptions.from_kind(lib.hvd_last_error_kind(),
-                                ffi.string(lib.hvd_last_error()).decode(errors="replace"))
+    return error(lib.hvd_last_error_kind(), ffi.string(lib.hvd_last_error()).decode(errors="replace"))
 
 
 def check(rc):
@@ -110,7 +139,7 @@ class Handle:
             elif kind != 0:
                 msg = ffi.new("char[]", 8192)
                 lib.hvd_handle_error(self._id, msg, 8192)
-                self._error = exceptions.from_kind(kind, ffi.string(msg).decode(errors="replace"))
+                self._error = error(kind, ffi.string(msg).decode(errors="replace"))
             elif self._finish is not None:
                 self._result = self._finish(self._id)
         finally:
@@ -192,12 +221,18 @@ def _request():
     return req
 
 
-_NO_COMPRESSION = (0, 0.0, False)
+# (compressor code, top-k ratio, error feedback, config id): compression.as_spec().
+_NO_COMPRESSION = (0, 0.0, 0, 0)
+
+
+def _int64s(values):
+    return ffi.new("int64_t[]", list(values)) if values else ffi.NULL
 
 
 def enqueue(op, *, name=None, dtype_code, shape, input_ptr=0, output_ptr=0, reduce_op=1,
-            prescale=1.0, postscale=1.0, root_rank=0, splits=None, compression=_NO_COMPRESSION,
-            process_set=0, keep=None, finish=None, result=None, device=0):
+            prescale=1.0, postscale=1.0, root_rank=0, splits=None, set_ranks=None, target_set=0,
+            compression=_NO_COMPRESSION, process_set=0, keep=None, finish=None, result=None,
+            device=0):
     """Submits one tensor to the engine; returns a :class:`Handle` at once.
 
     The request struct is reused per thread: the engine copies what it needs
@@ -209,8 +244,8 @@ def enqueue(op, *, name=None, dtype_code, shape, input_ptr=0, output_ptr=0, redu
     # from a struct field would be freed at once (found by ASan).
     name_buf = _name_cdata(name) if name else ffi.NULL
     shape_buf = _shape_cdata(shape) if len(shape) else ffi.NULL
-    nsplits = len(splits) if splits is not None else 0
-    splits_buf = ffi.new("int64_t[]", list(splits)) if nsplits else ffi.NULL
+    splits_buf = _int64s(splits)
+    ranks_buf = ffi.new("int32_t[]", list(set_ranks)) if set_ranks else ffi.NULL
     req.op = op
     req.name = name_buf
     req.dtype = dtype_code
@@ -223,8 +258,11 @@ def enqueue(op, *, name=None, dtype_code, shape, input_ptr=0, output_ptr=0, redu
     req.postscale = postscale
     req.root_rank = root_rank
     req.splits = splits_buf
-    req.nsplits = nsplits
-    req.compression, req.topk_ratio, req.error_feedback = compression
+    req.nsplits = len(splits) if splits else 0
+    req.set_ranks = ranks_buf
+    req.nset_ranks = len(set_ranks) if set_ranks else 0
+    req.target_set = target_set
+    req.compression, req.topk_ratio, req.error_feedback, req.compression_config = compression
     req.process_set = process_set
     req.device = device
     handle_id = lib.hvd_enqueue(req)
@@ -241,10 +279,10 @@ def enqueue_allreduce(name, dtype_code, shape, input_ptr, output_ptr, reduce_op,
         _sweep_orphans()
     name_buf = _name_cdata(name) if name else ffi.NULL
     shape_buf = _shape_cdata(shape) if shape else ffi.NULL
-    kind, ratio, error_feedback = compression
+    kind, ratio, error_feedback, config = compression
     handle_id = lib.hvd_enqueue_allreduce(
         name_buf, dtype_code, len(shape), shape_buf, _pointer(input_ptr), _pointer(output_ptr),
-        reduce_op, prescale, postscale, kind, ratio, error_feedback, process_set)
+        reduce_op, prescale, postscale, kind, ratio, error_feedback, config, process_set)
     if handle_id < 0:
         raise last_error()
     return Handle(handle_id, keep, finish, result)

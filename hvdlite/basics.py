@@ -8,7 +8,8 @@ import time
 import traceback
 
 from . import exceptions
-from ._binding import check, ffi, last_error, lib
+from ._binding import PEER_LOST_KINDS, check, ffi, last_error, lib
+from .process_sets import global_process_set, register_at_init
 
 _state_lock = threading.Lock()
 _init_comm = None          # the mpi4py communicator init() was given
@@ -88,7 +89,6 @@ def init(comm=None, process_sets=None):
     if process_sets:
         # Also on a repeated init(): its sets are registered (or found) and
         # bound, so a script can retry after a rejected list, as in Horovod.
-        from .process_sets import register_at_init
         register_at_init(process_sets, _init_comm)
 
 
@@ -110,7 +110,6 @@ def _start(comm):
     resolved = _resolve_comm(comm)
     check(lib.hvd_init(resolved.py2f()))
     _init_comm = resolved
-    from .process_sets import global_process_set
     global_process_set.mpi_comm = comm if hasattr(comm, "py2f") else None  # as Horovod: the one given
     _homogeneous = len(set(resolved.allgather(local_size()))) == 1
     if not _atexit_registered:
@@ -140,7 +139,7 @@ def _same_comm(comm, current):
 def _stop(reason):
     global _peer_lost
     kind = lib.hvd_shutdown(reason)
-    if kind in exceptions.PEER_LOST_KINDS:
+    if kind in PEER_LOST_KINDS:
         _peer_lost = True
     for hook in _stop_hooks:
         hook()

@@ -84,8 +84,8 @@ class Compressor:
         return tensor
 
     def spec(self):
-        """(engine code, top-k ratio, error feedback) for the C API."""
-        return (_engine_code(self.kind), float(self.ratio), int(bool(self.error_feedback)))
+        """(engine code, top-k ratio, error feedback, config id) for the C API."""
+        return (_engine_code(self.kind), float(self.ratio), int(bool(self.error_feedback)), 0)
 
     def _key(self):
         """What makes two compressors the same (equal objects reduce alike)."""
@@ -233,9 +233,10 @@ class TopKCompressor(Compressor):
                 "momentum, e.g. momentum_correction=0.9, and apply the result with plain SGD")
         if not (self.momentum_correction or self.warmup_steps or self.clip_norm):
             return super().spec()
-        return (_config_id(self.kind, ratio=self.ratio, error_feedback=self.error_feedback,
+        return (_engine_code(self.kind), 0.0, 0,
+                _config_id(self.kind, ratio=self.ratio, error_feedback=self.error_feedback,
                            momentum=self.momentum_correction, warmup_steps=self.warmup_steps,
-                           clip_norm=self.clip_norm), 0.0, 0)
+                           clip_norm=self.clip_norm))
 
     def __repr__(self):
         extra = ""
@@ -268,7 +269,8 @@ class PowerSGDCompressor(Compressor):
         return (self.kind, self.rank, self.start_iter)
 
     def spec(self):
-        return (_config_id(self.kind, rank=self.rank, start_iter=self.start_iter), 0.0, 0)
+        return (_engine_code(self.kind), 0.0, 0,
+                _config_id(self.kind, rank=self.rank, start_iter=self.start_iter))
 
     def __repr__(self):
         return f"Compression.powersgd(rank={self.rank}, start_iter={self.start_iter})"
@@ -293,7 +295,7 @@ class Compression:
         return PowerSGDCompressor(rank, start_iter)
 
 
-_NONE_SPEC = (0, 0.0, 0)
+_NONE_SPEC = (0, 0.0, 0, 0)
 # The classes above that name an engine compressor of their own.
 _ENGINE_CLASSES = tuple(cls for cls in Compressor.__subclasses__() if "kind" in vars(cls))
 _codes = {}

@@ -1,4 +1,7 @@
-"""Exceptions raised by hvdlite. All derive from :class:`HvdliteError`."""
+"""Exceptions raised by hvdlite. All derive from :class:`HvdliteError`.
+
+Which engine error kind raises which class is the binding's table
+(:data:`hvdlite._binding._ERROR_CLASSES`)."""
 
 
 class HvdliteError(RuntimeError):
@@ -39,23 +42,3 @@ class MPIError(HvdliteError):
 
 class StallError(HvdliteError):
     """The stall inspector gave up on a tensor some ranks never submitted."""
-
-
-# Engine ErrorKind (csrc/common/common.h) -> exception class.
-_BY_KIND = {
-    1: InvalidArgumentError,
-    2: TensorMismatchError,
-    3: HvdliteShutdownError,
-    4: MPIError,
-    5: StallError,
-    6: HvdliteError,
-    7: NotInitializedError,
-    8: HvdliteTimeoutError,
-}
-
-# Kinds after which this rank's MPI_Finalize would wait for a lost peer.
-PEER_LOST_KINDS = (4, 8)
-
-
-def from_kind(kind, message):
-    return _BY_KIND.get(kind, HvdliteError)(message)

@@ -1,12 +1,12 @@
 """Collectives on NumPy arrays. Every call goes through the engine's queue and
 negotiation; ``*_async`` forms return a handle for :func:`synchronize`.
-Argument rules are the request layer's (:mod:`hvdlite.request`), shared with
-the torch and TensorFlow front ends."""
+What each collective means is :mod:`hvdlite.collectives`, shared with the
+torch and TensorFlow front ends; this module is its NumPy adapter."""
 import numpy as np
 
-from . import _binding, exceptions, request
+from . import _binding, collectives, exceptions, request
 from .compression import Compression, as_spec
-from .process_sets import process_set_id, set_root_rank
+from .process_sets import process_set_id
 from .request import Adasum, Average, Max, Min, Product, Sum  # noqa: F401  (public names)
 
 _CODES_BY_DTYPE = {np.dtype(name): code for name, code in _binding.DTYPE_CODES.items()
@@ -43,17 +43,28 @@ def _check_reduce(a, op, what):
     return code, op
 
 
-def _addr(a):
+def _address(a):
     return _binding.ffi.from_buffer(a, require_writable=False)
 
 
-def _engine_array(dtype):
-    def wrap(owned, nbytes, shape):
+class _NumpyArrays(collectives.Adapter):
+    def dtype_code(self, a, what):
+        return _check_array(a, what)
+
+    def address(self, a):
+        return _address(a)
+
+    def wrap(self, owned, nbytes, shape, dtype):
         count = int(np.prod(shape)) if shape else 1
         if nbytes == 0 or count == 0:
             return np.empty(shape, dtype=dtype)
         return np.frombuffer(_binding.ffi.buffer(owned, nbytes), dtype=dtype, count=count).reshape(shape)
-    return request.engine_output(wrap)
+
+    def int_vector(self, values):
+        return np.asarray(values, dtype=np.int64)
+
+
+_ARRAYS = _NumpyArrays()
 
 
 def synchronize(handle):
@@ -85,6 +96,8 @@ def _check_out(out, tensor, what):
 
 
 _BOOL_CODE = _binding.DTYPE_CODES["bool"]
+# Reduce ops without a dtype rule of their own (Adasum has one).
+_PLAIN_OPS = frozenset(code for code in request.OP_NAMES if code != Adasum)
 
 
 def _fast_array_code(a):
@@ -100,7 +113,7 @@ def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscal
     # Checked with plain type tests first: this runs once per tensor per step,
     # and the general checks (with their messages) only when one fails.
     code = _fast_array_code(tensor)
-    if code is None or op.__class__ is not int or not 0 <= op <= 4 or code == _BOOL_CODE:
+    if code is None or op.__class__ is not int or op not in _PLAIN_OPS or code == _BOOL_CODE:
         code, op = _check_reduce(tensor, op, "allreduce")
     if (out is None or out.__class__ is not np.ndarray or not out.flags.c_contiguous
             or not out.flags.writeable or out.shape != tensor.shape or out.dtype != tensor.dtype):
@@ -109,8 +122,8 @@ def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscal
         prescale_factor = request.factor(prescale_factor, "prescale_factor", "allreduce")
     if postscale_factor.__class__ is not float:
         postscale_factor = request.factor(postscale_factor, "postscale_factor", "allreduce")
-    return _binding.enqueue_allreduce(
-        name, code, tensor.shape, _addr(tensor), _addr(out), op, prescale_factor,
+    return collectives.allreduce_fast(
+        name, code, tensor.shape, _address(tensor), _address(out), op, prescale_factor,
         postscale_factor, as_spec(compression),
         0 if process_set is None else process_set_id(process_set), (tensor, out), out)
 
@@ -139,12 +152,11 @@ def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, posts
 
 
 def allgather_async(tensor, name=None, process_set=None):
-    code = _check_array(tensor, "allgather")
-    tensor = tensor.reshape(request.gather_shape(tensor.shape))
-    return _binding.enqueue(
-        _binding.ALLGATHER, name=name, dtype_code=code, shape=tensor.shape,
-        input_ptr=_addr(tensor), process_set=process_set_id(process_set),
-        keep=tensor, finish=_engine_array(tensor.dtype))
+    req = collectives.allgather_request(_check_array(tensor, "allgather"), tensor.shape, name,
+                                        process_set)
+    tensor = tensor.reshape(req["shape"])
+    return collectives.submit(req, _ARRAYS, tensor, keep=tensor,
+                              finish=collectives.engine_output(_ARRAYS, tensor.dtype))
 
 
 def allgather(tensor, name=None, process_set=None):
@@ -155,13 +167,10 @@ def allgather(tensor, name=None, process_set=None):
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
     """``root_rank`` is a rank of the job (global), as in Horovod, also with a process set."""
-    code = _check_array(tensor, "broadcast")
+    req = collectives.broadcast_request(_check_array(tensor, "broadcast"), tensor.shape, name,
+                                        root_rank, process_set, "broadcast")
     out = np.empty_like(tensor)
-    return _binding.enqueue(
-        _binding.BROADCAST, name=name, dtype_code=code, shape=tensor.shape,
-        input_ptr=_addr(tensor), output_ptr=_addr(out),
-        root_rank=set_root_rank(root_rank, process_set, "broadcast"),
-        process_set=process_set_id(process_set), keep=(tensor, out), finish=lambda _h: out)
+    return collectives.submit(req, _ARRAYS, tensor, output=out, keep=(tensor, out))
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
@@ -170,19 +179,10 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
-    code = _check_array(tensor, "alltoall")
-    splits = request.splits_list(splits, "alltoall")
-    pid = process_set_id(process_set)
-    finish_data = _engine_array(tensor.dtype)
-
-    def finish(handle_id):
-        return (finish_data(handle_id),
-                np.asarray(request.received_splits(handle_id, pid), dtype=np.int64))
-
-    return _binding.enqueue(
-        _binding.ALLTOALL, name=name, dtype_code=code, shape=tensor.shape,
-        input_ptr=_addr(tensor), splits=splits,
-        process_set=pid, keep=tensor, finish=finish)
+    req = collectives.alltoall_request(_check_array(tensor, "alltoall"), tensor.shape, name,
+                                       splits, process_set, "alltoall")
+    return collectives.submit(req, _ARRAYS, tensor, keep=tensor,
+                              finish=collectives.alltoall_result(_ARRAYS, tensor.dtype, process_set))
 
 
 def alltoall(tensor, splits=None, name=None, process_set=None):
@@ -195,13 +195,11 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 def reducescatter_async(tensor, op=Average, name=None, process_set=None, prescale_factor=1.0,
                         postscale_factor=1.0, compression=Compression.none):
     code, op = _check_reduce(tensor, op, "reducescatter")
-    return _binding.enqueue(
-        _binding.REDUCESCATTER, name=name, dtype_code=code, shape=tensor.shape,
-        input_ptr=_addr(tensor), reduce_op=op,
-        prescale=request.factor(prescale_factor, "prescale_factor", "reducescatter"),
-        postscale=request.factor(postscale_factor, "postscale_factor", "reducescatter"),
-        compression=as_spec(compression),
-        process_set=process_set_id(process_set), keep=tensor, finish=_engine_array(tensor.dtype))
+    req = collectives.reducescatter_request(code, tensor.shape, name, op, prescale_factor,
+                                            postscale_factor, as_spec(compression), process_set,
+                                            "reducescatter")
+    return collectives.submit(req, _ARRAYS, tensor, keep=tensor,
+                              finish=collectives.engine_output(_ARRAYS, tensor.dtype))
 
 
 def reducescatter(tensor, op=Average, name=None, process_set=None, prescale_factor=1.0,
@@ -215,8 +213,7 @@ def reducescatter(tensor, op=Average, name=None, process_set=None, prescale_fact
 
 def barrier(process_set=None):
     """Returns once every rank of the set has called barrier()."""
-    synchronize(_binding.enqueue(_binding.BARRIER, dtype_code=0, shape=[],
-                                 process_set=process_set_id(process_set)))
+    collectives.barrier(process_set)
 
 
 def join(process_set=None):
@@ -225,8 +222,4 @@ def join(process_set=None):
     (and in their barriers); any other collective issued meanwhile fails with
     an error on the ranks that issued it, as in Horovod. Blocks until all ranks
     have joined; returns the rank that joined last."""
-    from ._binding import lib
-    handle = _binding.enqueue(_binding.JOIN, dtype_code=0, shape=[],
-                              process_set=process_set_id(process_set),
-                              finish=lambda h: int(lib.hvd_handle_value(h)))
-    return synchronize(handle)
+    return collectives.join(process_set)

@@ -8,6 +8,14 @@ from . import _binding, exceptions
 from ._binding import ffi, lib
 
 
+def _rank():
+    return _binding.check(lib.hvd_rank())
+
+
+def _size():
+    return _binding.check(lib.hvd_size())
+
+
 class ProcessSet:
     """A set of ranks. Create with ``ProcessSet([0, 2])`` and register with
     :func:`add_process_set` (or ``init(process_sets=[...])``)."""
@@ -49,8 +57,7 @@ class ProcessSet:
         return lib.hvd_process_set_rank(self._require_id())
 
     def included(self):
-        from .basics import rank
-        return rank() in self.ranks
+        return _rank() in self.ranks
 
     def __repr__(self):
         return (f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "
@@ -64,12 +71,10 @@ class _GlobalProcessSet(ProcessSet):
 
     @property
     def ranks(self):
-        from .basics import size
-        return list(range(size()))
+        return list(range(_size()))
 
     def size(self):
-        from .basics import size
-        return size()
+        return _size()
 
     def included(self):
         return True
@@ -77,8 +82,7 @@ class _GlobalProcessSet(ProcessSet):
     def __repr__(self):
         # Signatures show this object as a default value (help(), inspect):
         # that must work before init(), when the ranks are not known yet.
-        from .basics import is_initialized
-        ranks = self.ranks if is_initialized() else None
+        ranks = self.ranks if lib.hvd_is_initialized() else None
         return f"ProcessSet(process_set_id=0, ranks={ranks}, mpi_comm={self.mpi_comm})"
 
 
@@ -134,8 +138,7 @@ def add_process_set(process_set):
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
         raise exceptions.InvalidArgumentError(f"{process_set!r} is already registered")
-    from .basics import size
-    n = size()
+    n = _size()
     bad = [r for r in process_set.ranks if r < 0 or r >= n]
     if bad or not process_set.ranks:
         raise exceptions.InvalidArgumentError(
@@ -151,7 +154,7 @@ def add_process_set(process_set):
                 f"registered (id {pid}); a set of ranks may be registered once, as in Horovod")
     with _registry_lock:
         handle = _binding.enqueue(
-            _binding.ADD_PROCESS_SET, dtype_code=0, shape=[], splits=process_set.ranks,
+            _binding.ADD_PROCESS_SET, dtype_code=0, shape=[], set_ranks=process_set.ranks,
             finish=lambda h: lib.hvd_handle_value(h))
         process_set.process_set_id = int(handle.wait())
     return process_set
@@ -165,9 +168,8 @@ def register_at_init(entries, comm):
     first, then lists of ranks, each in rank order. Entries repeating an
     earlier one or the global set raise once the others are bound, and a later
     init() with a corrected list binds to the sets already registered."""
-    from .basics import size
     sets = [e if isinstance(e, ProcessSet) else ProcessSet(e) for e in entries]
-    seen = {tuple(range(size()))}
+    seen = {tuple(range(_size()))}
     duplicates = []
     by_comm, by_ranks = [], []
     for i, ps in enumerate(sets):
@@ -209,7 +211,7 @@ def remove_process_set(process_set):
         pid = process_set_id(process_set)  # raises: not a set
     if pid is None or pid == 0 or pid not in get_process_set_ids_and_ranks():
         return False
-    handle = _binding.enqueue(_binding.REMOVE_PROCESS_SET, dtype_code=0, shape=[], splits=[pid])
+    handle = _binding.enqueue(_binding.REMOVE_PROCESS_SET, dtype_code=0, shape=[], target_set=pid)
     handle.wait()
     if isinstance(process_set, ProcessSet):
         process_set.process_set_id = None

@@ -4,9 +4,10 @@ A front end turns its tensor into an address, a dtype name and a shape, and
 the functions here decide what the call means, once for all frameworks:
 the reduce-op and dtype tables, the rules for Average/Sum/Adasum and the
 deprecated ``average=``, pre/postscale and ``gradient_predivide_factor``,
-root ranks, alltoall splits, 0-d tensors, engine-allocated outputs, sparse
-(IndexedSlices / sparse COO) reductions, Python-side compressors, and
-"wait for every handle, then raise the first error".
+root ranks, alltoall splits, 0-d tensors, sparse (IndexedSlices / sparse
+COO) reductions, Python-side compressors, and "wait for every handle, then
+raise the first error". :mod:`hvdlite.collectives` builds each collective's
+engine request from these rules.
 
 Nothing here imports torch or TensorFlow.
 """
@@ -18,15 +19,12 @@ from .process_sets import global_process_set, process_set_id, set_root_rank
 
 # ---------------------------------------------------------------- reduce ops
 
-# The engine's ReduceOp codes (csrc/common/common.h).
-Average = 0
-Sum = 1
-Min = 2
-Max = 3
-Product = 4
-Adasum = 5
-OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product",
-            Adasum: "Adasum"}
+# The engine's ReduceOp codes, from its C API.
+_REDUCE = _binding.REDUCE_OP_CODES
+Average, Sum, Min, Max, Product, Adasum = (
+    _REDUCE["average"], _REDUCE["sum"], _REDUCE["min"], _REDUCE["max"], _REDUCE["product"],
+    _REDUCE["adasum"])
+OP_NAMES = {code: name.title() for name, code in _REDUCE.items()}
 
 
 def op_name(op):
@@ -239,24 +237,6 @@ def gather_shape(shape):
     a vector of size())."""
     shape = tuple(int(d) for d in shape)
     return shape if shape else (1,)
-
-
-# ---------------------------------------------------------------- engine results
-
-def engine_output(wrap):
-    """``finish=`` callback for collectives whose output the engine allocates
-    (allgather, alltoall, reducescatter): ``wrap(owned, nbytes, shape)`` turns
-    the buffer into the front end's tensor without a copy."""
-    def finish(handle_id):
-        owned, nbytes, shape = _binding.take_output(handle_id)
-        return wrap(owned, nbytes, shape)
-    return finish
-
-
-def received_splits(handle_id, process_set):
-    """Rows received from each rank by a finished alltoall."""
-    n = set_size(process_set)
-    return _binding.received_splits(handle_id, n)
 
 
 # ---------------------------------------------------------------- waiting

@@ -1,7 +1,9 @@
-/* The only surface of the engine that the Python binding (cffi) sees.
-   Plain C types; every call is safe from any thread. Integer codes for dtype,
-   op and reduce op are those of csrc/common.h. Functions that can fail return
-   a negative value (or NULL) and leave a message in hvd_last_error(). */
+/* The only surface of the engine that the front ends see: the Python binding
+   (cffi) and the TensorFlow op library. Plain C types; every call is safe
+   from any thread. The codes below are the engine's own (csrc/common/common.h;
+   api/codes.cc checks that they agree), so front ends read them from here
+   instead of copying them. Functions that can fail return a negative value
+   (or NULL) and leave a message in hvd_last_error(). */
 #ifndef HVDLITE_C_API_H_
 #define HVDLITE_C_API_H_
 
@@ -10,6 +12,68 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Collective kinds (OpType). */
+enum hvd_op_type {
+  HVD_OP_ALLREDUCE = 0,
+  HVD_OP_ALLGATHER = 1,
+  HVD_OP_BROADCAST = 2,
+  HVD_OP_ALLTOALL = 3,
+  HVD_OP_REDUCESCATTER = 4,
+  HVD_OP_BARRIER = 5,
+  HVD_OP_ADD_PROCESS_SET = 6,
+  HVD_OP_REMOVE_PROCESS_SET = 7,
+  HVD_OP_JOIN = 8
+};
+
+/* Element types (DataType); the name after HVD_DTYPE_ is the front ends'
+   dtype name in lower case. */
+enum hvd_data_type {
+  HVD_DTYPE_UINT8 = 0,
+  HVD_DTYPE_INT8 = 1,
+  HVD_DTYPE_INT32 = 2,
+  HVD_DTYPE_INT64 = 3,
+  HVD_DTYPE_FLOAT16 = 4,
+  HVD_DTYPE_FLOAT32 = 5,
+  HVD_DTYPE_FLOAT64 = 6,
+  HVD_DTYPE_BFLOAT16 = 7,
+  HVD_DTYPE_BOOL = 8,
+  HVD_DTYPE_UINT16 = 9,
+  HVD_DTYPE_INT16 = 10
+};
+
+/* Reduce ops (ReduceOp). Adasum: floating-point allreduce only, on a
+   power-of-2 number of ranks. */
+enum hvd_reduce_op {
+  HVD_REDUCE_AVERAGE = 0,
+  HVD_REDUCE_SUM = 1,
+  HVD_REDUCE_MIN = 2,
+  HVD_REDUCE_MAX = 3,
+  HVD_REDUCE_PRODUCT = 4,
+  HVD_REDUCE_ADASUM = 5
+};
+
+/* Compressors (CompressionType); hvd_compression_code() finds one by name. */
+enum hvd_compression_type {
+  HVD_COMPRESSION_NONE = 0,
+  HVD_COMPRESSION_FP16 = 1,
+  HVD_COMPRESSION_TOPK = 2,
+  HVD_COMPRESSION_BF16 = 3,
+  HVD_COMPRESSION_POWERSGD = 4
+};
+
+/* Why a call or a handle failed (ErrorKind). */
+enum hvd_error_kind {
+  HVD_ERROR_NONE = 0,
+  HVD_ERROR_INVALID_ARGUMENT = 1, /* bad input detected on this rank */
+  HVD_ERROR_MISMATCH = 2,         /* ranks disagree on a tensor's metadata */
+  HVD_ERROR_SHUTDOWN = 3,         /* the engine stopped (shutdown or a rank left) */
+  HVD_ERROR_MPI = 4,              /* an MPI call failed */
+  HVD_ERROR_STALL = 5,            /* the stall inspector gave up waiting */
+  HVD_ERROR_INTERNAL = 6,
+  HVD_ERROR_NOT_INITIALIZED = 7,  /* no engine: init() not called, or shutdown() was */
+  HVD_ERROR_TIMEOUT = 8           /* a peer did not answer in time (dead or hung rank) */
+};
 
 typedef struct hvd_tensor_request {
   int32_t op;             /* OpType */
@@ -23,11 +87,16 @@ typedef struct hvd_tensor_request {
   double prescale;
   double postscale;
   int32_t root_rank;
-  const int64_t* splits;  /* alltoall splits or process-set ranks; may be NULL */
+  const int64_t* splits;  /* alltoall: rows sent to each rank; NULL: equal parts */
   int32_t nsplits;
-  int32_t compression;    /* CompressionType */
+  const int32_t* set_ranks;  /* add process set: the new set's ranks */
+  int32_t nset_ranks;
+  int32_t target_set;     /* remove process set: the id of the set to remove */
+  int32_t compression;    /* CompressionType, with topk_ratio and error_feedback */
   double topk_ratio;
   int32_t error_feedback;
+  int32_t compression_config;  /* 0, or an id from hvd_compression_config (then the
+                                  three fields above are ignored) */
   int32_t process_set;
   int32_t device;         /* 1: input/output are device tensors; input is the front end's token */
 } hvd_tensor_request;
@@ -59,7 +128,8 @@ int64_t hvd_enqueue(const hvd_tensor_request* request);
 int64_t hvd_enqueue_allreduce(const char* name, int32_t dtype, int32_t ndim, const int64_t* shape,
                               const void* input, void* output, int32_t reduce_op, double prescale,
                               double postscale, int32_t compression, double topk_ratio,
-                              int32_t error_feedback, int32_t process_set);
+                              int32_t error_feedback, int32_t compression_config,
+                              int32_t process_set);
 /* 1 completed, 0 pending, -1 unknown handle. */
 int hvd_poll(int64_t handle);
 /* 1 completed, 0 timed out, -1 unknown handle; timeout < 0 waits forever. */
@@ -115,13 +185,17 @@ const char* hvd_engine_stats_names(void);
 int32_t hvd_compression_code(const char* name);
 /* A compressor with options (top-k's momentum correction, warm-up and
    clipping; PowerSGD's rank and start): registered once per process, then
-   named by the returned id (>= 1024) in a request's `compression` field, as
-   process sets are named by theirs; the request's topk_ratio and
-   error_feedback are then ignored. The same arguments give the same id.
+   named by the returned id (>= 1) in a request's `compression_config` field,
+   as process sets are named by theirs. The same arguments give the same id.
    Returns the negated ErrorKind when the kind or an argument is invalid. */
 int32_t hvd_compression_config(int32_t kind, double topk_ratio, int32_t error_feedback, double momentum,
                                int64_t warmup_steps, double clip_norm, int32_t rank, int64_t start_iter);
 int hvd_reset_compression_state(void);
+/* Top-k's k for a tensor of `count` elements at `ratio`: tensors of fewer
+   than 1024 elements are sent whole, others keep ceil(ratio * count)
+   elements (at least 1, at most count). Front ends that run top-k
+   themselves (the torch device executor) use it to match the engine. */
+int64_t hvd_topk_count(int64_t count, double ratio);
 /* The framework's compute (intra-op) threads per rank, reported by its
    adapter; HVDLITE_ENGINE_PRIORITY=auto decides from it. 0: unknown. */
 int hvd_set_compute_threads(int32_t threads);

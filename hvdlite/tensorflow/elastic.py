@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from .. import basics, exceptions
 from ..elastic import HostsUpdatedInterrupt, ObjectState as _ObjectState, run
-from . import functions
+from . import functions, keras_flavor
 
 
 def _broadcast_object(obj):
@@ -171,8 +171,7 @@ class TensorFlowKerasState(_ObjectState):
     def _optimizer_variables(self):
         if self.optimizer is None:
             return []
-        from .keras import flavor
-        return flavor.optimizer_variables(self.optimizer)
+        return keras_flavor.optimizer_variables(self.optimizer)
 
     def _save_model(self):
         self._model_snapshot.save()
@@ -191,8 +190,7 @@ class TensorFlowKerasState(_ObjectState):
         # A fresh optimizer has no slots yet: build it so that every rank
         # has the same variables to broadcast or restore.
         if self.optimizer is not None and tf.executing_eagerly():
-            from .keras import flavor
-            flavor.build_optimizer(self.optimizer, self.model.trainable_variables)
+            keras_flavor.build_optimizer(self.optimizer, self.model.trainable_variables)
 
     def _commit_payload(self):
         return dict(super()._commit_payload(), model=self._model_snapshot._values,

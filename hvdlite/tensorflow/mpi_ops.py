@@ -9,7 +9,8 @@ collectives may run in one ``session.run`` or function, in any order, and
 errors reach TensorFlow with Horovod's classes (``tf.errors.InvalidArgumentError``
 for bad input, ``FailedPreconditionError`` when ranks disagree, ``AbortedError``
 once the engine has stopped). Argument rules come from :mod:`hvdlite.request`,
-shared with the other front ends; gradients are registered with Horovod's rules.
+shared with the other front ends; gradients follow Horovod's rules as
+:mod:`hvdlite.collectives` describes them.
 
 Engine names: an explicit ``name=`` is used as given. Otherwise eager calls
 let the engine number them (ranks make the same calls in the same order), and
@@ -23,8 +24,8 @@ import tensorflow as tf
 from tensorflow.python.framework import ops as _tf_framework_ops
 from tensorflow.python.ops import control_flow_util as _control_flow_util
 
-from .. import _binding, exceptions, request
-from ..compression import Compression
+from .. import _binding, collectives, exceptions, request
+from ..compression import Compression, as_spec
 from ..process_sets import global_process_set
 from ..request import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
 from . import op_library
@@ -36,7 +37,7 @@ _ops = op_library.load()
 # user's tf.function: they contain no tensor-dependent Python control flow,
 # and unconverted code lets hvdlite's own exceptions reach the user unchanged.
 _not_converted = tf.autograph.experimental.do_not_convert
-_NO_COMPRESSION = (0, 0.0, 0)
+_NO_COMPRESSION = as_spec(None)
 
 
 # --------------------------------------------------------------------------
@@ -171,10 +172,11 @@ def _suffixed(names, suffix):
 # --------------------------------------------------------------------------
 
 def _reduce_attrs(op, prescale, postscale, spec):
-    code, ratio, error_feedback = spec
+    code, ratio, error_feedback, config = spec
     return dict(reduce_op=int(op), prescale_factor=float(prescale),
                 postscale_factor=float(postscale), compression=int(code),
-                topk_ratio=float(ratio), error_feedback=bool(error_feedback))
+                topk_ratio=float(ratio), error_feedback=bool(error_feedback),
+                compression_config=int(config))
 
 
 def _allreduce_op(tensors, names, op, prescale, postscale, spec, pset, grouped):
@@ -536,67 +538,72 @@ def _reduce_attrs_of(op):
             op.get_attr("postscale_factor"))
 
 
+class _Gradients(collectives.GradientOps):
+    """The gradient rules' collectives (:mod:`hvdlite.collectives`) as ops
+    built into the graph of the forward op ``op``, named after ``kind``."""
+
+    def __init__(self, op, kind, grouped_type):
+        self.op = op
+        self.kind = kind
+        self.pset = op.get_attr("process_set_id")
+        self.grouped = op.type == grouped_type
+
+    def allreduce(self, grads, reduce_op, prescale, postscale):
+        return _allreduce_op(grads, _grad_names(self.kind, len(grads), self.grouped), reduce_op,
+                             prescale, postscale, _NO_COMPRESSION, self.pset, self.grouped)
+
+    def allgather(self, grads):
+        return _allgather_op(grads, _grad_names(self.kind, len(grads), self.grouped), self.pset,
+                             self.grouped)
+
+    def alltoall(self, grad, splits):
+        return _alltoall_op(grad, splits, _grad_names(self.kind, 1, False), self.pset)[0]
+
+    def own_rows(self, reduced):
+        inputs = self.op.inputs
+        rows = [tf.reshape(tf.shape(x)[0], [1]) if x.shape.rank != 0 else tf.ones([1], tf.int32)
+                for x in inputs]
+        counts = _allgather_op(rows, _grad_names(self.kind + ".rows", len(rows), self.grouped),
+                               self.pset, self.grouped)
+        size, me = request.set_size(self.pset), request.set_rank(self.pset)
+        out = []
+        for x, g, c in zip(inputs, reduced, counts):
+            mine = tf.split(g, tf.reshape(c, [size]), num=size, axis=0)[me]
+            out.append(tf.reshape(mine, tf.shape(x)) if x.shape.rank == 0 else mine)
+        return out
+
+    def times(self, grads, factor):
+        return [g * tf.cast(factor, g.dtype) for g in grads]
+
+
 def _allreduce_grad(op, *grads):
-    """The gradient of a reduction is the same reduction of the gradient."""
-    grads = _dense(grads, op)
     reduce_op, pre, post = _reduce_attrs_of(op)
-    grouped = op.type != "HvdliteAllreduce"
-    return _allreduce_op(grads, _grad_names("allreduce", len(grads), grouped), reduce_op, pre,
-                         post, _NO_COMPRESSION, op.get_attr("process_set_id"), grouped)
+    return collectives.allreduce_grad(_Gradients(op, "allreduce", "HvdliteGroupedAllreduce"),
+                                      _dense(grads, op), reduce_op, pre, post)
 
 
 def _allgather_grad(op, *grads):
-    """Averaged over the ranks, then each rank takes the rows it contributed."""
-    grads = _dense(grads, op)
-    pset = op.get_attr("process_set_id")
-    grouped = op.type != "HvdliteAllgather"
-    n = len(grads)
-    reduced = _allreduce_op(grads, _grad_names("allgather", n, grouped), Average, 1.0, 1.0,
-                            _NO_COMPRESSION, pset, grouped)
-    rows = [tf.reshape(tf.shape(x)[0], [1]) if x.shape.rank != 0 else tf.ones([1], tf.int32)
-            for x in op.inputs]
-    counts = _allgather_op(rows, _grad_names("allgather.rows", n, grouped), pset, grouped)
-    size, me = request.set_size(pset), request.set_rank(pset)
-    out = []
-    for x, g, c in zip(op.inputs, reduced, counts):
-        mine = tf.split(g, tf.reshape(c, [size]), num=size, axis=0)[me]
-        out.append(tf.reshape(mine, tf.shape(x)) if x.shape.rank == 0 else mine)
-    return out
+    return collectives.allgather_grad(_Gradients(op, "allgather", "HvdliteGroupedAllgather"),
+                                      _dense(grads, op))
 
 
 def _broadcast_grad(op, *grads):
-    """Averaged over the ranks on the root; zero elsewhere."""
-    grads = _dense(grads, op)
-    pset = op.get_attr("process_set_id")
-    grouped = op.type != "HvdliteBroadcast"
-    reduced = _allreduce_op(grads, _grad_names("broadcast", len(grads), grouped), Average, 1.0,
-                            1.0, _NO_COMPRESSION, pset, grouped)
-    if request.set_rank(pset) != op.get_attr("root_rank"):
-        # Multiplied, not replaced by zeros: the result must depend on the
-        # allreduce, or a session would prune it on this rank only.
-        reduced = [g * tf.zeros([], g.dtype) for g in reduced]
-    return reduced
+    g = _Gradients(op, "broadcast", "HvdliteGroupedBroadcast")
+    return collectives.broadcast_grad(g, _dense(grads, op),
+                                      request.set_rank(g.pset) == op.get_attr("root_rank"))
 
 
 def _alltoall_grad(op, grad, _received_splits_grad):
-    """The rows go back where they came from."""
-    grad = _dense([grad], op)[0]
-    back, _ = _alltoall_op(grad, op.outputs[1], _grad_names("alltoall", 1, False),
-                           op.get_attr("process_set_id"))
+    back = collectives.alltoall_grad(_Gradients(op, "alltoall", None), _dense([grad], op)[0],
+                                     op.outputs[1])
     return [back, None]
 
 
 def _reducescatter_grad(op, *grads):
-    """Gathered back; scaled by the set size for Sum (not divided for Average,
-    as Horovod does) and by the pre/postscale factors."""
-    grads = _dense(grads, op)
-    pset = op.get_attr("process_set_id")
+    g = _Gradients(op, "reducescatter", "HvdliteGroupedReducescatter")
     reduce_op, pre, post = _reduce_attrs_of(op)
-    scale = (request.set_size(pset) if reduce_op == Sum else 1.0) * pre * post
-    if scale != 1.0:
-        grads = [g * tf.cast(scale, g.dtype) for g in grads]
-    grouped = op.type != "HvdliteReducescatter"
-    return _allgather_op(grads, _grad_names("reducescatter", len(grads), grouped), pset, grouped)
+    return collectives.reducescatter_grad(g, _dense(grads, op), reduce_op, pre, post,
+                                          request.set_size(g.pset))
 
 
 for _type, _fn in (("HvdliteAllreduce", _allreduce_grad),

@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from hvdlite import _binding, basics, engine_control, exceptions
+from hvdlite.objects import broadcast_object
 from hvdlite.request import Average, Max, Min, Product, Sum
 
 MODE_VAR = "HVDLITE_DEVICE_TRANSPORT"
@@ -47,9 +48,8 @@ _TORCH_DTYPES = {code: getattr(torch, name) for name, code in _binding.DTYPE_COD
                  if isinstance(getattr(torch, name, None), torch.dtype)}
 _C10D_OPS = {Sum: dist.ReduceOp.SUM, Average: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
              Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
-_FP16, _TOPK, _BF16 = 1, 2, 3   # csrc/common/common.h CompressionType
-_EXECUTED_COMPRESSIONS = (0, _FP16, _TOPK, _BF16)
-_TOPK_SEND_WHOLE_BELOW = 1024   # as the engine's top-k (csrc/compressors/topk.h)
+_FP16, _TOPK, _BF16 = (_binding.COMPRESSION_CODES[name] for name in ("fp16", "topk", "bf16"))
+_EXECUTED_COMPRESSIONS = (_binding.COMPRESSION_CODES["none"], _FP16, _TOPK, _BF16)
 # Neither gloo nor NCCL has 16-bit integers: they are reduced as int32 and
 # moved as bytes.
 _NO_WIRE_TYPE = (torch.int16, torch.uint16)
@@ -164,7 +164,8 @@ def executes(spec):
     plain kinds); compressors with options (top-k's momentum correction,
     warm-up or clipping, PowerSGD) keep state in the engine, so a device
     tensor that uses them is staged through host memory instead."""
-    return spec[0] in _EXECUTED_COMPRESSIONS
+    code, _ratio, _error_feedback, config = spec
+    return config == 0 and code in _EXECUTED_COMPRESSIONS
 
 
 def backend_name():
@@ -205,7 +206,6 @@ class DeviceExecutor:
         return self
 
     def _init_process_group(self):
-        from .functions import broadcast_object
         if dist.is_initialized():
             if dist.get_world_size() != basics.size() or dist.get_rank() != basics.rank():
                 raise exceptions.InvalidArgumentError(
@@ -247,9 +247,10 @@ class DeviceExecutor:
         return group
 
     # ---- submitting (user threads) --------------------------------------------------
-    def submit(self, kind, src, output=None, **enqueue_args):
-        """Enqueues ``src`` as a device tensor; the handle's result is what the
-        executor leaves in the pending record (``output`` when given)."""
+    def submit(self, req, src, output=None):
+        """Enqueues request ``req`` (:mod:`hvdlite.collectives`) of ``src`` as
+        a device tensor; the handle's result is what the executor leaves in
+        the pending record (``output`` when given)."""
         token = next(self._tokens)
         pending = _Pending(src, output)
         if src.is_cuda:
@@ -264,8 +265,8 @@ class DeviceExecutor:
             return pending.result
 
         try:
-            return _binding.enqueue(kind, input_ptr=token, device=1, keep=(src, output), finish=finish,
-                                    **enqueue_args)
+            return _binding.enqueue(input_ptr=token, device=1, keep=(src, output), finish=finish,
+                                    **req)
         except BaseException:
             self._pending.pop(token, None)
             raise
@@ -323,7 +324,8 @@ class DeviceExecutor:
             counts["device_jobs"] += 1
             lib.hvd_device_job_done(job["id"], 0, _binding.ffi.NULL)
         except Exception as e:  # noqa: BLE001 - reported to every waiting handle
-            kind = 3 if isinstance(e, (RuntimeError, dist.DistBackendError)) else 6
+            kind = lib.HVD_ERROR_SHUTDOWN if isinstance(e, (RuntimeError, dist.DistBackendError)) \
+                else lib.HVD_ERROR_INTERNAL
             message = "device %s (%s) failed: %s: %s" % (job["op"], self.backend, type(e).__name__, e)
             if os.environ.get("HVDLITE_DEVICE_DEBUG"):
                 traceback.print_exc()
@@ -400,7 +402,7 @@ class DeviceExecutor:
                 residual = self._residuals.get(e["name"])
                 if residual is not None and residual.numel() == n:
                     x = x + residual
-            k = _topk_k(ratio, n)
+            k = _binding.lib.hvd_topk_count(n, ratio)
             index = torch.topk(x.abs(), k, sorted=False).indices
             values = x[index]
             if feedback:
@@ -467,16 +469,6 @@ class DeviceExecutor:
                                input_split_sizes=send, group=self._group(job))
         if p is not None:
             p.result = (out, torch.tensor(receive, dtype=torch.int32))
-
-
-def _topk_k(ratio, count):
-    """The engine's k for a tensor of ``count`` elements."""
-    if count < _TOPK_SEND_WHOLE_BELOW:
-        return count
-    r = ratio * count
-    if not r > 1.0:
-        return 1
-    return count if r >= count else int(math.ceil(r))
 
 
 def _as_wire(t):

@@ -1,33 +1,17 @@
 """Helpers that move model parameters, optimizer state and Python objects
-between ranks (Horovod's ``broadcast_parameters`` & co.)."""
+between ranks (Horovod's ``broadcast_parameters`` & co.; the object
+collectives are the common :mod:`hvdlite.objects`)."""
 import collections
-import io
-import pickle
 
 import torch
 
 import hvdlite
 from hvdlite import exceptions
+from hvdlite.objects import allgather_object, broadcast_object
 from hvdlite.process_sets import global_process_set
 
-from .mpi_ops import _set_root, allgather_async, broadcast_, broadcast_async_, synchronize
+from .mpi_ops import _set_root, broadcast_async_, synchronize
 from .optimizer import _DistributedOptimizer
-
-try:  # cloudpickle also moves lambdas and classes defined in __main__
-    import cloudpickle as _pickler
-except ImportError:  # pragma: no cover - cloudpickle ships with most stacks
-    _pickler = pickle
-
-
-def _dumps(obj):
-    buf = io.BytesIO()
-    _pickler.dump(obj, buf)
-    return buf.getvalue()
-
-
-def _loads(data):
-    return pickle.loads(data)
-
 
 def _named(name, suffix):
     return f"{name}.{suffix}" if name else None
@@ -197,45 +181,3 @@ def _collect_slots(obj, out):
     elif isinstance(obj, (list, tuple)):
         for v in obj:
             _collect_slots(v, out)
-
-
-def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Returns ``root_rank``'s ``obj`` (any picklable object) on every rank; the
-    root gets its own object back. Other ranks' ``obj`` is ignored."""
-    name = name or "broadcast_object"  # not a counter: it must match across ranks
-    _set_root(root_rank, process_set, "broadcast_object")
-    is_root = hvdlite.rank() == int(root_rank)
-    if is_root:
-        payload = _dumps(obj)
-        size = torch.tensor([len(payload)], dtype=torch.int64)
-    else:
-        size = torch.zeros(1, dtype=torch.int64)
-    broadcast_(size, root_rank, name=_named(name, "size"), process_set=process_set)
-    if is_root:
-        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    else:
-        data = torch.empty(int(size[0]), dtype=torch.uint8)
-    broadcast_(data, root_rank, name=_named(name, "data"), process_set=process_set)
-    if is_root:
-        return obj
-    return _loads(data.numpy().tobytes())
-
-
-def allgather_object(obj, name=None, process_set=global_process_set):
-    """Returns the list of every rank's ``obj`` (any picklable object), in rank
-    order of the process set."""
-    # A fixed name, not a counter: ranks whose unnamed collectives diverged
-    # (one failed on some ranks only) still meet here.
-    name = name or "allgather_object"
-    payload = _dumps(obj)
-    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    sizes_h = allgather_async(torch.tensor([len(payload)], dtype=torch.int64),
-                              name=_named(name, "sizes"), process_set=process_set)
-    data_h = allgather_async(data, name=_named(name, "data"), process_set=process_set)
-    sizes = synchronize(sizes_h).tolist()
-    gathered = synchronize(data_h).numpy().tobytes()
-    out, offset = [], 0
-    for n in sizes:
-        out.append(_loads(gathered[offset:offset + n]))
-        offset += n
-    return out

@@ -10,23 +10,13 @@ reducescatter results live in engine-allocated memory that the returned tensor
 wraps.
 
 The synchronous out-of-place forms are autograd functions, so a tensor that
-requires grad gets a gradient through them, with the same rules as Horovod:
-
-=================  =========================================================
-collective         backward
-=================  =========================================================
-allreduce          allreduce of the gradient with the same op and factors
-allgather          allreduce (Average) of the gradient, then this rank's rows
-broadcast          allreduce (Average) of the gradient, zero off the root
-alltoall           alltoall of the gradient back along the received splits
-reducescatter      allgather of the gradient, times the set size for Sum
-                   (not divided for Average)
-=================  =========================================================
+requires grad gets a gradient through them, with Horovod's rules
+(:mod:`hvdlite.collectives` describes each collective and its rule once).
 """
 import torch
 
 import hvdlite
-from hvdlite import _binding, exceptions, request
+from hvdlite import _binding, collectives, exceptions, request
 from hvdlite.compression import Compression
 from hvdlite.process_sets import global_process_set, process_set_id
 from hvdlite.request import Adasum, Average, Max, Min, Product, Sum  # noqa: F401  (public names)
@@ -83,17 +73,61 @@ _set_size = request.set_size
 _set_rank = request.set_rank
 
 
-def _wrap(owned, nbytes, shape, dtype):
-    if nbytes == 0:
-        return torch.empty(shape, dtype=dtype)
-    # torch.frombuffer keeps the buffer alive, which keeps the engine's memory.
-    flat = torch.frombuffer(_binding.ffi.buffer(owned, nbytes), dtype=dtype)
-    return flat.view(shape)
+class _TorchTensors(collectives.Adapter):
+    def dtype_code(self, tensor, what):
+        return _check_tensor(tensor, what)
+
+    def address(self, tensor):
+        return tensor.data_ptr()
+
+    def wrap(self, owned, nbytes, shape, dtype):
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        # torch.frombuffer keeps the buffer alive, which keeps the engine's memory.
+        return torch.frombuffer(_binding.ffi.buffer(owned, nbytes), dtype=dtype).view(shape)
+
+    def int_vector(self, values):
+        return torch.tensor(values, dtype=torch.int32)
+
+
+_TENSORS = _TorchTensors()
 
 
 def _engine_tensor(dtype):
     """finish= callback: wraps the engine-allocated result without a copy."""
-    return request.engine_output(lambda owned, nbytes, shape: _wrap(owned, nbytes, shape, dtype))
+    return collectives.engine_output(_TENSORS, dtype)
+
+
+class _Gradients(collectives.GradientOps):
+    """The gradient rules' collectives on torch tensors, over one process set.
+    ``rows``/``shapes``: the forward inputs' first dimensions and shapes
+    (allgather's own_rows)."""
+
+    def __init__(self, process_set, rows=None, shapes=None):
+        self.process_set = process_set
+        self.rows = rows
+        self.shapes = shapes
+
+    def allreduce(self, grads, op, prescale, postscale):
+        return grouped_allreduce(list(grads), op=op, prescale_factor=prescale,
+                                 postscale_factor=postscale, process_set=self.process_set)
+
+    def allgather(self, grads):
+        return [allgather(g.contiguous(), process_set=self.process_set) for g in grads]
+
+    def alltoall(self, grad, splits):
+        return synchronize(alltoall_async(grad.contiguous(), splits, process_set=self.process_set))[0]
+
+    def own_rows(self, reduced):
+        ps = self.process_set
+        rows = synchronize(allgather_async(torch.tensor(self.rows, dtype=torch.int64).reshape(1, -1),
+                                           process_set=ps))
+        offsets = rows[:_set_rank(ps)].sum(dim=0)
+        return [g.narrow(0, int(o), n).reshape(shape)
+                for g, o, n, shape in zip(reduced, offsets, self.rows, self.shapes)]
+
+    def times(self, grads, factor):
+        return [g * factor for g in grads]
 
 
 # ---------------------------------------------------------------- device tensors
@@ -153,11 +187,9 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     ex = device.executor_for(tensor) if op != Adasum and device.executes(spec) else None
     if ex is not None:
         src = tensor.contiguous()
-        return ex.submit(_binding.ALLREDUCE, src, output, name=name, dtype_code=code,
-                         shape=tuple(src.shape), reduce_op=op,
-                         prescale=request.factor(prescale_factor, "prescale_factor", what),
-                         postscale=request.factor(postscale_factor, "postscale_factor", what),
-                         compression=spec, process_set=pid)
+        return ex.submit(collectives.allreduce_request(code, tuple(src.shape), name, op,
+                                                       prescale_factor, postscale_factor, spec,
+                                                       pid, what), src, output)
     # Adasum and the compressors with engine state run on host memory: a CUDA
     # tensor goes there even with an executor.
     if device.needs_staging(tensor) or (tensor.device.type != "cpu" and ex is None):
@@ -182,7 +214,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
                 target.copy_(work)
             return target
 
-    return _binding.enqueue_allreduce(
+    return collectives.allreduce_fast(
         name, code, tuple(src.shape), src.data_ptr(), work.data_ptr(), op,
         request.factor(prescale_factor, "prescale_factor", what),
         request.factor(postscale_factor, "postscale_factor", what), spec, pid,
@@ -247,8 +279,7 @@ class _Allreduce(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         op, pre, post, ps = ctx.args
-        grad = allreduce(grad_output, op=op, prescale_factor=pre, postscale_factor=post,
-                         process_set=ps)
+        grad, = collectives.allreduce_grad(_Gradients(ps), [grad_output], op, pre, post)
         return grad, None, None, None, None, None, None
 
 
@@ -319,9 +350,7 @@ class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         op, pre, post, ps = ctx.args
-        reduced = grouped_allreduce(list(grads), op=op, prescale_factor=pre,
-                                    postscale_factor=post, process_set=ps)
-        return (None,) * 6 + tuple(reduced)
+        return (None,) * 6 + tuple(collectives.allreduce_grad(_Gradients(ps), grads, op, pre, post))
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
@@ -341,35 +370,31 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts an allgather; ``synchronize`` returns the concatenation along
     dimension 0 of every rank's tensor (first dimensions may differ)."""
     code = _check_tensor(tensor, "allgather_async")
-    src = tensor.contiguous().reshape(request.gather_shape(tensor.shape))
+    req = collectives.allgather_request(code, tuple(tensor.shape), name, process_set)
+    src = tensor.contiguous().reshape(req["shape"])
     ex = device.executor_for(tensor)
     if ex is not None:
-        return ex.submit(_binding.ALLGATHER, src, name=name, dtype_code=code, shape=tuple(src.shape),
-                         process_set=process_set_id(process_set))
+        return ex.submit(req, src)
     if device.needs_staging(tensor):
         return _staged(tensor, lambda host: allgather_async(host, name, process_set))
-    return _binding.enqueue(
-        _binding.ALLGATHER, name=name, dtype_code=code, shape=tuple(src.shape),
-        input_ptr=src.data_ptr(), process_set=process_set_id(process_set),
-        keep=(tensor, src), finish=_engine_tensor(tensor.dtype))
+    return collectives.submit(req, _TENSORS, src, keep=(tensor, src),
+                              finish=_engine_tensor(tensor.dtype))
+
+
+def _rows(tensors):
+    return [t.shape[0] if t.dim() else 1 for t in tensors], [t.shape for t in tensors]
 
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
-        ctx.rows = tensor.shape[0] if tensor.dim() else 1
-        ctx.shape = tensor.shape
-        ctx.process_set = process_set
+        ctx.gradients = _Gradients(process_set, *_rows([tensor]))
         return synchronize(allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        ps = ctx.process_set
-        reduced = allreduce(grad_output, op=Average, process_set=ps)
-        rows = synchronize(allgather_async(torch.tensor([ctx.rows], dtype=torch.int64),
-                                           process_set=ps))
-        offset = int(rows[:_set_rank(ps)].sum())
-        return reduced.narrow(0, offset, ctx.rows).reshape(ctx.shape), None, None
+        grad, = collectives.allgather_grad(ctx.gradients, [grad_output])
+        return grad, None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
@@ -389,20 +414,12 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
 class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, process_set, *tensors):
-        ctx.rows = [t.shape[0] if t.dim() else 1 for t in tensors]
-        ctx.shapes = [t.shape for t in tensors]
-        ctx.process_set = process_set
+        ctx.gradients = _Gradients(process_set, *_rows(tensors))
         return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
 
     @staticmethod
     def backward(ctx, *grads):
-        ps = ctx.process_set
-        reduced = grouped_allreduce(list(grads), op=Average, process_set=ps)
-        rows = synchronize(allgather_async(torch.tensor(ctx.rows, dtype=torch.int64).reshape(1, -1),
-                                           process_set=ps))
-        offsets = rows[:_set_rank(ps)].sum(dim=0)
-        return (None, None) + tuple(g.narrow(0, int(o), n).reshape(shape) for g, o, n, shape
-                                    in zip(reduced, offsets, ctx.rows, ctx.shapes))
+        return (None, None) + tuple(collectives.allgather_grad(ctx.gradients, grads))
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
@@ -419,7 +436,8 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 def _broadcast_async(tensor, inplace, root_rank, name, process_set, what):
     code = _check_tensor(tensor, what)
-    root = _set_root(root_rank, process_set, what)
+    req = collectives.broadcast_request(code, tuple(tensor.shape), name, root_rank, process_set,
+                                        what)
     src = tensor if tensor.is_contiguous() else tensor.contiguous()
     if device.needs_staging(tensor):
         return _staged(tensor, lambda host: _broadcast_async(host, True, root_rank, name, process_set, what),
@@ -427,24 +445,18 @@ def _broadcast_async(tensor, inplace, root_rank, name, process_set, what):
     work = src if inplace else torch.empty_like(src, memory_format=torch.contiguous_format)
     ex = device.executor_for(tensor)
     if ex is not None:
-        handle = ex.submit(_binding.BROADCAST, src, work, name=name, dtype_code=code,
-                           shape=tuple(src.shape), root_rank=root,
-                           process_set=process_set_id(process_set))
+        handle = ex.submit(req, src, work)
         if inplace and work is not tensor:
             return request.GroupHandle([handle], lambda results: tensor.copy_(results[0]))
         return handle
-
-    def finish(_handle_id):
-        if inplace and work is not tensor:
+    finish = None
+    if inplace and work is not tensor:
+        def finish(_handle_id):
             with torch.no_grad():
                 tensor.copy_(work)
             return tensor
-        return work
-
-    return _binding.enqueue(
-        _binding.BROADCAST, name=name, dtype_code=code, shape=tuple(src.shape),
-        input_ptr=src.data_ptr(), output_ptr=work.data_ptr(), root_rank=root,
-        process_set=process_set_id(process_set), keep=(tensor, src, work), finish=finish)
+    return collectives.submit(req, _TENSORS, src, output=work, keep=(tensor, src, work),
+                              finish=finish)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
@@ -473,9 +485,8 @@ class _Broadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allreduce(grad_output, op=Average, process_set=ctx.process_set)
-        if hvdlite.rank() != ctx.root_rank:
-            grad = grad * 0
+        grad, = collectives.broadcast_grad(_Gradients(ctx.process_set), [grad_output],
+                                           hvdlite.rank() == ctx.root_rank)
         return grad, None, None, None
 
 
@@ -492,25 +503,16 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     """Starts an alltoall; ``synchronize`` returns (received rows, int32 tensor
     of rows received from each rank)."""
     code = _check_tensor(tensor, "alltoall_async")
-    split_list = request.splits_list(splits, "alltoall_async")
+    req = collectives.alltoall_request(code, tuple(tensor.shape), name, splits, process_set,
+                                       "alltoall_async")
     src = tensor.contiguous()
-    pid = process_set_id(process_set)
     ex = device.executor_for(tensor)
     if ex is not None:
-        return ex.submit(_binding.ALLTOALL, src, name=name, dtype_code=code, shape=tuple(src.shape),
-                         splits=split_list, process_set=pid)
+        return ex.submit(req, src)
     if device.needs_staging(tensor):
         return _staged(tensor, lambda host: alltoall_async(host, splits, name, process_set))
-    data = _engine_tensor(tensor.dtype)
-
-    def finish(handle_id):
-        received = request.received_splits(handle_id, pid)
-        return data(handle_id), torch.tensor(received, dtype=torch.int32)
-
-    return _binding.enqueue(
-        _binding.ALLTOALL, name=name, dtype_code=code, shape=tuple(src.shape),
-        input_ptr=src.data_ptr(), splits=split_list, process_set=pid, keep=(tensor, src),
-        finish=finish)
+    return collectives.submit(req, _TENSORS, src, keep=(tensor, src),
+                              finish=collectives.alltoall_result(_TENSORS, tensor.dtype, process_set))
 
 
 class _Alltoall(torch.autograd.Function):
@@ -524,8 +526,7 @@ class _Alltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output, _grad_splits):
-        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received,
-                                             process_set=ctx.process_set))
+        grad = collectives.alltoall_grad(_Gradients(ctx.process_set), grad_output, ctx.received)
         return grad, None, None, None
 
 
@@ -546,36 +547,25 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0, compression=Compression.none):
     """Starts a reducescatter; ``synchronize`` returns this rank's block of rows."""
-    op = _resolve_op(op, None, "reducescatter_async")
-    code = _check_reduce(tensor, op, "reducescatter_async")
-    src = tensor.contiguous()
+    what = "reducescatter_async"
+    op = _resolve_op(op, None, what)
+    code = _check_reduce(tensor, op, what)
     spec = request.split_compression(compression)[0]
+    req = collectives.reducescatter_request(code, tuple(tensor.shape), name, op, prescale_factor,
+                                            postscale_factor, spec, process_set, what)
+    src = tensor.contiguous()
     ex = device.executor_for(tensor) if device.executes(spec) else None
     if ex is not None:
-        return ex.submit(
-            _binding.REDUCESCATTER, src, name=name, dtype_code=code, shape=tuple(src.shape), reduce_op=op,
-            prescale=request.factor(prescale_factor, "prescale_factor", "reducescatter_async"),
-            postscale=request.factor(postscale_factor, "postscale_factor", "reducescatter_async"),
-            compression=spec, process_set=process_set_id(process_set))
+        return ex.submit(req, src)
     if device.needs_staging(tensor) or tensor.device.type != "cpu":
         return _staged(tensor, lambda host: reducescatter_async(host, name, op, process_set, prescale_factor,
                                                                 postscale_factor, compression))
-    return _binding.enqueue(
-        _binding.REDUCESCATTER, name=name, dtype_code=code, shape=tuple(src.shape),
-        input_ptr=src.data_ptr(), reduce_op=op,
-        prescale=request.factor(prescale_factor, "prescale_factor", "reducescatter_async"),
-        postscale=request.factor(postscale_factor, "postscale_factor", "reducescatter_async"),
-        compression=request.split_compression(compression)[0],
-        process_set=process_set_id(process_set), keep=(tensor, src),
-        finish=_engine_tensor(tensor.dtype))
+    return collectives.submit(req, _TENSORS, src, keep=(tensor, src),
+                              finish=_engine_tensor(tensor.dtype))
 
 
-def _reducescatter_grad(grad, op, pre, post, ps):
-    # Horovod's rule: the gathered gradient, times the set size for Sum, times
-    # the factors (for Average it is not divided by the set size).
-    factor = pre * post * (_set_size(ps) if op == Sum else 1)
-    gathered = allgather(grad.contiguous(), process_set=ps)
-    return gathered * factor if factor != 1 else gathered
+def _reducescatter_grad(grads, op, pre, post, ps):
+    return collectives.reducescatter_grad(_Gradients(ps), grads, op, pre, post, _set_size(ps))
 
 
 class _Reducescatter(torch.autograd.Function):
@@ -589,7 +579,8 @@ class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         op, pre, post, ps = ctx.args
-        return _reducescatter_grad(grad_output, op, pre, post, ps), None, None, None, None, None, None
+        grad, = _reducescatter_grad([grad_output], op, pre, post, ps)
+        return grad, None, None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
@@ -623,7 +614,7 @@ class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         op, pre, post, ps = ctx.args
-        return (None,) * 6 + tuple(_reducescatter_grad(g, op, pre, post, ps) for g in grads)
+        return (None,) * 6 + tuple(_reducescatter_grad(grads, op, pre, post, ps))
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,

@@ -15,6 +15,7 @@ import torch
 from hvdlite import exceptions
 from hvdlite import request
 from hvdlite.compression import Compression, resolve_momentum_correction
+from hvdlite.objects import broadcast_object
 from hvdlite.process_sets import global_process_set, process_set_id
 
 from . import mpi_ops
@@ -120,7 +121,6 @@ class _DistributedOptimizer:
         params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         if self._groups is not None:
             # Group membership must be the same everywhere: order by rank 0's names.
-            from .functions import broadcast_object
             order = broadcast_object([self._hvd_names[p] for p in params], root_rank=0,
                                      name="DistributedOptimizer.groups",
                                      process_set=self.process_set)

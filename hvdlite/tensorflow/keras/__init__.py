@@ -13,7 +13,7 @@ for Keras 3 and for Keras 2 (tf_keras, what ``tf.keras`` is with
               verbose=1 if hvd.rank() == 0 else 0)
 
 Each optimizer and model is handled as the Keras its class comes from
-(see hvdlite.tensorflow.keras.flavor).
+(see hvdlite.tensorflow.keras_flavor).
 """
 import tensorflow as tf
 
@@ -28,7 +28,8 @@ from .. import (Adasum, Average, Max, Min, Product, Sum, allgather_object, barri
                 nccl_built, rank, rocm_built, shutdown, size)
 from .. import mpi_ops as _mpi_ops
 from ... import exceptions as _exceptions
-from . import callbacks, elastic, flavor
+from .. import keras_flavor as flavor
+from . import callbacks, elastic
 from .optimizer import (DistributedOptimizer, PartialDistributedOptimizer, is_distributed,
                         wrap_loaded)
 

@@ -13,7 +13,7 @@ import numpy as np
 from ... import basics, exceptions
 from ...process_sets import global_process_set
 from .. import functions
-from . import flavor
+from .. import keras_flavor as flavor
 
 _KerasCallback = flavor.module().callbacks.Callback
 

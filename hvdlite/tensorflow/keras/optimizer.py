@@ -1,6 +1,6 @@
 """``DistributedOptimizer`` and ``PartialDistributedOptimizer`` for both Keras
 on TensorFlow: each optimizer is handed to the module of the Keras its class
-comes from (hvdlite.tensorflow.keras.flavor).
+comes from (hvdlite.tensorflow.keras_flavor).
 
 - Keras 3 (``keras.optimizers.*``): keras3_optimizer, the reduction runs in
   ``apply`` (what Keras 3's fit and ``apply_gradients`` call).
@@ -14,7 +14,7 @@ from ...compression import Compression
 from ...ops import Average
 from ...process_sets import global_process_set
 from ..optimizer_options import DistributedOptions, check_groups, take_optimizer_momentum
-from . import flavor
+from .. import keras_flavor as flavor
 from . import tf_keras_optimizer
 
 _WHAT = "DistributedOptimizer"

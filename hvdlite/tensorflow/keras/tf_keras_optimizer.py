@@ -18,7 +18,7 @@ another distributed optimizer with the same settings.
 import tensorflow as tf
 
 from ..aggregation import LocalGradientAggregation, LocalVariableReducer
-from . import flavor
+from .. import keras_flavor as flavor
 
 
 def _keras_state_variable(initial_value, name):

@@ -31,47 +31,37 @@ using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 namespace errors = ::tensorflow::errors;
 
-// csrc/common/common.h OpType and ErrorKind codes.
-enum OpCode : int32_t {
-  kAllreduce = 0, kAllgather = 1, kBroadcast = 2, kAlltoall = 3, kReducescatter = 4,
-  kBarrier = 5, kJoin = 8,
-};
-enum ErrorCode : int {
-  kInvalidArgument = 1, kMismatch = 2, kShutdown = 3, kMpi = 4, kStall = 5, kInternal = 6,
-  kNotInitialized = 7, kTimeout = 8,
-};
-
 // Engine ErrorKind -> TensorFlow status, the classes Horovod's ops raise:
 // bad input InvalidArgument, ranks disagreeing FailedPrecondition, a stopped
 // engine Aborted.
 Status EngineError(int kind, const std::string& message) {
   const std::string text = "hvdlite: " + message;
   switch (kind) {
-    case kInvalidArgument: return errors::InvalidArgument(text);
-    case kMismatch: return errors::FailedPrecondition(text);
-    case kNotInitialized: return errors::FailedPrecondition(text);
-    case kShutdown: return errors::Aborted(text);
-    case kStall: return errors::Aborted(text);
-    case kTimeout: return errors::DeadlineExceeded(text);
-    case kMpi: return errors::Unknown(text);
+    case HVD_ERROR_INVALID_ARGUMENT: return errors::InvalidArgument(text);
+    case HVD_ERROR_MISMATCH: return errors::FailedPrecondition(text);
+    case HVD_ERROR_NOT_INITIALIZED: return errors::FailedPrecondition(text);
+    case HVD_ERROR_SHUTDOWN: return errors::Aborted(text);
+    case HVD_ERROR_STALL: return errors::Aborted(text);
+    case HVD_ERROR_TIMEOUT: return errors::DeadlineExceeded(text);
+    case HVD_ERROR_MPI: return errors::Unknown(text);
     default: return errors::Internal(text);
   }
 }
 
-// csrc/common/common.h DataType code of a TensorFlow dtype, -1 if none.
+// The engine's DataType code of a TensorFlow dtype, -1 if none.
 int32_t EngineDtype(DataType dtype) {
   switch (dtype) {
-    case ::tensorflow::DT_UINT8: return 0;
-    case ::tensorflow::DT_INT8: return 1;
-    case ::tensorflow::DT_INT32: return 2;
-    case ::tensorflow::DT_INT64: return 3;
-    case ::tensorflow::DT_HALF: return 4;
-    case ::tensorflow::DT_FLOAT: return 5;
-    case ::tensorflow::DT_DOUBLE: return 6;
-    case ::tensorflow::DT_BFLOAT16: return 7;
-    case ::tensorflow::DT_BOOL: return 8;
-    case ::tensorflow::DT_UINT16: return 9;
-    case ::tensorflow::DT_INT16: return 10;
+    case ::tensorflow::DT_UINT8: return HVD_DTYPE_UINT8;
+    case ::tensorflow::DT_INT8: return HVD_DTYPE_INT8;
+    case ::tensorflow::DT_INT32: return HVD_DTYPE_INT32;
+    case ::tensorflow::DT_INT64: return HVD_DTYPE_INT64;
+    case ::tensorflow::DT_HALF: return HVD_DTYPE_FLOAT16;
+    case ::tensorflow::DT_FLOAT: return HVD_DTYPE_FLOAT32;
+    case ::tensorflow::DT_DOUBLE: return HVD_DTYPE_FLOAT64;
+    case ::tensorflow::DT_BFLOAT16: return HVD_DTYPE_BFLOAT16;
+    case ::tensorflow::DT_BOOL: return HVD_DTYPE_BOOL;
+    case ::tensorflow::DT_UINT16: return HVD_DTYPE_UINT16;
+    case ::tensorflow::DT_INT16: return HVD_DTYPE_INT16;
     default: return -1;
   }
 }
@@ -196,7 +186,7 @@ class CollectiveKernel : public AsyncOpKernel {
   // allocated for ops whose output size only the engine knows (allgather,
   // reducescatter); nothing where the engine wrote into TensorFlow's output.
   virtual Status Collect(OpKernelContext* ctx, int i, int64_t handle) {
-    return op_ == kAllgather || op_ == kReducescatter ? CopyEngineOutput(ctx, i, handle)
+    return op_ == HVD_OP_ALLGATHER || op_ == HVD_OP_REDUCESCATTER ? CopyEngineOutput(ctx, i, handle)
                                                       : Status();
   }
 
@@ -252,7 +242,7 @@ class CollectiveKernel : public AsyncOpKernel {
     char message[4096];
     const int kind = api->handle_error(handle, message, sizeof(message));
     if (kind != 0) {
-      flight->Fail(EngineError(kind < 0 ? kInternal : kind,
+      flight->Fail(EngineError(kind < 0 ? HVD_ERROR_INTERNAL : kind,
                                kind < 0 ? std::string(api->last_error()) : std::string(message)));
     } else {
       Status s = Collect(flight->ctx(), i, handle);
@@ -281,6 +271,7 @@ class ReducingKernel : public CollectiveKernel {
     OP_REQUIRES_OK(c, c->GetAttr("compression", &compression_));
     OP_REQUIRES_OK(c, c->GetAttr("topk_ratio", &ratio));
     OP_REQUIRES_OK(c, c->GetAttr("error_feedback", &error_feedback_));
+    OP_REQUIRES_OK(c, c->GetAttr("compression_config", &compression_config_));
     prescale_ = pre;
     postscale_ = post;
     topk_ratio_ = ratio;
@@ -294,22 +285,24 @@ class ReducingKernel : public CollectiveKernel {
     s->request.compression = static_cast<int32_t>(compression_);
     s->request.topk_ratio = topk_ratio_;
     s->request.error_feedback = error_feedback_ ? 1 : 0;
-    return kOp == kAllreduce ? OutputLikeInput(ctx, i, s) : DescribeInput(ctx, i, s);
+    s->request.compression_config = static_cast<int32_t>(compression_config_);
+    return kOp == HVD_OP_ALLREDUCE ? OutputLikeInput(ctx, i, s) : DescribeInput(ctx, i, s);
   }
 
  private:
   int64_t reduce_op_ = 1;
   double prescale_ = 1.0, postscale_ = 1.0, topk_ratio_ = 0.0;
   int64_t compression_ = 0;
+  int64_t compression_config_ = 0;
   bool error_feedback_ = false;
 };
 
-using AllreduceKernel = ReducingKernel<kAllreduce>;
-using ReducescatterKernel = ReducingKernel<kReducescatter>;
+using AllreduceKernel = ReducingKernel<HVD_OP_ALLREDUCE>;
+using ReducescatterKernel = ReducingKernel<HVD_OP_REDUCESCATTER>;
 
 class AllgatherKernel : public CollectiveKernel {
  public:
-  explicit AllgatherKernel(OpKernelConstruction* c) : CollectiveKernel(c, kAllgather) {}
+  explicit AllgatherKernel(OpKernelConstruction* c) : CollectiveKernel(c, HVD_OP_ALLGATHER) {}
 
  protected:
   Status Prepare(OpKernelContext* ctx, int i, Submission* s) override {
@@ -321,7 +314,7 @@ class AllgatherKernel : public CollectiveKernel {
 
 class BroadcastKernel : public CollectiveKernel {
  public:
-  explicit BroadcastKernel(OpKernelConstruction* c) : CollectiveKernel(c, kBroadcast) {
+  explicit BroadcastKernel(OpKernelConstruction* c) : CollectiveKernel(c, HVD_OP_BROADCAST) {
     OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_rank_));
   }
 
@@ -337,7 +330,7 @@ class BroadcastKernel : public CollectiveKernel {
 
 class AlltoallKernel : public CollectiveKernel {
  public:
-  explicit AlltoallKernel(OpKernelConstruction* c) : CollectiveKernel(c, kAlltoall) {}
+  explicit AlltoallKernel(OpKernelConstruction* c) : CollectiveKernel(c, HVD_OP_ALLTOALL) {}
 
  protected:
   int tensors(OpKernelContext*) override { return 1; }
@@ -390,7 +383,7 @@ class ControlKernel : public CollectiveKernel {
   }
 
   Status Collect(OpKernelContext* ctx, int, int64_t handle) override {
-    if (kOp != kJoin) return Status();
+    if (kOp != HVD_OP_JOIN) return Status();
     Tensor* out = nullptr;
     TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<int32_t>()() = static_cast<int32_t>(Api()->handle_value(handle));
@@ -398,8 +391,8 @@ class ControlKernel : public CollectiveKernel {
   }
 };
 
-using BarrierKernel = ControlKernel<kBarrier>;
-using JoinKernel = ControlKernel<kJoin>;
+using BarrierKernel = ControlKernel<HVD_OP_BARRIER>;
+using JoinKernel = ControlKernel<HVD_OP_JOIN>;
 
 }  // namespace
 }  // namespace hvdlite_tf

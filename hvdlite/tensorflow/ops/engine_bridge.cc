@@ -80,7 +80,7 @@ int64_t Submit(const hvd_tensor_request& request, Continuation then, std::string
   const int64_t handle = g_api.enqueue(&request);
   if (handle <= 0) {
     *error = g_api.last_error();
-    return handle < 0 ? handle : -6;  // kInternal: the engine never returns 0
+    return handle < 0 ? handle : -HVD_ERROR_INTERNAL;  // the engine never returns 0
   }
   auto* pending = new Continuation(std::move(then));
   auto& thread = CompletionThread::Get();

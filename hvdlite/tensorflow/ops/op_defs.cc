@@ -76,7 +76,8 @@ Status AlltoallShapes(InferenceContext* c) {
       .Attr("postscale_factor: float = 1.0")       \
       .Attr("compression: int = 0")                \
       .Attr("topk_ratio: float = 0.0")             \
-      .Attr("error_feedback: bool = false")
+      .Attr("error_feedback: bool = false")        \
+      .Attr("compression_config: int = 0")
 
 #define HVDLITE_COMMON_ATTRS                       \
   Attr("tensor_names: list(string) = []")          \
