@@ -247,7 +247,7 @@ def hosts_section(case, img):
              "on the hosts. The **wire floor** is measured in the same job: every host sends "
              "2(H-1)/H of the set to the next host and receives as much, with nothing summed, which "
              "is what any allreduce among H hosts must move over each link at least once. All "
-             "hosts share this machine's 2 cores, so layouts with more ranks also measure CPU "
+             "hosts share one machine's 2 cores, so layouts with more ranks also measure CPU "
              "contention. `hvdlite none` runs with default settings; the other hvdlite rows name "
              "the setting they change.\n" % case.get("rate"))
     for lay, res in case.get("layouts", {}).items():
@@ -295,7 +295,7 @@ def hosts_train_section(case, img):
              "x %d steps). With several ranks per host, fp16, bf16 and top-k compress only what "
              "crosses hosts: each host sums exactly in its memory, and each of its ranks compresses one "
              "block of the host's sum (the wire bytes count that block; uncompressed, the whole "
-             "bucket); PowerSGD runs over all ranks. All hosts share this machine's 2 cores, so a layout with more ranks "
+             "bucket); PowerSGD runs over all ranks. All hosts share one machine's 2 cores, so a layout with more ranks "
              "also has less CPU per rank: compare rows within a layout.\n"
              % (first["layers"], first["width"], first["width"], first.get("params", 0) * 4 / 1e6,
                 case.get("rate"), first["rounds"], first["steps_per_round"]))

@@ -278,7 +278,7 @@ def advice_section(data):
             if txt:
                 text = "; ".join(txt)
                 bullet += ("Here " + text +
-                           ("; on faster links send fp32 (break-even rates from this machine's compute "
+                           ("; on faster links send fp32 (break-even rates from the measured host's compute "
                             "costs; faster CPUs move them up). " if breakeven else ". "))
             del paid_everywhere
         bullet += ("Top-k changes the optimisation (error feedback sends the rest in later steps): check "

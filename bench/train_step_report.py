@@ -53,7 +53,7 @@ def cpu_analysis(case):
             "for free: the training thread used %s ms with hvdlite against %s ms without "
             "communication (overlap hides the rest), and the engine %s ms to reduce "
             "%.0f MB, %.1f GB/s per rank. Training-thread CPU plus engine CPU, over the "
-            "no-communication step, is %.2fx: the floor for this machine, against %.2fx measured. "
+            "no-communication step, is %.2fx: the floor on this hardware, against %.2fx measured. "
             "The %.2fx target leaves %.1f ms per step for the reduction, %.1f GB/s per rank."
             % (case["ranks"], case.get("threads_per_rank", 1), cpus,
                ms(hv["train_thread_cpu_ms"]), ms(base.get("train_thread_cpu_ms")), ms(eng), gb * 1e3,
