@@ -93,9 +93,9 @@ def allreduce_grad(ops, grads, op, prescale, postscale):
 # ---------------------------------------------------------------- allgather
 
 def allgather_request(code, shape, name, process_set):
-    """A 0-d tensor is gathered as one row (Horovod gathers scalars into a
-    vector of size())."""
-    return dict(op=ALLGATHER, name=name, dtype_code=code, shape=request.gather_shape(shape),
+    """A 0-d tensor is gathered as one row (the C API's rule, as Horovod
+    gathers scalars into a vector of size())."""
+    return dict(op=ALLGATHER, name=name, dtype_code=code, shape=shape,
                 process_set=process_set_id(process_set))
 
 

@@ -232,13 +232,6 @@ def splits_list(splits, what):
 
 # ---------------------------------------------------------------- shapes
 
-def gather_shape(shape):
-    """Allgather treats a 0-d tensor as one row (Horovod gathers scalars into
-    a vector of size())."""
-    shape = tuple(int(d) for d in shape)
-    return shape if shape else (1,)
-
-
 # ---------------------------------------------------------------- waiting
 
 def wait_all(handles):

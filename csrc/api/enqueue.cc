@@ -37,6 +37,9 @@ Status ToEnqueueArgs(const hvd_tensor_request& r, hvdlite::EnqueueArgs* args) {
   q.name = r.name ? r.name : "";
   q.dtype = static_cast<DataType>(r.dtype);
   q.shape.assign(r.shape, r.shape + r.ndim);
+  // Horovod gathers scalars into a vector of size(): a 0-d tensor is one row.
+  // Decided here so that no front door restates it.
+  if (q.op == OpType::kAllgather && q.shape.empty()) q.shape.push_back(1);
   q.reduce_op = static_cast<ReduceOp>(r.reduce_op);
   q.prescale = r.prescale;
   q.postscale = r.postscale;

@@ -177,9 +177,9 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     base = name or ("broadcast_variables" if tf.executing_eagerly()
                     else mpi_ops.graph_name("broadcast_variables"))
     values = mpi_ops._tensors([tf.convert_to_tensor(v) for v in flat], "broadcast_variables")
-    root = mpi_ops.set_root(root_rank, pset, "broadcast_variables")
     names = [f"{base}.{i}.{_variable_name(v, i)}" for i, v in enumerate(flat)]
-    results = mpi_ops._broadcast_op(values, names, root, pset, grouped=True)
+    results = mpi_ops._broadcast_op(values, names, root_rank, pset, grouped=True,
+                                    what="broadcast_variables")
     assigns = [v.assign(r) for v, r in zip(flat, results)]
     if tf.executing_eagerly():
         return None

@@ -171,48 +171,75 @@ def _suffixed(names, suffix):
 # Op builders (also used by the gradients): tensors -> op outputs
 # --------------------------------------------------------------------------
 
-def _reduce_attrs(op, prescale, postscale, spec):
-    code, ratio, error_feedback, config = spec
-    return dict(reduce_op=int(op), prescale_factor=float(prescale),
-                postscale_factor=float(postscale), compression=int(code),
-                topk_ratio=float(ratio), error_feedback=bool(error_feedback),
-                compression_config=int(config))
+# The op (single tensor, grouped) of each engine collective.
+_OP_OF = {
+    _binding.ALLREDUCE: (_ops.hvdlite_allreduce, _ops.hvdlite_grouped_allreduce),
+    _binding.ALLGATHER: (_ops.hvdlite_allgather, _ops.hvdlite_grouped_allgather),
+    _binding.BROADCAST: (_ops.hvdlite_broadcast, _ops.hvdlite_grouped_broadcast),
+    _binding.REDUCESCATTER: (_ops.hvdlite_reducescatter, _ops.hvdlite_grouped_reducescatter),
+    _binding.ALLTOALL: (_ops.hvdlite_alltoall, None),
+}
+
+# Request fields that travel as op attributes (named as Horovod's ops name
+# them); the kernel copies them into each tensor's engine request.
+_ATTR_OF = {"reduce_op": "reduce_op", "prescale": "prescale_factor",
+            "postscale": "postscale_factor", "root_rank": "root_rank",
+            "process_set": "process_set_id"}
+
+
+def _request_attrs(req):
+    """The op attributes of a request from :mod:`hvdlite.collectives` (dtype,
+    shape and name are the tensors' own, filled by the kernel)."""
+    attrs = {_ATTR_OF[k]: v for k, v in req.items() if k in _ATTR_OF}
+    if "compression" in req:
+        code, ratio, error_feedback, config = req["compression"]
+        attrs.update(compression=int(code), topk_ratio=float(ratio),
+                     error_feedback=bool(error_feedback), compression_config=int(config))
+    return attrs
+
+
+def _run(req, tensors, names, grouped, *more_inputs):
+    """The op of request ``req`` over ``tensors``; a list of its outputs."""
+    single, group = _OP_OF[req["op"]]
+    attrs = _request_attrs(req)
+    if grouped:
+        return list(group(tensors, tensor_names=names, **attrs))
+    out = single(tensors[0], *more_inputs, tensor_names=names, **attrs)
+    return [out] if isinstance(out, tf.Tensor) else list(out)
+
+
+# The request layer's requests of a TensorFlow op: the kernel describes each
+# tensor itself, so dtype code, shape and name are left out here.
+_NO_TENSOR = (None, (), None)
 
 
 def _allreduce_op(tensors, names, op, prescale, postscale, spec, pset, grouped):
-    attrs = _reduce_attrs(op, prescale, postscale, spec)
-    if not grouped:
-        return [_ops.hvdlite_allreduce(tensors[0], tensor_names=names, process_set_id=pset, **attrs)]
-    return list(_ops.hvdlite_grouped_allreduce(tensors, tensor_names=names, process_set_id=pset,
-                                               **attrs))
+    req = collectives.allreduce_request(*_NO_TENSOR, op, prescale, postscale, spec, pset,
+                                        "hvdlite.tensorflow.allreduce")
+    return _run(req, tensors, names, grouped)
 
 
 def _allgather_op(tensors, names, pset, grouped):
-    if not grouped:
-        return [_ops.hvdlite_allgather(tensors[0], tensor_names=names, process_set_id=pset)]
-    return list(_ops.hvdlite_grouped_allgather(tensors, tensor_names=names, process_set_id=pset))
+    return _run(collectives.allgather_request(*_NO_TENSOR, pset), tensors, names, grouped)
 
 
-def _broadcast_op(tensors, names, root, pset, grouped):
-    if not grouped:
-        return [_ops.hvdlite_broadcast(tensors[0], root_rank=root, tensor_names=names,
-                                       process_set_id=pset)]
-    return list(_ops.hvdlite_grouped_broadcast(tensors, root_rank=root, tensor_names=names,
-                                               process_set_id=pset))
+def _broadcast_op(tensors, names, root_rank, pset, grouped, what="broadcast"):
+    """``root_rank`` is a global rank, as in Horovod."""
+    req = collectives.broadcast_request(*_NO_TENSOR, root_rank, pset, f"hvdlite.tensorflow.{what}")
+    return _run(req, tensors, names, grouped)
 
 
 def _reducescatter_op(tensors, names, op, prescale, postscale, spec, pset, grouped):
-    attrs = _reduce_attrs(op, prescale, postscale, spec)
-    if not grouped:
-        return [_ops.hvdlite_reducescatter(tensors[0], tensor_names=names, process_set_id=pset,
-                                           **attrs)]
-    return list(_ops.hvdlite_grouped_reducescatter(tensors, tensor_names=names,
-                                                   process_set_id=pset, **attrs))
+    req = collectives.reducescatter_request(*_NO_TENSOR, op, prescale, postscale, spec, pset,
+                                            "hvdlite.tensorflow.reducescatter")
+    return _run(req, tensors, names, grouped)
 
 
 def _alltoall_op(tensor, splits, names, pset):
-    out, received = _ops.hvdlite_alltoall(tensor, splits, tensor_names=names, process_set_id=pset)
-    return out, received
+    """(rows received, rows received from each rank); ``splits`` is a tensor
+    (the kernel reads it when it runs)."""
+    req = collectives.alltoall_request(*_NO_TENSOR, None, pset, "hvdlite.tensorflow.alltoall")
+    return tuple(_run(req, [tensor], names, False, splits))
 
 
 # --------------------------------------------------------------------------
@@ -369,8 +396,8 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     _start("broadcast")
     t = _tensors([tensor], "broadcast")
     pset = request.set_id(process_set)
-    return _broadcast_op(t, _names(name, 1, "broadcast", False),
-                         set_root(root_rank, pset, "broadcast"), pset, grouped=False)[0]
+    return _broadcast_op(t, _names(name, 1, "broadcast", False), root_rank, pset,
+                         grouped=False)[0]
 
 
 def _is_resource_variable(v):
@@ -395,8 +422,8 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
         return []
     pset = request.set_id(process_set)
     values = _tensors([v.value() for v in variables], what)
-    results = _broadcast_op(values, _names(name, len(values), what, True),
-                            set_root(root_rank, pset, what), pset, grouped=True)
+    results = _broadcast_op(values, _names(name, len(values), what, True), root_rank, pset,
+                            grouped=True, what=what)
     if tf.executing_eagerly():
         for v, r in zip(variables, results):
             v.assign(r)

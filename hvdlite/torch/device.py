@@ -434,7 +434,7 @@ class DeviceExecutor:
 
     def _allgather(self, job, entries):
         (e, p), = entries
-        t = self._input(e, p)
+        t = self._input(e, p).reshape(e["shape"])  # the engine's shape: a scalar is one row
         rows = job["rows"]
         trailing = list(t.shape[1:])
         most = max(rows)

@@ -121,13 +121,46 @@ struct Submission {
   std::string name;
 };
 
-// Shared by every kernel: attributes common to all, the per-tensor loop,
-// and the completion path. Subclasses say what each tensor's request is
+// The collective-level fields of the engine request, which Python's
+// hvdlite.collectives built and mpi_ops.py passed as the op's attributes
+// (attribute names: the request's, with Horovod's "_factor" and "_id"
+// suffixes). Every tensor of the op shares them; the kernel adds what only
+// the tensors say (dtype, shape, addresses, splits).
+Status ReadRequestAttrs(OpKernelConstruction* c, hvd_tensor_request* r) {
+  int64_t set = 0, reduce_op = HVD_REDUCE_SUM, code = 0, config = 0, root = 0;
+  float pre = 1.f, post = 1.f, ratio = 0.f;
+  bool error_feedback = false;
+  TF_RETURN_IF_ERROR(c->GetAttr("process_set_id", &set));
+  if (c->HasAttr("reduce_op")) {
+    TF_RETURN_IF_ERROR(c->GetAttr("reduce_op", &reduce_op));
+    TF_RETURN_IF_ERROR(c->GetAttr("prescale_factor", &pre));
+    TF_RETURN_IF_ERROR(c->GetAttr("postscale_factor", &post));
+    TF_RETURN_IF_ERROR(c->GetAttr("compression", &code));
+    TF_RETURN_IF_ERROR(c->GetAttr("topk_ratio", &ratio));
+    TF_RETURN_IF_ERROR(c->GetAttr("error_feedback", &error_feedback));
+    TF_RETURN_IF_ERROR(c->GetAttr("compression_config", &config));
+  }
+  if (c->HasAttr("root_rank")) TF_RETURN_IF_ERROR(c->GetAttr("root_rank", &root));
+  r->process_set = static_cast<int32_t>(set);
+  r->reduce_op = static_cast<int32_t>(reduce_op);
+  r->prescale = pre;
+  r->postscale = post;
+  r->compression = static_cast<int32_t>(code);
+  r->topk_ratio = ratio;
+  r->error_feedback = error_feedback ? 1 : 0;
+  r->compression_config = static_cast<int32_t>(config);
+  r->root_rank = static_cast<int32_t>(root);
+  return Status();
+}
+
+// Shared by every kernel: the request's attributes, the per-tensor loop, and
+// the completion path. Subclasses say how each tensor becomes a buffer
 // (Prepare) and how its results reach the outputs (Collect).
 class CollectiveKernel : public AsyncOpKernel {
  public:
-  CollectiveKernel(OpKernelConstruction* c, int32_t op) : AsyncOpKernel(c), op_(op) {
-    OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_));
+  CollectiveKernel(OpKernelConstruction* c, int32_t op) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, ReadRequestAttrs(c, &base_));
+    base_.op = op;
     if (c->HasAttr("tensor_names")) OP_REQUIRES_OK(c, c->GetAttr("tensor_names", &names_));
   }
 
@@ -147,11 +180,8 @@ class CollectiveKernel : public AsyncOpKernel {
     for (int i = 0; i < n; ++i) {
       Submission& s = subs[i];
       s.name = names_.empty() ? std::string() : names_[i];
-      s.request.op = op_;
+      s.request = base_;
       s.request.name = s.name.c_str();
-      s.request.process_set = static_cast<int32_t>(process_set_);
-      s.request.prescale = 1.0;
-      s.request.postscale = 1.0;
       OP_REQUIRES_OK_ASYNC(ctx, Prepare(ctx, i, &s), done);
       s.request.ndim = static_cast<int32_t>(s.shape.size());
       s.request.shape = s.shape.empty() ? nullptr : s.shape.data();
@@ -179,16 +209,12 @@ class CollectiveKernel : public AsyncOpKernel {
   // How many engine requests this invocation makes.
   virtual int tensors(OpKernelContext* ctx) { return ctx->num_inputs(); }
 
-  // Fills dtype, shape, input/output pointers and op-specific fields.
+  // Fills dtype, shape, input/output pointers and splits of tensor i.
   virtual Status Prepare(OpKernelContext* ctx, int i, Submission* s) = 0;
 
-  // Moves a successful result into the outputs: the buffer the engine
-  // allocated for ops whose output size only the engine knows (allgather,
-  // reducescatter); nothing where the engine wrote into TensorFlow's output.
-  virtual Status Collect(OpKernelContext* ctx, int i, int64_t handle) {
-    return op_ == HVD_OP_ALLGATHER || op_ == HVD_OP_REDUCESCATTER ? CopyEngineOutput(ctx, i, handle)
-                                                      : Status();
-  }
+  // Moves a successful result into the outputs; nothing where the engine
+  // wrote into TensorFlow's output.
+  virtual Status Collect(OpKernelContext* ctx, int i, int64_t handle) { return Status(); }
 
   // Data type, shape and address of input i.
   static Status DescribeInput(OpKernelContext* ctx, int i, Submission* s) {
@@ -201,15 +227,6 @@ class CollectiveKernel : public AsyncOpKernel {
     const auto dims = t.shape().dim_sizes();  // returned by value
     s->shape.assign(dims.begin(), dims.end());
     s->request.input = t.tensor_data().data();
-    return Status();
-  }
-
-  // Output i with input i's shape, written by the engine (allreduce, broadcast).
-  static Status OutputLikeInput(OpKernelContext* ctx, int i, Submission* s) {
-    TF_RETURN_IF_ERROR(DescribeInput(ctx, i, s));
-    Tensor* out = nullptr;
-    TF_RETURN_IF_ERROR(ctx->allocate_output(i, ctx->input(i).shape(), &out));
-    s->request.output = const_cast<char*>(out->tensor_data().data());
     return Status();
   }
 
@@ -252,81 +269,48 @@ class CollectiveKernel : public AsyncOpKernel {
     flight->PartDone();
   }
 
-  int32_t op_;
-  int64_t process_set_ = 0;
+  hvd_tensor_request base_{};
   std::vector<std::string> names_;
 };
 
-// Reducing collectives (allreduce, reducescatter): reduce op, scaling and
-// compression attributes. Allreduce's output has the input's shape and the
-// engine writes it; reducescatter's comes from the engine.
+// Allreduce and broadcast: output i has input i's shape and the engine
+// writes into it.
 template <int32_t kOp>
-class ReducingKernel : public CollectiveKernel {
+class InPlaceShapeKernel : public CollectiveKernel {
  public:
-  explicit ReducingKernel(OpKernelConstruction* c) : CollectiveKernel(c, kOp) {
-    float pre = 1.f, post = 1.f, ratio = 0.f;
-    OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op_));
-    OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &pre));
-    OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &post));
-    OP_REQUIRES_OK(c, c->GetAttr("compression", &compression_));
-    OP_REQUIRES_OK(c, c->GetAttr("topk_ratio", &ratio));
-    OP_REQUIRES_OK(c, c->GetAttr("error_feedback", &error_feedback_));
-    OP_REQUIRES_OK(c, c->GetAttr("compression_config", &compression_config_));
-    prescale_ = pre;
-    postscale_ = post;
-    topk_ratio_ = ratio;
-  }
-
- protected:
-  Status Prepare(OpKernelContext* ctx, int i, Submission* s) override {
-    s->request.reduce_op = static_cast<int32_t>(reduce_op_);
-    s->request.prescale = prescale_;
-    s->request.postscale = postscale_;
-    s->request.compression = static_cast<int32_t>(compression_);
-    s->request.topk_ratio = topk_ratio_;
-    s->request.error_feedback = error_feedback_ ? 1 : 0;
-    s->request.compression_config = static_cast<int32_t>(compression_config_);
-    return kOp == HVD_OP_ALLREDUCE ? OutputLikeInput(ctx, i, s) : DescribeInput(ctx, i, s);
-  }
-
- private:
-  int64_t reduce_op_ = 1;
-  double prescale_ = 1.0, postscale_ = 1.0, topk_ratio_ = 0.0;
-  int64_t compression_ = 0;
-  int64_t compression_config_ = 0;
-  bool error_feedback_ = false;
-};
-
-using AllreduceKernel = ReducingKernel<HVD_OP_ALLREDUCE>;
-using ReducescatterKernel = ReducingKernel<HVD_OP_REDUCESCATTER>;
-
-class AllgatherKernel : public CollectiveKernel {
- public:
-  explicit AllgatherKernel(OpKernelConstruction* c) : CollectiveKernel(c, HVD_OP_ALLGATHER) {}
+  explicit InPlaceShapeKernel(OpKernelConstruction* c) : CollectiveKernel(c, kOp) {}
 
  protected:
   Status Prepare(OpKernelContext* ctx, int i, Submission* s) override {
     TF_RETURN_IF_ERROR(DescribeInput(ctx, i, s));
-    if (s->shape.empty()) s->shape.push_back(1);  // a scalar is one row
+    Tensor* out = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(i, ctx->input(i).shape(), &out));
+    s->request.output = const_cast<char*>(out->tensor_data().data());
     return Status();
   }
 };
 
-class BroadcastKernel : public CollectiveKernel {
+// Allgather and reducescatter: only the engine knows the output's rows; it
+// allocates the result, copied into TensorFlow's output.
+template <int32_t kOp>
+class EngineOutputKernel : public CollectiveKernel {
  public:
-  explicit BroadcastKernel(OpKernelConstruction* c) : CollectiveKernel(c, HVD_OP_BROADCAST) {
-    OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_rank_));
-  }
+  explicit EngineOutputKernel(OpKernelConstruction* c) : CollectiveKernel(c, kOp) {}
 
  protected:
   Status Prepare(OpKernelContext* ctx, int i, Submission* s) override {
-    s->request.root_rank = static_cast<int32_t>(root_rank_);
-    return OutputLikeInput(ctx, i, s);
+    return DescribeInput(ctx, i, s);
   }
 
- private:
-  int64_t root_rank_ = 0;
+  Status Collect(OpKernelContext* ctx, int i, int64_t handle) override {
+    return CopyEngineOutput(ctx, i, handle);
+  }
 };
+
+using AllreduceKernel = InPlaceShapeKernel<HVD_OP_ALLREDUCE>;
+using BroadcastKernel = InPlaceShapeKernel<HVD_OP_BROADCAST>;
+using AllgatherKernel = EngineOutputKernel<HVD_OP_ALLGATHER>;
+using ReducescatterKernel = EngineOutputKernel<HVD_OP_REDUCESCATTER>;
 
 class AlltoallKernel : public CollectiveKernel {
  public:
