@@ -1,1 +1,1 @@
-"""hvdlite's benchmark suite: ``python -m hvdlite.bench`` (see bench/run.py and docs/benchmarks.md)."""
+"""hvdlite's benchmark suite: ``python -m hvdlite.bench`` (see bench/run.py; results in bench/results/, summarised in docs/benchmarks.md)."""

@@ -1,4 +1,5 @@
-"""Turns a results JSON of ``python -m hvdlite.bench`` into docs/benchmarks.md and plots.
+"""Turns a results JSON of ``python -m hvdlite.bench`` into a Markdown report (beside the JSON:
+bench/results/<date>.md) and plots (docs/img/bench_*.png).
 
     python -m hvdlite.bench --report bench/results/<date>.json
 
@@ -9,13 +10,13 @@ numbers consistent. This module assembles the document and writes the parts
 that span cases (summary, method, advice, caveats); each benchmark's section,
 plots and progress headline live beside it (allreduce_report.py,
 train_step_report.py, hosts_report.py, kernels.py,
-compression_accuracy_report.py, soak.py), on report_format.py and
+compression_accuracy_report.py), on report_format.py and
 report_plots.py.
 """
 import os
 import statistics
 
-from . import compression_accuracy_report, kernels, soak
+from . import compression_accuracy_report, kernels
 from .allreduce_report import (allreduce_headline, allreduce_section, scaling_section, small_section,
                                sweep_grid, sweep_headline, sweep_section)
 from .hosts_report import (hosts_headline, hosts_section, hosts_train_headline, hosts_train_section,
@@ -115,7 +116,6 @@ def write(data, doc_path, img_dir, json_path):
     if "sweep" in cases:
         L.append(sweep_section(cases["sweep"], img))
     L.append(advice_section(data))
-    L.append(soak.soak_section(doc_path))
     L.append(caveats_section(data))
     with open(doc_path, "w") as f:
         f.write("\n".join(s.rstrip() + "\n" for s in L if s))
@@ -207,7 +207,10 @@ def method_section(data):
         "kernels %s runs x %s reps; the full profile is in the JSON (`meta.profile`).\n"
         % (P.get("r50_iters"), P.get("small_iters"), P.get("train_rounds"), P.get("train_steps"),
            P.get("kernel_runs"), P.get("kernel_reps")))
-    out.append("- **Horovod**: %s.\n" % m.get("horovod", "?"))
+    horovod = str(m.get("horovod", "?"))
+    if horovod.startswith("installed at"):  # the path is the measuring host's, not the reader's
+        horovod = "installed into the venv (`bench/install_horovod.sh`: 0.28.1)"
+    out.append("- **Horovod**: %s.\n" % horovod)
     return "".join(out)
 
 
@@ -290,8 +293,8 @@ def advice_section(data):
         if IDLE_MODE in mo:  # a run from before auto was the default: "hvdlite" ran normal
             text = ("where the training threads fill every core of a dedicated host (CPU training, "
                     "ranks x threads = cores), `idle` made the training step %s of no communication "
-                    "against %s with `normal`, the default when this ran (now `auto` chooses `idle` "
-                    "on such a host)." % (ratio(mo[IDLE_MODE]["ratio_to_nocomm"]),
+                    "against %s with `normal`, which the `hvdlite` mode of this run used (`auto`, "
+                    "the engine's default, chooses `idle` on such a host)." % (ratio(mo[IDLE_MODE]["ratio_to_nocomm"]),
                                           ratio(mo["hvdlite"]["ratio_to_nocomm"])))
         else:
             text = ("the default, `auto`, runs the engine at idle priority where the job is on one "

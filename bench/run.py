@@ -4,14 +4,16 @@
     python -m hvdlite.bench --cases allreduce,train_step
     python -m hvdlite.bench --cases hosts,autotune       # between emulated hosts; autotune vs a sweep
     python -m hvdlite.bench --tiny --out-dir /tmp/b   # seconds: the smoke test's run
-    python -m hvdlite.bench --report bench/results/2026-11-22.json   # docs from a JSON
+    python -m hvdlite.bench --report bench/results/2026-11-23-5.json   # the report of a JSON
 
 (``python bench/run.py ...`` is the same.) Every case runs real ranks through
 hvdrun; each contender inside a case is interleaved with its peers (a rotating
 order every round) and reported as the median of the slowest rank's times, with
 min and max, and as ratios to peers measured in the same run. Writes
-``bench/results/<date>.json``, ``docs/benchmarks.md`` and ``docs/img/bench_*.png``
-(or the same names under ``--out-dir``).
+``bench/results/<date>.json``, its report ``bench/results/<date>.md`` and
+``docs/img/bench_*.png`` (or ``results/``, ``benchmarks.md`` and ``img/`` under
+``--out-dir``). docs/benchmarks.md is written by hand: it quotes the current
+result of each topic and names the file it comes from.
 """
 import argparse
 import datetime
@@ -97,7 +99,7 @@ def parse_args(argv=None):
                     help="few iterations, small sizes, no network case (a smoke run)")
     ap.add_argument("--np", type=int, default=2, help="ranks of the main cases (default 2)")
     ap.add_argument("--out-dir", help="write results/, benchmarks.md and img/ here instead of "
-                    "bench/results, docs/benchmarks.md and docs/img")
+                    "bench/results/<date>.json, the report beside it (<date>.md) and docs/img")
     ap.add_argument("--rate", default="1gbit", help="emulated link rate (network case)")
     ap.add_argument("--delay", default=None, help="emulated one-way delay, e.g. 100us (network case)")
     ap.add_argument("--report", metavar="JSON", help="only write the Markdown and plots from a results JSON")
@@ -110,14 +112,19 @@ def parse_args(argv=None):
 # ---- paths ---------------------------------------------------------------------------
 
 def output_paths(args):
+    """(results directory, report path, image directory); a report path of None
+    means: beside the results JSON, with the same name ending in .md."""
     if args.out_dir:
         base = os.path.abspath(args.out_dir)
         return os.path.join(base, "results"), os.path.join(base, "benchmarks.md"), os.path.join(base, "img")
     if args.tiny:
         base = os.path.join(tempfile.gettempdir(), "hvdlite-bench-tiny")
         return os.path.join(base, "results"), os.path.join(base, "benchmarks.md"), os.path.join(base, "img")
-    return (os.path.join(BENCH, "results"), os.path.join(REPO, "docs", "benchmarks.md"),
-            os.path.join(REPO, "docs", "img"))
+    return os.path.join(BENCH, "results"), None, os.path.join(REPO, "docs", "img")
+
+
+def report_path(doc, json_path):
+    return doc if doc is not None else os.path.splitext(os.path.abspath(json_path))[0] + ".md"
 
 
 def results_file(results_dir):
@@ -523,7 +530,7 @@ def main(argv=None):
     if args.report:
         with open(args.report) as f:
             data = json.load(f)
-        written = report.write(data, doc, img, args.report)
+        written = report.write(data, report_path(doc, args.report), img, args.report)
         print("wrote " + ", ".join(written))
         return 0
     tiny = args.tiny
@@ -569,7 +576,7 @@ def main(argv=None):
     data["meta"]["seconds"] = round(time.time() - start, 1)
     with open(path, "w") as f:
         json.dump(data, f, indent=1)
-    written = report.write(data, doc, img, path)
+    written = report.write(data, report_path(doc, path), img, path)
     progress("wrote %s, %s" % (path, ", ".join(written)))
     if not args.keep_logs and not failed:
         shutil.rmtree(log_dir, ignore_errors=True)

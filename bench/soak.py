@@ -246,16 +246,5 @@ def main():
     sys.exit(0 if ok else 1)
 
 
-def soak_section(doc_path):
-    """The soak run (bench/soak.py) is measured separately; its table lives in
-    benchmarks-soak.md and is included here so this page has every figure."""
-    soak = os.path.join(os.path.dirname(os.path.abspath(doc_path)), "benchmarks-soak.md")
-    if not os.path.exists(soak):
-        return ""
-    text = open(soak).read().strip().splitlines()
-    body = [ln for ln in text if not ln.startswith("# ")]
-    return "## Soak: 10,000 steps of mixed collectives\n\n" + "\n".join(body) + "\n"
-
-
 if __name__ == "__main__":
     main()

@@ -101,7 +101,7 @@ def autotune_section(case):
         return "\n".join(L + [failed])
     a = case["autotune"]
     where = ("%s emulated hosts x ranks at %s" % (case["layout"], case["rate"])) if case.get("layout") else \
-        "%d ranks on this host" % case["ranks"]
+        "%d ranks on one host" % case["ranks"]
     L.append("The train step of case 2 (%s). First a tuning phase: hvdlite trains with "
              "`HVDLITE_AUTOTUNE=1` (samples of %s steps) until its search ends: %d samples in %d steps, "
              "%.1f s. Then its choice runs as one more mode, interleaved with a sweep of fixed settings "

@@ -28,13 +28,14 @@ enum class EngineAffinityMode { kAuto, kFollow, kNone };
 
 struct EngineOptions {
   double cycle_time_ms = 1.0;
-  // Chosen by the sweep in docs/benchmarks.md: 4-8 MB buckets were fastest on
-  // the ResNet-50 set and the train step; bigger tensors skip the copy.
+  // Chosen by the fusion x cycle sweeps of the full benchmark runs
+  // (bench/results/2026-11-21.json; 2026-11-23-5.md): 4 MB buckets were fastest
+  // in the train step; bigger tensors skip the copy.
   int64_t fusion_threshold_bytes = 4 * 1024 * 1024;
   // Tensors at least this large (capped at the fusion threshold) skip the
   // fusion buffer and are reduced straight from their own memory: copying
   // them in and out cost more than the latency fusing them saves (1-2 MB was
-  // fastest on the ResNet-50 set, docs/benchmarks.md). 0: the fusion threshold.
+  // fastest on the ResNet-50 set, bench/results/2026-11-21/README.md). 0: the fusion threshold.
   int64_t direct_threshold_bytes = 1024 * 1024;
   int64_t cache_capacity = 1024;
   // Each wire's settings (wire_options.h).

@@ -56,8 +56,8 @@ struct RingOptions {
 struct HierarchicalOptions {
   // Reduce inside the host first, ring between hosts (Horovod's
   // HOROVOD_HIERARCHICAL_ALLREDUCE). kAuto and kOn: whenever the ring runs on
-  // such a layout; it beat MPI there (4 hosts x 2 ranks: 0.84x,
-  // docs/benchmarks.md).
+  // such a layout; it beat MPI there (4 hosts x 2 ranks: 1411 against 1630 ms,
+  // docs/scaling.md).
   Choice allreduce = Choice::kAuto;
   // Large allgathers gather across hosts by local rank, then inside the host
   // (transport/ring/hierarchical_allgather.h; Horovod's
