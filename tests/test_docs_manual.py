@@ -12,8 +12,7 @@ Rules, one case per file:
   repository); "/tmp/" only inside code (a fenced block or an inline code span:
   commands that make scratch files), never in prose;
 - no relative link or image that resolves outside the repository;
-- every image a page shows exists (links to pages are not checked: a page may
-  link one that is being written);
+- every image a page shows and every file a page links exists;
 - every docs/img/*.png is shown by at least one of these pages.
 """
 import glob
@@ -93,8 +92,8 @@ def problems(page, root=ROOT):
         path = resolve(page, target)
         if os.path.commonpath([path, root]) != root:
             found.append("%s: %s leads outside the repository" % (rel(page), target))
-        elif is_image and not os.path.isfile(path):
-            found.append("%s: image %s does not exist" % (rel(page), target))
+        elif not os.path.exists(path):
+            found.append("%s: %s %s does not exist" % (rel(page), "image" if is_image else "link", target))
     return found
 
 
