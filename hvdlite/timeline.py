@@ -1,4 +1,4 @@
-"""Reads, merges and summarises hvdlite timeline files (Chrome trace event JSON).
+"""Reads, merges, summarises and draws hvdlite timeline files (Chrome trace event JSON).
 
 Each rank writes its own file (``HVDLITE_TIMELINE=/tmp/tl-%r.json``) in the
 JSON array format: ``[`` and then one event per line, the closing ``]`` only
@@ -7,16 +7,19 @@ after a clean stop. Rows and phases are named as in Horovod's timeline (a row
 and event times count from the ``start_time_since_epoch_in_micros`` in the
 process metadata. ``merge`` joins the per-rank files into one trace with a
 process per rank on a common clock; ``stragglers`` says which rank keeps the
-others waiting in negotiation.
+others waiting in negotiation; ``plot`` draws each rank's phases over a few
+steps, the rank that entered each negotiation last marked.
 
     python -m hvdlite.timeline merge -o merged.json /tmp/tl-0.json /tmp/tl-1.json
     python -m hvdlite.timeline merge -o merged.json '/tmp/tl-%r.json' --ranks 4
     python -m hvdlite.timeline merge -o merged.json '/tmp/tl-*.json'
     python -m hvdlite.timeline summarize merged.json
     python -m hvdlite.timeline stragglers merged.json
+    python -m hvdlite.timeline plot -o step.png merged.json --steps 5-6
 
-Only the standard library is used, so the tool runs where the trace is
-looked at, not only where hvdlite is installed (``python timeline.py ...``).
+Only the standard library is used (``plot`` imports matplotlib when it
+draws), so the tool runs where the trace is looked at, not only where hvdlite
+is installed (``python timeline.py ...``).
 """
 import argparse
 import glob
@@ -25,7 +28,7 @@ import os
 import re
 import sys
 
-__all__ = ["load", "start_time_us", "merge", "summarize", "stragglers"]
+__all__ = ["load", "start_time_us", "merge", "summarize", "stragglers", "plot_data", "plot"]
 
 # Phases that mean "this rank is ready and waits for the others":
 # NEGOTIATE_ALLREDUCE, NEGOTIATE_ALLGATHER, ... (plain NEGOTIATE in files
@@ -351,6 +354,19 @@ def summarize(paths):
     return result
 
 
+def _straggler_rounds(ranked):
+    """{tensor: [(round {rank: ts}, last rank, lag ms)]}: every complete
+    negotiation round of every tensor, the rank that entered it last and by
+    how much after the first."""
+    out = {}
+    for tensor, begins in _negotiate_begins(ranked).items():
+        rounds = out.setdefault(tensor, [])
+        for rnd in _rounds(begins, len(ranked)):
+            last = max(rnd, key=lambda r: (rnd[r], str(r)))
+            rounds.append((rnd, last, (rnd[last] - min(rnd.values())) / 1000.0))
+    return out
+
+
 def stragglers(paths):
     """Who enters negotiation last. ``paths``: one merged file or the
     per-rank files. Returns {"ranks": {rank: {"last": n, "lag_ms_total": x}},
@@ -365,11 +381,9 @@ def stragglers(paths):
     tensors = {}
     if nranks < 2:
         return {"ranks": ranks, "tensors": tensors}
-    for tensor, begins in _negotiate_begins(ranked).items():
+    for tensor, rounds in _straggler_rounds(ranked).items():
         last_by, lags = {}, []
-        for rnd in _rounds(begins, nranks):
-            last = max(rnd, key=lambda r: (rnd[r], str(r)))
-            lag = (rnd[last] - min(rnd.values())) / 1000.0
+        for _, last, lag in rounds:
             last_by[last] = last_by.get(last, 0) + 1
             lags.append(lag)
             ranks[last]["last"] += 1
@@ -379,6 +393,213 @@ def stragglers(paths):
             tensors[tensor] = {"rounds": len(lags), "last_rank": top, "last_count": last_by[top],
                                "mean_lag_ms": sum(lags) / len(lags), "max_lag_ms": max(lags)}
     return {"ranks": ranks, "tensors": tensors}
+
+
+# ---- plot: the phases per rank over time, as a picture
+
+# The picture's rows per rank, in this order (plot_row says which phases each
+# gathers). The operation's own span (ALLREDUCE, ...) is not drawn: it only
+# encloses the phases that are.
+PLOT_ROWS = ("negotiate", "queue", "copy", "compress", "communicate")
+_ROW_COLORS = {"negotiate": "#d9a441", "queue": "#9c9c9c", "copy": "#6bb36b",
+               "compress": "#8064a2", "communicate": "#2a7ab9"}
+_WIRE_PREFIXES = ("MPI_", "SHM_", "NCCL_", "GLOO_")
+
+
+def plot_row(phase):
+    """The picture's row for a timeline phase, or None for the phases it does
+    not draw (the operation's span, ERROR, markers)."""
+    if _is_negotiate(phase):
+        return "negotiate"  # ready, waiting for the other ranks
+    if phase == "QUEUE":
+        return "queue"  # agreed, waiting behind earlier buckets
+    if phase.startswith("MEMCPY_"):
+        return "copy"
+    if phase in ("COMPRESS", "DECOMPRESS"):
+        return "compress"
+    if phase.startswith(_WIRE_PREFIXES):
+        return "communicate"
+    return None
+
+
+def _row_spans(events):
+    """{row: [(begin_us, end_us)]} from one rank's B/E pairs; phases a cut
+    file left open end at its last event."""
+    stacks, spans, last = {}, {}, None
+    for e in events:
+        ts = e.get("ts")
+        if e.get("ph") not in ("B", "E") or not isinstance(ts, (int, float)):
+            continue
+        last = ts if last is None else max(last, ts)
+        stack = stacks.setdefault(e.get("tid"), [])
+        if e["ph"] == "B":
+            stack.append((str(e.get("name", "")), ts))
+        elif stack:
+            name, begin = stack.pop()
+            spans.setdefault(plot_row(name), []).append((begin, ts))
+    for stack in stacks.values():
+        for name, begin in stack:
+            spans.setdefault(plot_row(name), []).append((begin, last))
+    spans.pop(None, None)
+    return spans
+
+
+def _union(spans):
+    """Overlapping spans joined: tensors negotiate (and travel, fused) together,
+    and a row shows whether the rank was in the phase at all."""
+    out = []
+    for begin, end in sorted(spans):
+        if out and begin <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([begin, end])
+    return out
+
+
+def _step_starts(rounds_by_tensor):
+    """When each training step began (us): a step negotiates every gradient
+    once, so each round of the tensor negotiated most often (the earliest
+    among equals) opens a step, at its first rank's entry."""
+    best = None
+    for rounds in rounds_by_tensor.values():
+        starts = sorted(min(rnd.values()) for rnd, _, _ in rounds)
+        if starts and (best is None or (-len(starts), starts[0]) < (-len(best), best[0])):
+            best = starts
+    return best or []
+
+
+def _step_range(steps):
+    """"3" -> (3, 3), "3-4" -> (3, 4); steps count from 1."""
+    first, _, last = str(steps).partition("-")
+    try:
+        first, last = int(first), int(last or first)
+    except ValueError:
+        raise ValueError(f"--steps {steps!r}: give N or N-M (steps count from 1)") from None
+    if not 1 <= first <= last:
+        raise ValueError(f"--steps {steps!r}: give N or N-M with 1 <= N <= M")
+    return first, last
+
+
+def plot_data(paths, start_ms=None, end_ms=None, steps=None, min_lag_ms=0.0):
+    """What ``plot`` draws, without drawing it. Times are ms since the trace's
+    first event (as in a merged file). The window is ``start_ms``..``end_ms``
+    or the training ``steps`` "N" / "N-M" (from 1; see _step_starts); the
+    default is the whole trace. Returns {"window_ms": (start, end),
+    "ranks": [(rank, label)], "rows": [row names with a bar in the window],
+    "bars": {rank: {row: [(start_ms, length_ms)]}} (overlapping phases of one
+    row joined, clipped to the window), "stragglers": [{"rank", "tensor",
+    "at_ms", "lag_ms"}] (per negotiation round in the window with a lag of at
+    least ``min_lag_ms``: the rank that entered last, when, how late),
+    "steps": [(number, start_ms)] in the window}."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    ranked = _per_rank(list(paths))
+    all_ts = [e["ts"] for r in ranked for e in r.events
+              if e.get("ph") != "M" and isinstance(e.get("ts"), (int, float))]
+    t0 = min(all_ts) if all_ts else 0
+    trace_end = (max(all_ts) - t0) / 1000.0 if all_ts else 0.0
+    rounds = _straggler_rounds(ranked)
+    step_starts = [(s - t0) / 1000.0 for s in _step_starts(rounds)]
+    if steps is not None:
+        if start_ms is not None or end_ms is not None:
+            raise ValueError("give either --steps or --start-ms/--end-ms")
+        first, last = _step_range(steps)
+        if first > len(step_starts):
+            raise ValueError(f"--steps {steps}: the trace has {len(step_starts)} step(s)")
+        lo = step_starts[first - 1]
+        hi = step_starts[last] if last < len(step_starts) else trace_end
+    else:
+        lo = 0.0 if start_ms is None else float(start_ms)
+        hi = trace_end if end_ms is None else float(end_ms)
+    if hi <= lo:
+        raise ValueError(f"empty time window: {lo:g} to {hi:g} ms (the trace spans 0 to "
+                         f"{trace_end:g} ms)")
+
+    bars = {}
+    for r in ranked:
+        by_row = bars.setdefault(r.pid, {})
+        for row, spans in _row_spans(r.events).items():
+            clipped = [(max((b - t0) / 1000.0, lo), min((e - t0) / 1000.0, hi))
+                       for b, e in _union(spans)]
+            clipped = [(b, e - b) for b, e in clipped if e > b]
+            if clipped:
+                by_row[row] = clipped
+    marks = []
+    if len(ranked) > 1:
+        for tensor, tensor_rounds in rounds.items():
+            for rnd, last, lag in tensor_rounds:
+                at = (rnd[last] - t0) / 1000.0
+                if lo <= at < hi and lag >= min_lag_ms:
+                    marks.append({"rank": last, "tensor": tensor, "at_ms": at, "lag_ms": lag})
+    marks.sort(key=lambda m: (m["at_ms"], str(m["rank"])))
+    return {"window_ms": (lo, hi), "ranks": [(r.pid, r.label) for r in ranked],
+            "rows": [row for row in PLOT_ROWS if any(row in b for b in bars.values())],
+            "bars": bars, "stragglers": marks,
+            "steps": [(n, s) for n, s in enumerate(step_starts, 1) if lo <= s < hi]}
+
+
+def _figure(width, height):
+    """A matplotlib Figure drawn off screen; imported here so that the other
+    commands need only the standard library."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ImportError("the timeline plot needs matplotlib: pip install matplotlib") from None
+    return Figure(figsize=(width, height))
+
+
+def plot(paths, out_path, start_ms=None, end_ms=None, steps=None, min_lag_ms=0.0, title=None):
+    """Draws the trace into ``out_path`` (PNG, SVG or PDF by its name): per
+    rank one row per kind of phase (negotiate, queue, copy, compress,
+    communicate: those the window has) over time, a mark where a rank entered
+    a negotiation round last, dashed lines where steps begin. Arguments as
+    for ``plot_data``; returns its result."""
+    data = plot_data(paths, start_ms, end_ms, steps, min_lag_ms)
+    rows, ranks = data["rows"] or ["negotiate"], data["ranks"]
+    lane = len(rows) + 1  # one empty row between ranks
+    fig = _figure(10, 0.3 * lane * len(ranks) + 1.6)
+    ax = fig.add_subplot()
+    ticks, labels = [], []
+    for i, (rank, label) in enumerate(ranks):
+        for j, row in enumerate(rows):
+            y = -(i * lane + j)
+            ax.broken_barh(data["bars"][rank].get(row, []), (y - 0.4, 0.8),
+                           facecolors=_ROW_COLORS[row], linewidth=0)
+            ticks.append(y)
+            labels.append(f"{label}: {row}" if j == 0 else row)
+        if i:
+            ax.axhline(-(i * lane) + 1, color="#cccccc", lw=0.6)
+    lo, hi = data["window_ms"]
+    negotiate_y = {rank: -(i * lane + rows.index("negotiate")) for i, (rank, _) in enumerate(ranks)
+                   if "negotiate" in rows}
+    counts = {}
+    for m in data["stragglers"]:
+        counts[m["rank"]] = counts.get(m["rank"], 0) + 1
+    for rank, n in sorted(counts.items(), key=lambda kv: _pid_key(kv[0])):
+        xs = [m["at_ms"] for m in data["stragglers"] if m["rank"] == rank]
+        ax.scatter(xs, [negotiate_y.get(rank, 0)] * len(xs), marker="v", s=28, color="#c0392b",
+                   edgecolors="white", linewidths=0.5, zorder=3,
+                   label=f"rank {rank} entered negotiation last ({n} round{'s' * (n != 1)})")
+    for n, start in data["steps"]:
+        ax.axvline(start, color="#555555", lw=0.8, ls="--", zorder=0)
+        ax.text(start, 1.0, f" step {n}", transform=ax.get_xaxis_transform(), fontsize=7,
+                va="bottom", ha="left")
+    ax.set_yticks(ticks)
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.set_ylim(min(ticks) - 0.7, 0.7)
+    ax.set_xlim(lo, hi)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_xlabel("ms since the trace's first event", fontsize=8)
+    ax.set_title(title or f"{len(ranks)} rank(s), {lo:.1f} to {hi:.1f} ms", fontsize=9,
+                 pad=14 if data["steps"] else 6)
+    bottom = 0.0
+    if counts:
+        bottom = 0.3 / fig.get_figheight()  # room for the legend under the axes
+        fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=7,
+                   frameon=False)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    fig.savefig(out_path, dpi=110)
+    return data
 
 
 def _print_summary(paths, top):
@@ -424,9 +645,21 @@ def _print_stragglers(paths, top):
         print(f"... {len(rows) - top} more tensors (--top N)")
 
 
+def _print_plot(paths, args):
+    data = plot(paths, args.output, start_ms=args.start_ms, end_ms=args.end_ms, steps=args.steps,
+                min_lag_ms=args.min_lag_ms, title=args.title)
+    lo, hi = data["window_ms"]
+    counts = {}
+    for m in data["stragglers"]:
+        counts[m["rank"]] = counts.get(m["rank"], 0) + 1
+    last = ", ".join(f"rank {r} {n}" for r, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    print(f"wrote {args.output}: {len(data['ranks'])} rank(s), {lo:.3f} to {hi:.3f} ms, "
+          f"rows {', '.join(data['rows']) or 'none'}; last to negotiate: {last or 'no rounds'}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m hvdlite.timeline",
-                                     description="Merge and inspect hvdlite timelines.")
+                                     description="Merge, inspect and draw hvdlite timelines.")
     sub = parser.add_subparsers(dest="command", required=True)
     m = sub.add_parser("merge", help="join per-rank files into one trace")
     m.add_argument("-o", "--output", required=True, help="merged trace to write")
@@ -440,6 +673,18 @@ def main(argv=None):
         p.add_argument("--ranks", type=int, help="number of ranks, for a %%r pattern")
         p.add_argument("--top", type=int, default=20, help="tensors to list (default 20)")
         p.add_argument("inputs", nargs="+", help="a merged file, or per-rank files / patterns")
+    p = sub.add_parser("plot", help="draw each rank's phases over time, stragglers marked "
+                                    "(needs matplotlib)")
+    p.add_argument("-o", "--output", required=True, help="image to write (.png, .svg or .pdf)")
+    p.add_argument("--ranks", type=int, help="number of ranks, for a %%r pattern")
+    p.add_argument("--steps", help="only training steps N or N-M (from 1; a step starts at each "
+                                   "negotiation of the most often reduced tensor)")
+    p.add_argument("--start-ms", type=float, help="window start, ms since the first event")
+    p.add_argument("--end-ms", type=float, help="window end, ms since the first event")
+    p.add_argument("--min-lag-ms", type=float, default=0.0,
+                   help="mark only rounds whose last rank was at least this late (default 0)")
+    p.add_argument("--title", help="the picture's title")
+    p.add_argument("inputs", nargs="+", help="a merged file, or per-rank files / patterns")
     args = parser.parse_args(argv)
     try:
         paths = expand_inputs(args.inputs, args.ranks)
@@ -451,9 +696,11 @@ def main(argv=None):
                   + (f"; cut by a kill: {', '.join(cut)}" if cut else ""))
         elif args.command == "summarize":
             _print_summary(paths, args.top)
+        elif args.command == "plot":
+            _print_plot(paths, args)
         else:
             _print_stragglers(paths, args.top)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, ImportError) as e:
         print(f"hvdlite.timeline: {e}", file=sys.stderr)
         return 1
     return 0

@@ -1,5 +1,6 @@
 """Timeline writer (csrc/timeline/timeline.cc, built standalone with g++) and the
-merge tool (hvdlite/timeline.py) on synthetic per-rank files."""
+tool (hvdlite/timeline.py: merge, summarize, stragglers, plot) on synthetic
+per-rank files."""
 import glob
 import importlib.util
 import json
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from harness.checks import REQUIRE_ALL
+from harness.checks import REQUIRE_ALL, require
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "hvdlite", "timeline.py")
@@ -334,3 +335,96 @@ def test_files_from_before_horovod_names(tmp_path):
     s = tl.stragglers(paths)
     assert s["ranks"][STRAGGLER]["last"] == STEPS * len(TENSORS)
     assert s["tensors"]["allreduce.grad/conv1"]["mean_lag_ms"] == pytest.approx((LAG_US + 10) / 1000)
+
+
+# ------------------------------------------------------------------- plot
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _bar_counts(data):
+    return {rank: {row: len(bars) for row, bars in rows.items()}
+            for rank, rows in data["bars"].items()}
+
+
+def test_plot_data_rows_and_stragglers(rank_files, tmp_path):
+    """Steps 2-3 of the synthetic run: per rank a negotiate and a communicate
+    row; the ranks that wait show one long negotiation per step (both tensors'
+    joined), the straggler two short ones, each marked as last."""
+    merged = str(tmp_path / "merged.json")
+    tl.merge(rank_files, merged)
+    data = tl.plot_data(merged, steps="2-3")
+    # A step starts where the first rank enters conv1's negotiation: every 100 ms.
+    assert data["window_ms"] == (100.0, 300.0)
+    assert data["steps"] == [(2, 100.0), (3, 200.0)]
+    assert data["ranks"] == [(0, "rank 0"), (1, "rank 1"), (2, "rank 2")]
+    assert data["rows"] == ["negotiate", "communicate"]  # no queue, copy or compress phases here
+    assert _bar_counts(data) == {0: {"negotiate": 2, "communicate": 4},
+                                 1: {"negotiate": 4, "communicate": 4},
+                                 2: {"negotiate": 2, "communicate": 4}}
+    waited = (LAG_US + 1000 + 200) / 1000  # from conv1's entry to fc's agreement
+    assert [length for _, length in data["bars"][0]["negotiate"]] == pytest.approx([waited] * 2)
+    assert [length for _, length in data["bars"][1]["negotiate"]] == pytest.approx([0.2] * 4)
+    assert [length for _, length in data["bars"][2]["communicate"]] == pytest.approx([0.5] * 4)
+
+    marks = data["stragglers"]
+    assert [m["rank"] for m in marks] == [STRAGGLER] * 4
+    assert [m["tensor"] for m in marks] == TENSORS * 2
+    assert [m["at_ms"] for m in marks] == pytest.approx(
+        [step * 100 + i + LAG_US / 1000 + 0.01 for step in (1, 2) for i in range(len(TENSORS))])
+    assert all(m["lag_ms"] == pytest.approx((LAG_US + 10) / 1000) for m in marks)
+
+    # The per-rank files give the same picture as the merged one.
+    assert tl.plot_data(rank_files, steps="2-3") == data
+    # Marks only for rounds at least this late.
+    assert tl.plot_data(merged, steps="2-3", min_lag_ms=6)["stragglers"] == []
+
+
+def test_plot_data_time_window(rank_files):
+    """--start-ms/--end-ms clip the bars and keep only the marks inside."""
+    data = tl.plot_data(rank_files, start_ms=103, end_ms=105.5)
+    assert data["window_ms"] == (103.0, 105.5) and data["steps"] == []
+    # (start, length) of each bar
+    assert [len(data["bars"][r]["negotiate"]) for r in range(3)] == [1, 1, 1]
+    assert data["bars"][0]["negotiate"][0] == pytest.approx((103.0, 2.5))
+    assert data["bars"][0]["communicate"] == [pytest.approx((105.21, 0.29))]
+    assert data["bars"][1]["negotiate"] == [pytest.approx((105.01, 0.2))]
+    assert [(m["rank"], m["tensor"]) for m in data["stragglers"]] == [(STRAGGLER, TENSORS[0])]
+    # The last step runs to the end of the trace: rank 2's file is cut at 900 ms.
+    assert tl.plot_data(rank_files, steps="6")["window_ms"] == (500.0, 900.0)
+
+
+def test_plot_writes_png(rank_files, tmp_path):
+    require("matplotlib")
+    out = str(tmp_path / "step.png")
+    data = tl.plot(rank_files, out, steps="2")
+    assert data == tl.plot_data(rank_files, steps="2")
+    with open(out, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == PNG_SIGNATURE
+    width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+    assert width == 1100 and height > 300  # 10 inches at 110 dpi; 3 ranks x 2 rows
+    # The command line, on per-rank files named by a pattern.
+    res = _cli("plot", "-o", str(tmp_path / "cli.png"), str(tmp_path / "tl-%r.json"),
+               "--ranks", "3", "--steps", "2-3")
+    assert res.returncode == 0, res.stderr
+    assert "3 rank(s), 100.000 to 300.000 ms" in res.stdout
+    assert "rows negotiate, communicate; last to negotiate: rank 1 4" in res.stdout
+    assert open(tmp_path / "cli.png", "rb").read(8) == PNG_SIGNATURE
+
+
+def test_plot_errors(rank_files, tmp_path):
+    out = str(tmp_path / "x.png")
+    res = _cli("plot", "-o", out, *rank_files, "--steps", "9")
+    assert res.returncode == 1 and "the trace has 6 step(s)" in res.stderr
+    res = _cli("plot", "-o", out, *rank_files, "--steps", "2", "--start-ms", "5")
+    assert res.returncode == 1 and "either --steps or --start-ms" in res.stderr
+    res = _cli("plot", "-o", out, *rank_files, "--start-ms", "50", "--end-ms", "40")
+    assert res.returncode == 1 and "empty time window" in res.stderr
+    # Without matplotlib: a message that says what to install, no traceback.
+    hide = ("import runpy, sys; sys.modules['matplotlib'] = None; "
+            "sys.argv = ['timeline.py'] + sys.argv[1:]; runpy.run_path(%r, run_name='__main__')" % TOOL)
+    res = subprocess.run([sys.executable, "-c", hide, "plot", "-o", out] + rank_files,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "pip install matplotlib" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and not os.path.exists(out)
