@@ -1,26 +1,34 @@
 """The report's section for bench/compression_accuracy.py: accuracy against
 bytes on the wire for every compressor, with its plot and progress headline."""
 from .report_format import case_failed, ratio, table
-from .report_plots import pyplot
+from .report_plots import COMPRESSOR_STYLES, compressor, pyplot, series_styles
 
 
 def plot_compression_accuracy(path, case):
-    """Test accuracy against bytes per rank and step (steady state), log x."""
+    """Test accuracy against bytes per rank and step (steady state), log x;
+    each compressor in its colour and marker (report_plots.COMPRESSOR_STYLES),
+    each run labelled."""
     plt = pyplot()
     runs = case["runs"]
+    styles = series_styles(runs)
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     for label, r in runs.items():
         x, y = r["wire_bytes_per_step_last_epoch"], r["test_accuracy"]
-        family = next((c for k, c in (("none", "#1f77b4"), ("fp16", "#ff7f0e"), ("bf16", "#ff7f0e"),
-                                      ("top-k", "#2ca02c"), ("PowerSGD", "#9467bd")) if label.startswith(k)),
-                      "#555555")
-        ax.scatter([x], [y], s=36, color=family, marker="D" if "DGC" in label else "o", zorder=3)
+        colour, marker = styles[label]
+        ax.scatter([x], [y], s=40, color=colour, marker=marker, edgecolors="#222222", linewidths=0.5,
+                   zorder=3)
         ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
+    # One legend entry per compressor present, in the styles' order.
+    present = {compressor(label) for label in runs}
+    for family, (colour, marker) in COMPRESSOR_STYLES.items():
+        if family in present:
+            ax.scatter([], [], s=40, color=colour, marker=marker, edgecolors="#222222", linewidths=0.5,
+                       label=family)
     base = runs.get("none", {}).get("test_accuracy")
     if base is not None:
         ax.axhline(base, color="#999999", lw=0.8, ls="--", zorder=1)
         ax.axhspan(base - 1.0, base, color="#dddddd", alpha=0.5, zorder=0, label="within 1 point of none")
-        ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="lower right")
     ax.set_xscale("log")
     ax.set_xlabel("bytes per rank and step on the wire (last epoch; log)", fontsize=8)
     seeds = ",".join(str(x) for x in case.get("seeds", []))

@@ -234,7 +234,8 @@ def plot_hosts_allgather(path, gathers, rate):
 def plot_hosts_train(path, case):
     plot_layout_bars(path, {lay: res["modes"] for lay, res in case["layouts"].items()},
                      "ratio_to_nocomm", "no communication", "step / no-communication step (median)",
-                     "Train step between emulated hosts at %s" % case.get("rate"), highlight="hvdlite")
+                     "Train step between emulated hosts at %s" % case.get("rate"),
+                     label=lambda n: "hvdlite none" if n == "hvdlite" else n, highlight="hvdlite")
 
 
 def hosts_section(case, img):

@@ -1,6 +1,9 @@
 """The report's plotting helpers (matplotlib, Agg): colours per contender,
-horizontal bars with min-max whiskers, grouped bars per host layout. Each
-benchmark's own plots live beside its section."""
+a colour and a marker per compressor, horizontal bars with min-max whiskers,
+grouped bars per host layout. Each benchmark's own plots live beside its
+section."""
+import itertools
+
 from .report_format import ms
 
 
@@ -13,6 +16,62 @@ def color(name):
         if name.startswith(k):
             return c
     return "#555555"
+
+
+# One colour and one marker per compressor, the same in every plot: a series
+# reads the same from plot to plot, and the marker still tells it apart where
+# colours do not (print, colour vision).
+COMPRESSOR_STYLES = {  # compressor: (colour, marker)
+    "none": ("#1f77b4", "o"),
+    "fp16": ("#ff7f0e", "s"),
+    "bf16": ("#d62728", "^"),
+    "top-k": ("#2ca02c", "v"),
+    "DGC": ("#8c564b", "D"),
+    "PowerSGD": ("#9467bd", "P"),
+}
+# Series that are no compressor take these in turn, MPI's in greys; none
+# repeats a compressor's colour or marker.
+MPI_STYLES = [("#4d4d4d", "X"), ("#8c8c8c", "*"), ("#c4c4c4", "h")]
+OTHER_STYLES = [("#17becf", "<"), ("#bcbd22", ">"), ("#e377c2", "p"), ("#e6c700", "H"),
+                ("#000000", "d")]
+
+
+def compressor(name):
+    """The compressor a series stands for ("none", "fp16", "bf16", "top-k",
+    "DGC", "PowerSGD"), or None. Names as the benchmarks write them:
+    "top-k 0.1% + DGC", "hvdlite topk 1%", "PowerSGD r2", "hvdlite powersgd r4",
+    and "none", "hvdlite" or "hvdlite none" for the uncompressed default;
+    hvdlite with a setting changed ("hvdlite none RING_ALLREDUCE=0") is none
+    of them."""
+    low = name.lower()
+    if "dgc" in low:  # top-k with momentum correction: a method of its own
+        return "DGC"
+    for key, family in (("powersgd", "PowerSGD"), ("top-k", "top-k"), ("topk", "top-k"),
+                        ("bf16", "bf16"), ("fp16", "fp16")):
+        if key in low:
+            return family
+    return "none" if low in ("none", "hvdlite", "hvdlite none") else None
+
+
+def series_styles(names):
+    """{name: (colour, marker)} for the series of one plot: a compressor's
+    own style, the others one each from MPI_STYLES / OTHER_STYLES in order."""
+    styles, mpi, other = {}, itertools.cycle(MPI_STYLES), itertools.cycle(OTHER_STYLES)
+    for name in names:
+        family = compressor(name)
+        if family:
+            styles[name] = COMPRESSOR_STYLES[family]
+        else:
+            styles[name] = next(mpi) if name.startswith("mpi4py") else next(other)
+    return styles
+
+
+def bar_and_marker(colour, marker):
+    """A legend handle drawn as the bar's colour with the series' marker on it."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    return (Patch(facecolor=colour), Line2D([], [], ls="none", marker=marker, color=colour,
+                                             markeredgecolor="#222222", markersize=6))
 
 
 def pyplot():
@@ -48,24 +107,36 @@ def bars(path, results, title, xlabel="ms (median; whiskers: min-max)", absent=(
 def plot_layout_bars(path, by_layout, key, skip, ylabel, title, label=None, highlight=None):
     """Grouped bars: one group per layout, one bar per contender of
     by_layout[layout] (a {name: summary} dict) but `skip`, height summary[key],
-    with a dashed line at 1."""
+    with a dashed line at 1. Each series has its colour and, on top of each
+    bar, its marker (series_styles); `highlight` gets a black outline."""
+    from matplotlib.legend_handler import HandlerTuple
     plt = pyplot()
     layouts = list(by_layout)
     names = [n for n in dict.fromkeys(n for lay in layouts for n in by_layout[lay]) if n != skip]
+    styles = series_styles(names)
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     width = 0.8 / max(1, len(names))
+    handles, labels = [], []
     for i, name in enumerate(names):
-        vals = [by_layout[lay].get(name, {}).get(key, 0) for lay in layouts]
-        ax.bar([x + i * width for x in range(len(layouts))], vals, width,
-               label=label(name) if label else name, color=color(name),
-               alpha=1.0 if highlight in (None, name) else 0.55 + 0.1 * (i % 4))
+        colour, marker = styles[name]
+        # A layout without this contender leaves its place empty.
+        vals = [by_layout[lay].get(name, {}).get(key, float("nan")) for lay in layouts]
+        xs = [x + i * width for x in range(len(layouts))]
+        outlined = name == highlight
+        ax.bar(xs, vals, width, color=colour, edgecolor="#000000" if outlined else colour,
+               linewidth=1.2 if outlined else 0)
+        ax.plot(xs, vals, ls="none", marker=marker, color=colour, markeredgecolor="#222222",
+                markersize=6, zorder=3)
+        handles.append(bar_and_marker(colour, marker))
+        labels.append(label(name) if label else name)
     ax.axhline(1.0, color="#333333", lw=0.8, ls="--")
     ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(layouts))])
     ax.set_xticklabels(["%s hosts x ranks" % lay for lay in layouts], fontsize=8)
     ax.set_ylabel(ylabel, fontsize=8)
     ax.set_title(title, fontsize=9)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.35)  # room for the legend
-    ax.legend(fontsize=6, ncol=2, loc="upper left")
+    ax.legend(handles, labels, handler_map={tuple: HandlerTuple(ndivide=None)}, fontsize=6, ncol=2,
+              loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -143,6 +143,46 @@ def test_kernel_table_parser():
         "median_ms": 18.63, "best_ms": 16.64, "cpu_best_ms": 16.5, "ratio_wall": 1.81, "ratio_cpu": 1.81}
 
 
+def test_compressor_series_styles(tmp_path):
+    """Every compressor has its own colour and its own marker in every plot
+    (bench/report_plots.py), whatever the benchmark calls the series; other
+    series (MPI, hvdlite with a setting changed) get styles of their own."""
+    plots = _bench_module("report_plots")
+    names = {"none": "none", "hvdlite": "none", "hvdlite none": "none", "fp16": "fp16",
+             "hvdlite fp16": "fp16", "bf16": "bf16", "hvdlite bf16": "bf16",
+             "top-k 1%": "top-k", "hvdlite topk 1%": "top-k", "top-k 0.1% + warm-up": "top-k",
+             "top-k 1% + DGC": "DGC", "hvdlite topk 0.1% + DGC": "DGC", "PowerSGD r2": "PowerSGD",
+             "hvdlite powersgd r4": "PowerSGD", "mpi4py unfused": None,
+             "hvdlite none RING_ALLREDUCE=0": None, "hvdlite HIERARCHICAL_ALLGATHER=0": None}
+    assert {n: plots.compressor(n) for n in names} == names
+    styles = plots.COMPRESSOR_STYLES
+    assert list(styles) == ["none", "fp16", "bf16", "top-k", "DGC", "PowerSGD"]
+    assert len({c for c, _ in styles.values()}) == len({m for _, m in styles.values()}) == 6
+    # The same compressor looks the same in the accuracy plot and the hosts' bars.
+    accuracy = plots.series_styles(["none", "bf16", "top-k 0.1% + DGC", "PowerSGD r4"])
+    train = plots.series_styles(["hvdlite", "hvdlite bf16", "hvdlite topk 0.1% + DGC",
+                                 "hvdlite powersgd r4"])
+    assert list(accuracy.values()) == list(train.values()) == [
+        styles["none"], styles["bf16"], styles["DGC"], styles["PowerSGD"]]
+    # bench_hosts.png's series: no two alike, none taking a compressor's colour or marker.
+    hosts = ["mpi4py unfused", "mpi4py one buffer", "mpi4py 25 MB buckets", "hvdlite none",
+             "hvdlite none HIERARCHICAL_ALLREDUCE=1", "hvdlite none HIERARCHICAL_ALLREDUCE=0",
+             "hvdlite none RING_ALLREDUCE=1+HIERARCHICAL_ALLREDUCE=0", "hvdlite none RING_ALLREDUCE=0"]
+    got = plots.series_styles(hosts)
+    assert got["hvdlite none"] == styles["none"]
+    others = [got[n] for n in hosts if n != "hvdlite none"]
+    assert len({c for c, _ in got.values()}) == len({m for _, m in got.values()}) == len(hosts)
+    assert not {c for c, _ in others} & {c for c, _ in styles.values()}
+    assert not {m for _, m in others} & {m for _, m in styles.values()}
+
+    require("matplotlib", import_module=False)
+    out = str(tmp_path / "layouts.png")
+    plots.plot_layout_bars(out, {"2x1": {"hvdlite": {"r": 2.0}, "hvdlite fp16": {"r": 1.5}},
+                                 "4x1": {"hvdlite": {"r": 3.0}}}, "r", None, "ratio", "title",
+                           highlight="hvdlite")
+    _check_png(out)
+
+
 def test_tiny_hosts_and_autotune_cases(tmp_path):
     """Case 7 between two emulated hosts (wire floor beside the contenders),
     case 9 (the train step there, with compression) and case 8 (autotune's
