@@ -30,7 +30,7 @@ enum class ReduceOp : int32_t {
   kMin = 2,
   kMax = 3,
   kProduct = 4,
-  // Horovod's adaptive summation (ops/adasum_reducer.h); floating-point
+  // Horovod's adaptive summation (adasum/adasum_reducer.h); floating-point
   // allreduce only, on a power-of-2 number of ranks.
   kAdasum = 5,
 };

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <string>
 
-#include "ops/adasum_reducer.h"
+#include "adasum/adasum_reducer.h"
 #include "compressors/compressor.h"
 #include "negotiation/op_rules.h"
 
@@ -34,7 +34,7 @@ Status ReduceArguments(const Request& q, int) {
   return Status::OK();
 }
 
-// What Adasum (ops/adasum_reducer.h) can reduce, with Horovod's limits.
+// What Adasum (adasum/adasum_reducer.h) can reduce, with Horovod's limits.
 Status Adasum(const Request& q, int set_size) {
   if (q.reduce_op != ReduceOp::kAdasum) return Status::OK();
   if (q.device) {

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "kernels/scale.h"
-#include "ops/compressed_wire.h"
+#include "allreduce/compressed_wire.h"
 #include "timeline/timeline_names.h"
 
 namespace hvdlite {

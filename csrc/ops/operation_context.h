@@ -11,7 +11,7 @@
 #include "compressors/compressor.h"
 #include "engine/engine_options.h"
 #include "engine/engine_stats.h"
-#include "ops/fusion_buffer.h"
+#include "allreduce/fusion_buffer.h"
 #include "negotiation/message.h"
 #include "common/status.h"
 #include "engine/tensor_queue.h"

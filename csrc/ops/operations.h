@@ -9,8 +9,8 @@
 #include <deque>
 #include <vector>
 
-#include "ops/adasum_operation.h"
-#include "ops/allreduce_pipeline.h"
+#include "adasum/adasum_operation.h"
+#include "allreduce/allreduce_pipeline.h"
 #include "ops/device_jobs.h"
 #include "ops/operation_context.h"
 #include "process_set/process_set.h"

@@ -1,4 +1,4 @@
-// Checks of csrc/ops/allreduce_pipeline.h and each bucket strategy, on the
+// Checks of csrc/allreduce/allreduce_pipeline.h and each bucket strategy, on the
 // in-process fake transport (fake_transport.h): ranks are threads, and each
 // rank's results are compared with a sum the test computes itself. Dense
 // buckets (fused, direct, in place, widened 16-bit floats, several
@@ -17,7 +17,7 @@
 #include "compressors/topk.h"
 #include "fake_transport.h"
 #include "kernels/half.h"
-#include "ops/allreduce_pipeline.h"
+#include "allreduce/allreduce_pipeline.h"
 #include "ops/collective_ops.h"
 
 using namespace hvdlite;

@@ -1,4 +1,4 @@
-// Checks of csrc/ops/bucket_planner.h: which allreduces share a buffer. The
+// Checks of csrc/allreduce/bucket_planner.h: which allreduces share a buffer. The
 // rules one by one, then random item lists against the properties every
 // plan must have (each item once, in order; fused buckets within the
 // threshold unless one item alone exceeds it; direct and chunked items alone).
@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "ops/bucket_planner.h"
+#include "allreduce/bucket_planner.h"
 #include "check.h"
 
 using namespace hvdlite;

@@ -1,4 +1,4 @@
-#include "ops/compressed_wire.h"
+#include "allreduce/compressed_wire.h"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-#include "ops/adasum_reducer.h"
+#include "adasum/adasum_reducer.h"
 
 #include <cmath>
 #include <cstring>

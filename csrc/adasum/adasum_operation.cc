@@ -1,8 +1,8 @@
-#include "ops/adasum_operation.h"
+#include "adasum/adasum_operation.h"
 
 #include <algorithm>
 
-#include "ops/bucket_planner.h"
+#include "allreduce/bucket_planner.h"
 #include "kernels/scale.h"
 #include "timeline/timeline_names.h"
 

@@ -5,8 +5,8 @@
 // (host_compressed_allreduce.h: exact inside each host, compressed between).
 #pragma once
 
-#include "ops/dense_buckets.h"
-#include "ops/host_compressed_allreduce.h"
+#include "allreduce/dense_buckets.h"
+#include "allreduce/host_compressed_allreduce.h"
 
 namespace hvdlite {
 

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "ops/adasum_reducer.h"
+#include "adasum/adasum_reducer.h"
 #include "ops/operation_context.h"
 #include "process_set/process_set.h"
 

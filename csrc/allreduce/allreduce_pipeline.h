@@ -11,11 +11,11 @@
 
 #include <vector>
 
-#include "ops/bucket_planner.h"
-#include "ops/bucket_strategy.h"
-#include "ops/compressed_bucket.h"
-#include "ops/dense_buckets.h"
-#include "ops/exchange_buckets.h"
+#include "allreduce/bucket_planner.h"
+#include "allreduce/bucket_strategy.h"
+#include "allreduce/compressed_bucket.h"
+#include "allreduce/dense_buckets.h"
+#include "allreduce/exchange_buckets.h"
 #include "ops/operation_context.h"
 
 namespace hvdlite {

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "common/common.h"
-#include "ops/fusion_buffer.h"
+#include "allreduce/fusion_buffer.h"
 #include "common/status.h"
 #include "transport/transport.h"
 

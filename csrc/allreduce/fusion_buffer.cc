@@ -1,4 +1,4 @@
-#include "ops/fusion_buffer.h"
+#include "allreduce/fusion_buffer.h"
 
 #include "engine/work.h"
 

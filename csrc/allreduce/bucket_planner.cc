@@ -1,4 +1,4 @@
-#include "ops/bucket_planner.h"
+#include "allreduce/bucket_planner.h"
 
 #include <algorithm>
 #include <climits>

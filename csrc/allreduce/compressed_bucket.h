@@ -4,7 +4,7 @@
 // recipe (compressed_wire.h: summed as the wire type, or gathered and added).
 #pragma once
 
-#include "ops/bucket_strategy.h"
+#include "allreduce/bucket_strategy.h"
 #include "ops/operation_context.h"
 
 namespace hvdlite {

@@ -1,4 +1,4 @@
-#include "ops/dense_buckets.h"
+#include "allreduce/dense_buckets.h"
 
 #include <algorithm>
 

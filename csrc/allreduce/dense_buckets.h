@@ -6,7 +6,7 @@
 // (exchange_buckets.h) are staged the same way.
 #pragma once
 
-#include "ops/bucket_strategy.h"
+#include "allreduce/bucket_strategy.h"
 #include "ops/operation_context.h"
 
 namespace hvdlite {

@@ -1,7 +1,7 @@
-#include "ops/compressed_bucket.h"
+#include "allreduce/compressed_bucket.h"
 
 #include "kernels/scale.h"
-#include "ops/compressed_wire.h"
+#include "allreduce/compressed_wire.h"
 #include "timeline/timeline_names.h"
 
 namespace hvdlite {

@@ -1,9 +1,9 @@
-#include "ops/host_compressed_allreduce.h"
+#include "allreduce/host_compressed_allreduce.h"
 
 #include <algorithm>
 #include <string>
 
-#include "ops/compressed_wire.h"
+#include "allreduce/compressed_wire.h"
 
 namespace hvdlite {
 

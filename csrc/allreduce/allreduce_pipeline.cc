@@ -1,4 +1,4 @@
-#include "ops/allreduce_pipeline.h"
+#include "allreduce/allreduce_pipeline.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "ops/exchange_buckets.h"
+#include "allreduce/exchange_buckets.h"
 
 namespace hvdlite {
 
