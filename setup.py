@@ -77,8 +77,11 @@ setup(
     cmdclass={"build_ext": BuildExtWithTensorFlowOps, "build_py": BuildPyWithCApiHeader},
     setup_requires=["cffi>=1.16"],
     cffi_modules=["build_engine.py:ffibuilder"],
-    install_requires=["numpy>=1.23", "cffi>=1.16", "mpi4py>=3.1", "mpich"],
+    # No MPI here: the engine builds against the MPI found at install time, the
+    # mpich wheel (the "mpich" extra, installed before hvdlite) or your own.
+    install_requires=["numpy>=1.23", "cffi>=1.16", "mpi4py>=3.1"],
     extras_require={
+        "mpich": ["mpich"],
         "test": ["pytest>=7", "scikit-learn", "pyyaml"],
         "torch": ["torch>=2.1"],
         "tensorflow": ["tensorflow-cpu>=2.16"],

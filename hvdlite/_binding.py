@@ -7,13 +7,34 @@ import threading
 
 from . import exceptions
 
+# What to do without an MPI (launcher/mpi_detect.py says the same to hvdrun's users).
+NO_MPI_HELP = ("hvdlite needs an MPI. Either install the MPICH wheel into this Python "
+               "environment (pip install mpich) or use a system MPI (Debian/Ubuntu: "
+               "apt-get install mpich libmpich-dev, or openmpi-bin libopenmpi-dev), then "
+               "rebuild hvdlite against it: pip install --no-build-isolation -e . (with a "
+               "system MPI: MPICXX=/usr/bin/mpicxx before it; see docs/install.md)")
+
+
+def _built_for():
+    """' It was built against the MPI of <mpicxx>.' from the build's record, or ''."""
+    try:
+        from . import _build_info
+        return f" It was built against the MPI of {_build_info.MPICXX}."
+    except Exception:
+        return ""
+
+
 try:
     from ._engine import ffi, lib
 except ImportError as e:  # pragma: no cover - only on a broken install
+    if "libmpi" in str(e):   # the MPI it was built against is gone
+        raise ImportError(f"hvdlite's engine cannot load its MPI library ({e}).{_built_for()} "
+                          f"{NO_MPI_HELP}.") from None
     raise ImportError(
         "hvdlite's compiled engine (hvdlite._engine) could not be loaded: "
-        f"{e}. Reinstall with: pip install --no-build-isolation -e . "
-        "(after 'pip install mpich cffi setuptools wheel')") from e
+        f"{e}. Build it with: pip install --no-build-isolation -e . (after "
+        "'pip install cffi setuptools wheel numpy mpi4py mpich', or with your own MPI as "
+        "docs/install.md shows)") from e
 
 
 def _codes(enum, prefix):

@@ -8,7 +8,7 @@ import time
 import traceback
 
 from . import exceptions
-from ._binding import PEER_LOST_KINDS, check, ffi, last_error, lib
+from ._binding import NO_MPI_HELP, PEER_LOST_KINDS, check, ffi, last_error, lib
 from .process_sets import global_process_set, register_at_init
 
 _state_lock = threading.Lock()
@@ -28,7 +28,14 @@ def _mpi():
     # mpi4py initialises MPI with MPI_THREAD_MULTIPLE, which the engine needs,
     # unless the script set mpi4py.rc.initialize = False (as Horovod scripts
     # that start MPI late do): then MPI is started here, as Horovod does.
-    from mpi4py import MPI
+    try:
+        from mpi4py import MPI
+    except ImportError as e:   # mpi4py itself is missing
+        raise ImportError(f"hvdlite.init() needs mpi4py ({e}): pip install mpi4py (with your "
+                          "own MPI: built for it, as docs/install.md shows)") from None
+    except RuntimeError as e:  # mpi4py's wheel found no MPI library to load
+        raise ImportError(f"hvdlite.init(): mpi4py cannot load an MPI library "
+                          f"({str(e).splitlines()[0]}). {NO_MPI_HELP}.") from None
     global _mpi_started_here
     if not MPI.Is_initialized() and not MPI.Is_finalized():
         provided = MPI.Init_thread(MPI.THREAD_MULTIPLE)

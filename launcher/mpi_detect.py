@@ -34,6 +34,23 @@ class MpiInfo:
         return "MpiInfo(%s, %s, %s, %s)" % (self.flavour, self.mpiexec, self.version, self.source)
 
 
+# What to do when there is no MPI: hvdlite.basics and hvdlite._binding say the same.
+NO_MPI_HELP = ("hvdlite needs an MPI. Either install the MPICH wheel into this Python "
+               "environment (pip install mpich) or use a system MPI (Debian/Ubuntu: "
+               "apt-get install mpich libmpich-dev, or openmpi-bin libopenmpi-dev), then "
+               "rebuild hvdlite against it: pip install --no-build-isolation -e . (with a "
+               "system MPI: MPICXX=/usr/bin/mpicxx before it; see docs/install.md)")
+
+
+def _recorded_mpiexec():
+    """The mpiexec hvdlite's build recorded, whether or not it still exists."""
+    try:
+        from hvdlite import _build_info as info
+    except Exception:
+        return None
+    return getattr(info, "MPIEXEC", None)
+
+
 def _build_info():
     try:
         from hvdlite import _build_info as info     # written by hvdlite's build
@@ -130,8 +147,12 @@ def detect_mpi(with_version=False):
                 info = MpiInfo(flavour, path, source="found at %s" % path)
                 break
     if info is None:
-        raise MpiNotFound("no MPI launcher found (looked for mpiexec/mpirun on PATH and in %s/bin); "
-                          "install one with `pip install mpich` or set HVDLITE_MPIEXEC" % sys.prefix)
+        recorded = _recorded_mpiexec()
+        built = (" hvdlite was built against the MPI of %s, which is no longer there." % recorded
+                 if recorded else "")
+        raise MpiNotFound("no MPI launcher found (looked for mpiexec/mpirun on PATH and in %s/bin).%s "
+                          "%s. HVDLITE_MPIEXEC=/path/to/mpiexec names a launcher explicitly."
+                          % (sys.prefix, built, NO_MPI_HELP))
     if with_version:
         info.version = mpi_version(info.flavour, info.mpiexec)
     return info

@@ -5,3 +5,20 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness.ranks import _rank_runs, rank_launch  # noqa: E402,F401  (fixtures)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line naming the files whose tests were skipped for want of root, and
+    the command that runs them (tests/harness/hosts.py: needs_root)."""
+    files = []
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else ""
+        if reason.startswith("Skipped: needs root"):
+            path = report.nodeid.split("::")[0]
+            if path not in files:
+                files.append(path)
+    if files:
+        terminalreporter.write_line(
+            "%d test file(s) skipped tests that need root (network namespaces, mounts); "
+            "to run them, as root: bash scripts/test.sh %s" % (len(files), " ".join(files)))

@@ -432,19 +432,32 @@ class NetnsHosts:
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def hosts_or_skip(count=2):
-    """``count`` hosts, up; skips where they cannot be made (not root, no
-    network namespaces) unless HVDLITE_TEST_REQUIRE_ALL=1, and fails when a
-    tool is missing, naming the command that installs it."""
+def needs_root(what):
+    """A skip reason for a test that needs root: what for, and the command that
+    runs it (the running test's file, from pytest's PYTEST_CURRENT_TEST)."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0] or "tests"
+    return ("needs root (%s); run it as root: bash scripts/test.sh %s (as root the script "
+            "installs openssh-server, iproute2, slurm-wlm and munge with apt-get)" % (what, test))
+
+
+def hosts_or_skip(count=2, what="SSH test hosts in network namespaces"):
+    """``count`` hosts, up. Not root: skips, saying how to run the test; no
+    network namespaces (a container without the capability): skips. Under
+    HVDLITE_TEST_REQUIRE_ALL=1 (CI) both fail, and a missing tool always fails,
+    naming the command that installs it."""
     import pytest
     reasons = missing_requirements()
     if reasons:
         msg = "cannot make SSH test hosts: %s" % "; ".join(reasons)
-        skippable = all(r == "not root" or r.startswith("cannot create network namespaces")
-                        for r in reasons)
-        if skippable and not REQUIRE_ALL:
-            pytest.skip(msg)
-        pytest.fail("%s (install with: %s)" % (msg, INSTALL_HINT))
+        if not REQUIRE_ALL:
+            if os.geteuid() != 0:
+                pytest.skip(needs_root(what))
+            if all(r.startswith("cannot create network namespaces") for r in reasons):
+                pytest.skip(msg)
+        todo = ["run as root"] if os.geteuid() != 0 else []
+        if any(r.startswith("missing") for r in reasons):
+            todo.append("install with: %s" % INSTALL_HINT)
+        pytest.fail("%s%s" % (msg, " (%s)" % "; ".join(todo) if todo else ""))
     return NetnsHosts(count).up()
 
 

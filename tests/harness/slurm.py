@@ -6,8 +6,9 @@ serves them all (its socket is a file, shared by the hosts' common filesystem).
 Everything lives in a scratch directory named by ``SLURM_CONF``; nothing of the
 machine's own SLURM configuration is read or changed.
 
-Needs Debian's ``slurm-wlm`` and ``munge`` packages (CI's scripts/test.sh installs
-them) and what the SSH hosts need (root, network namespaces).
+Needs Debian's ``slurm-wlm`` and ``munge`` packages (scripts/test.sh installs
+them when run as root) and what the SSH hosts need (root, network namespaces);
+not root, the tests skip, saying how to run them.
 """
 import os
 import shutil
@@ -148,7 +149,7 @@ def slurm_or_skip(count=2):
     SLURM tool fails with the command that installs it."""
     import pytest
     missing = missing_tools()
-    hosts = hosts_or_skip(count)
+    hosts = hosts_or_skip(count, "a SLURM cluster on SSH test hosts in network namespaces")
     if missing:
         hosts.down()
         pytest.fail("SLURM test cluster: missing %s (install with: %s)" % (", ".join(missing), INSTALL_HINT))
