@@ -244,9 +244,19 @@ class HvdliteProcessGroup(ProcessGroup):
         self._process_set = process_set
         self._ranks = list(process_set.ranks)   # group rank -> job rank
         self._timeout = timeout
+        self._group_name = None
 
     def getBackendName(self):
         return BACKEND
+
+    # torch keeps a group's name in its backends, which a Python subclass does
+    # not have: DeviceMesh (FSDP2) reads group_name and would find none.
+    def _set_group_name(self, name):
+        self._group_name = name
+
+    @property
+    def group_name(self):
+        return self._group_name
 
     def __repr__(self):
         return f"HvdliteProcessGroup(rank={self.rank()}, size={self.size()}, ranks={self._ranks})"
