@@ -459,12 +459,11 @@ def _launch_error(group_size, group_rank, why):
 
 
 def _start_engine(group_size, group_rank):
-    if basics.is_initialized():
-        return
-    if group_size > 1 and not rendezvous.launched_by_mpi():
-        raise _launch_error(group_size, group_rank, "this process was not started by an MPI "
-                            "launcher")
-    basics.init()
+    if not basics.is_initialized():
+        if group_size > 1 and not rendezvous.launched_by_mpi():
+            raise _launch_error(group_size, group_rank, "this process was not started by an MPI "
+                                "launcher")
+        basics.init()
     if device.backend_name() is not None:
         raise exceptions.InvalidArgumentError(
             f"the hvdlite backend does not run beside hvdlite's device executor yet "
