@@ -23,10 +23,12 @@ tensors the caller owns). What is supported is listed in docs/ddp.md.
 Completion: a :class:`HvdliteWork` holds the engine's handles. ``wait()``
 waits on them in the calling thread. ``get_future()`` returns a
 ``torch.futures.Future`` that completes when the engine does: the engine
-calls back on its own thread (``hvd_on_completion``), the callback only
-queues the handle, and one thread here finishes the work (copies results
-into the caller's tensors) and completes the future, which runs the
-callbacks chained with ``then()`` (DDP's communication hooks) there.
+calls back on its own thread (``hvd_on_completion``, asked for when the
+future is first asked for), the callback only queues the handle, and one
+thread here finishes the work (copies results into the caller's tensors)
+and completes the future, which runs the callbacks chained with ``then()``
+(DDP's communication hooks) there. Whichever of the two comes first
+finishes the work; the future completes either way.
 """
 import queue
 import sys
@@ -172,7 +174,7 @@ class HvdliteWork(Work):
         self._outcome = None    # (value, exception) once finished
         self._done = threading.Event()
         self._remaining = 0
-        _watch(self, list(self._ids))
+        self._watched = False   # the engine's callbacks are asked for by get_future()
 
     def _complete(self):
         with self._lock:
@@ -210,6 +212,10 @@ class HvdliteWork(Work):
         return True
 
     def get_future(self):
+        with self._lock:
+            watch, self._watched = not self._watched and self._outcome is None, True
+        if watch:
+            _watch(self, list(self._ids))
         return self._future
 
     def is_completed(self):
