@@ -74,6 +74,16 @@ def same(got, want, what):
 
 # ---------------------------------------------------------------- group
 
+def test_group_other_than_mpi_world_is_refused(rank, size):
+    """Runs first, before the default group exists: a group of another size
+    than MPI's world fails with the launch advice, and nothing is left half made."""
+    check("no default group yet", not dist.is_initialized())
+    expect(ValueError, lambda: dist.init_process_group(
+        backend="hvdlite", store=dist.HashStore(), rank=0, world_size=1),
+        f"MPI started {size} ranks", "hvdrun -np N", "mpiexec -n N")
+    check("still no default group", not dist.is_initialized())
+
+
 def test_group_is_mpi_world(group, rank, size):
     check("size", dist.get_world_size() == size == hvdlite.size())
     check("rank", dist.get_rank() == rank == hvdlite.rank())
