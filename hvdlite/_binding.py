@@ -110,6 +110,11 @@ class Handle:
         self._result = result
         self._error = None
 
+    def engine_id(self):
+        """The engine's id of this handle (for hvd_on_completion), or None
+        once its outcome has been collected."""
+        return self._id
+
     def poll(self):
         """True once the collective has completed (successfully or not)."""
         handle_id = self._id

@@ -24,7 +24,7 @@ from hvdlite.compression import Compression, Compressor
 from hvdlite.process_sets import (ProcessSet, add_process_set, global_process_set,
                                   remove_process_set)
 
-from . import device, elastic
+from . import c10d, device, elastic
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
 from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async,
@@ -55,6 +55,10 @@ def _report_compute_threads():
 
 
 _hvdlite.basics.add_engine_hooks(_report_compute_threads, lambda: None)
+
+# torch.distributed's "hvdlite" backend: init_process_group(backend="hvdlite")
+# (docs/ddp.md).
+c10d.register()
 
 
 def nccl_built():

@@ -29,7 +29,6 @@ import itertools
 import json
 import math
 import os
-import socket
 import sys
 import threading
 import traceback
@@ -39,8 +38,9 @@ import torch
 import torch.distributed as dist
 
 from hvdlite import _binding, basics, engine_control, exceptions
-from hvdlite.objects import broadcast_object
 from hvdlite.request import Average, Max, Min, Product, Sum
+
+from .rendezvous import mpi_tcp_store
 
 MODE_VAR = "HVDLITE_DEVICE_TRANSPORT"
 MODES = ("auto", "nccl", "gloo", "host")
@@ -216,17 +216,7 @@ class DeviceExecutor:
         local_job = basics.local_size() == basics.size()
         if self.backend == "gloo" and local_job:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")   # one host: nothing beyond loopback
-        host = "127.0.0.1" if local_job else socket.gethostbyname(socket.gethostname())
-        store = None
-        if basics.rank() == 0:
-            store = dist.TCPStore(host, 0, basics.size(), is_master=True, wait_for_workers=False,
-                                  timeout=timedelta(seconds=60))
-            address = (host, store.port)
-        else:
-            address = None
-        host, port = broadcast_object(address, root_rank=0, name="hvdlite.device.rendezvous")
-        if store is None:
-            store = dist.TCPStore(host, port, basics.size(), is_master=False, timeout=timedelta(seconds=60))
+        store = mpi_tcp_store(timedelta(seconds=60), name="hvdlite.device.rendezvous")
         timeout = float(os.environ.get("HVDLITE_TIMEOUT_SECONDS") or 0) or 600.0
         dist.init_process_group(self.backend, store=store, rank=basics.rank(), world_size=basics.size(),
                                 timeout=timedelta(seconds=timeout))
