@@ -42,6 +42,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup, Work
 
 from hvdlite import _binding, basics, collectives, exceptions, request
+from hvdlite.compression import Compression
 from hvdlite.process_sets import ProcessSet, get_process_set_ids_and_ranks, global_process_set
 from hvdlite.request import Average, Max, Min, Product, Sum
 
@@ -90,6 +91,90 @@ def _split_into(outputs, result, what):
             f"{what}: the outputs hold {sum(sizes)} elements but the ranks sent {result.numel()}")
     for o, piece in zip(outputs, result.reshape(-1).split(sizes)):
         _copy_into(o, piece, what)
+
+
+# ---------------------------------------------------------------- engine names
+
+# The engine's response cache recognises a collective by its name: a name
+# that comes back with the same metadata skips the coordinator. c10d has no
+# names, so the group makes them from what every rank sees alike, the order
+# of its calls: ``c10d.<group>.<what>.<n>``, where ``<what>`` is the
+# operation, reduce op, dtype and shape (the parts of the shape every rank
+# shares) and ``<n>`` counts the calls of that same ``<what>`` in a row (0
+# for the first, 1 for the next one just after it, ...). A run also ends
+# where a backward pass begins or ends (autograd's graph task changes): DDP
+# issues its bucket allreduces from the backward pass, in the same order
+# every step, so each bucket gets the same name every step (two buckets of
+# one size in a row get .0 and .1; a model of one bucket gets .0 every step,
+# not .0, .1, .2, ... as one long run), and so do FSDP's all-gathers and
+# reduce-scatters.
+#
+# A name is reused once the collective that last had it has completed on this
+# rank: should it still be in flight (a pattern such as A, B, A of async
+# calls), the call waits for it first. That cannot deadlock: every rank
+# issued the earlier collective before this one, so it completes without
+# this rank's later calls.
+_RUN_LIMIT = 64        # <n> wraps at this: a long run of one shape reuses its names
+_PRUNE_AT = 4096       # in-flight records kept before the completed ones are dropped
+_OP_NAMES = {Sum: "sum", Average: "avg", Min: "min", Max: "max", Product: "product"}
+_engine_generation = [0]
+
+
+def _engine_started():
+    _engine_generation[0] += 1     # handle ids start again: older records mean nothing
+
+
+_graph_task = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+
+
+def _dtype(tensor):
+    return str(tensor.dtype).replace("torch.", "")
+
+
+def _shape(shape):
+    return "x".join(str(int(d)) for d in shape) or "scalar"
+
+
+class _Names:
+    """The engine names of one group's collectives (see above)."""
+
+    def __init__(self, prefix):
+        self._prefix = prefix
+        self._lock = threading.Lock()
+        self._last = None       # <what> of the previous call
+        self._run = 0
+        self._task = -1         # autograd graph task of the previous call (-1: none)
+        self._in_flight = {}    # name -> engine handle ids of its latest collective
+        self._generation = _engine_generation[0]
+
+    def start(self, what, submit):
+        """``submit(name)`` under the next name for ``what``; returns its handle."""
+        with self._lock:
+            if self._generation != _engine_generation[0]:
+                self._in_flight.clear()
+                self._generation = _engine_generation[0]
+            task = _graph_task()
+            if task != self._task:
+                self._task, self._last = task, None
+            if what == self._last:
+                self._run = (self._run + 1) % _RUN_LIMIT
+            else:
+                self._last, self._run = what, 0
+            name = f"{self._prefix}.{what}.{self._run}"
+            previous = self._in_flight.pop(name, ())
+        for i in previous:
+            # 1: done; -1: done and released; 0: still in flight, wait on.
+            while _binding.lib.hvd_wait(i, 0.2) == 0:
+                pass
+        handle = submit(name)
+        ids = _engine_ids(handle)
+        if ids:
+            with self._lock:
+                self._in_flight[name] = ids
+                if len(self._in_flight) > _PRUNE_AT:
+                    self._in_flight = {n: v for n, v in self._in_flight.items()
+                                       if any(_binding.lib.hvd_poll(i) == 0 for i in v)}
+        return handle
 
 
 # ---------------------------------------------------------------- completion
@@ -242,7 +327,7 @@ class HvdliteProcessGroup(ProcessGroup):
     """A torch.distributed process group whose collectives run on hvdlite's
     engine, over hvdlite's global process set or a registered one."""
 
-    def __init__(self, store, rank, size, process_set, timeout):
+    def __init__(self, store, rank, size, process_set, timeout, group_id=None):
         # (torch 2.13: only the (rank, size) constructor makes a Python subclass;
         # (store, rank, size) fails with "not an alias instance".)
         super().__init__(rank, size)
@@ -251,6 +336,10 @@ class HvdliteProcessGroup(ProcessGroup):
         self._ranks = list(process_set.ranks)   # group rank -> job rank
         self._timeout = timeout
         self._group_name = None
+        # torch names each group alike on every member ("0" for the default
+        # group); the process set tells groups apart where it does not.
+        tag = group_id if group_id else f"set{process_set.process_set_id}"
+        self._names = _Names(f"c10d.{tag}")
 
     def getBackendName(self):
         return BACKEND
@@ -270,12 +359,23 @@ class HvdliteProcessGroup(ProcessGroup):
     def _work(self, handles, finish, what):
         return HvdliteWork(handles, finish, what)
 
+    def _allreduce_start(self, tensor, op, prescale=1.0, inplace=True,
+                         compression=Compression.none):
+        """One named allreduce (hvdlite op), in place or into a new tensor."""
+        start = mpi_ops.allreduce_async_ if inplace else mpi_ops.allreduce_async
+        what = f"allreduce.{_OP_NAMES.get(op, op)}"
+        if compression is not Compression.none:
+            what += f".{compression.kind}"
+        what += f".{_dtype(tensor)}.{_shape(tensor.shape)}"
+        return self._names.start(what, lambda name: start(
+            tensor, name=name, op=op, prescale_factor=prescale, process_set=self._process_set,
+            compression=compression))
+
     # ---- allreduce
     def allreduce(self, tensors, opts=None):
         tensors = _tensors(tensors)
         op, prescale = _reduce_op(opts if opts is not None else dist.ReduceOp.SUM, "allreduce")
-        handles = [mpi_ops.allreduce_async_(t, op=op, prescale_factor=prescale,
-                                            process_set=self._process_set) for t in tensors]
+        handles = [self._allreduce_start(t, op, prescale) for t in tensors]
         return self._work(handles, lambda _results: tensors, "allreduce")
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -286,23 +386,28 @@ class HvdliteProcessGroup(ProcessGroup):
         tensors = _tensors(tensors)
         op, prescale = _reduce_op(opts if opts is not None else dist.ReduceOp.SUM, "reduce")
         root = self.rank() == (opts.rootRank if opts is not None else 0)
-        start = mpi_ops.allreduce_async_ if root else mpi_ops.allreduce_async
-        handles = [start(t, op=op, prescale_factor=prescale, process_set=self._process_set)
-                   for t in tensors]
+        handles = [self._allreduce_start(t, op, prescale, inplace=root) for t in tensors]
         return self._work(handles, lambda _results: tensors, "reduce")
 
     # ---- broadcast
     def broadcast(self, tensors, opts=None):
         tensors = _tensors(tensors)
         root = self._ranks[opts.rootRank if opts is not None else 0]
-        handles = [mpi_ops.broadcast_async_(t, root, process_set=self._process_set)
-                   for t in tensors]
+        handles = [self._names.start(
+            f"broadcast.{root}.{_dtype(t)}.{_shape(t.shape)}",
+            lambda name, t=t: mpi_ops.broadcast_async_(t, root, name=name,
+                                                       process_set=self._process_set))
+            for t in tensors]
         return self._work(handles, lambda _results: tensors, "broadcast")
 
     # ---- allgather
     def _gather_flat(self, inputs):
-        return [mpi_ops.allgather_async(t.reshape(-1), process_set=self._process_set)
-                for t in inputs]
+        # Ranks may send different numbers of elements: the name has the dtype only.
+        return [self._names.start(
+            f"allgather.{_dtype(t)}",
+            lambda name, t=t: mpi_ops.allgather_async(t.reshape(-1), name=name,
+                                                      process_set=self._process_set))
+            for t in inputs]
 
     def allgather(self, output_lists, inputs, opts=None):
         inputs = _tensors(inputs)
@@ -347,8 +452,11 @@ class HvdliteProcessGroup(ProcessGroup):
     def _reducescatter(self, outputs, stacked, opts, what):
         """``stacked[i]``: one row per rank, each row ``outputs[i]``'s size."""
         op, prescale = _reduce_op(opts if opts is not None else dist.ReduceOp.SUM, what)
-        handles = [mpi_ops.reducescatter_async(s, op=op, prescale_factor=prescale,
-                                               process_set=self._process_set) for s in stacked]
+        handles = [self._names.start(
+            f"reducescatter.{_OP_NAMES.get(op, op)}.{_dtype(s)}.{_shape(s.shape)}",
+            lambda name, s=s: mpi_ops.reducescatter_async(
+                s, name=name, op=op, prescale_factor=prescale, process_set=self._process_set))
+            for s in stacked]
 
         def finish(results):
             for output, result in zip(outputs, results):
@@ -388,10 +496,17 @@ class HvdliteProcessGroup(ProcessGroup):
         return self._reducescatter(outputs, stacked, opts, "reduce_scatter")
 
     # ---- alltoall
+    def _alltoall_start(self, tensor, splits):
+        # The first dimension differs between ranks: the name has the others.
+        return self._names.start(
+            f"alltoall.{_dtype(tensor)}" + (f".{_shape(tensor.shape[1:])}" if tensor.dim() > 1 else ""),
+            lambda name: mpi_ops.alltoall_async(tensor, splits, name=name,
+                                                process_set=self._process_set))
+
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         what = "all_to_all_single"
         splits = list(input_split_sizes) or None
-        handle = mpi_ops.alltoall_async(input, splits, process_set=self._process_set)
+        handle = self._alltoall_start(input, splits)
 
         def finish(results):
             rows, received = results[0]
@@ -408,8 +523,7 @@ class HvdliteProcessGroup(ProcessGroup):
     def alltoall(self, outputs, inputs, opts=None):
         """``inputs[j]`` goes to group rank j, ``outputs[j]`` comes from it."""
         flat = torch.cat([t.reshape(-1) for t in inputs])
-        handle = mpi_ops.alltoall_async(flat, [t.numel() for t in inputs],
-                                        process_set=self._process_set)
+        handle = self._alltoall_start(flat, [t.numel() for t in inputs])
 
         def finish(results):
             _split_into(outputs, results[0][0], "alltoall")
@@ -426,7 +540,7 @@ class HvdliteProcessGroup(ProcessGroup):
         else:
             flat = outputs[0].new_empty(0)
             splits = [0] * self.size()
-        handle = mpi_ops.alltoall_async(flat, splits, process_set=self._process_set)
+        handle = self._alltoall_start(flat, splits)
 
         def finish(results):
             _copy_into(outputs[0], results[0][0], "scatter")
@@ -507,7 +621,8 @@ def create_process_group(backend_options, pg_options=None):
     _start_engine(size, rank)
     process_set = _process_set(list(backend_options.global_ranks_in_group), rank, size)
     return HvdliteProcessGroup(backend_options.store, rank, size, process_set,
-                               backend_options.timeout)
+                               backend_options.timeout,
+                               getattr(backend_options, "group_id", None))
 
 
 def register():
@@ -518,5 +633,6 @@ def register():
     if BACKEND not in dist.Backend.backend_list:
         dist.Backend.register_backend(BACKEND, create_process_group, extended_api=True,
                                       devices=["cpu"])
+        basics.add_engine_hooks(_engine_started, lambda: None)
     rendezvous.install_env_fallback()
     return True

@@ -5,8 +5,7 @@ tests/test_torch_distributed.py runs it at 2 ranks under mpiexec, so
 ``init_process_group(backend="hvdlite")`` gets no other argument: rank, size
 and store come from MPI. Every rank rebuilds every rank's input (seeded by
 rank) and checks each collective's result against a NumPy reference, per
-dtype and reduce op. DDP on hvdlite is checked against DDP on a gloo group of
-the same job, step by step.
+dtype and reduce op. DDP and FSDP2 are in torch_ddp.py.
 """
 import os
 import threading
@@ -38,18 +37,6 @@ def group(rank, size):
     if not dist.is_initialized():
         dist.init_process_group(backend="hvdlite")
     return dist.group.WORLD
-
-
-@pytest.fixture
-def gloo(group):
-    """A gloo group of every rank beside the hvdlite default group."""
-    global _GLOO
-    if _GLOO is None:
-        _GLOO = dist.new_group(backend="gloo")
-    return _GLOO
-
-
-_GLOO = None
 
 
 def data(r, shape, dtype, salt=0):
@@ -172,6 +159,38 @@ def test_all_reduce_async_work_and_future(group, rank, size, dtype):
         w.wait()
     for i, x in enumerate(ts):
         same(x, reduce_ref([(a + i).numpy() for a in xs], hvd.Sum, dtype, size), f"in flight {i}")
+
+
+def test_all_reduce_engine_names_reused(group, rank, size):
+    """The backend names its collectives by call order (c10d.py, "engine
+    names"): a name comes back while the collective that had it may still be
+    in flight (A, B, A of async calls; a run of one shape longer than the
+    names of a run), and each result is still right."""
+    a = inputs(size, (5,), torch.float32, salt=160)
+    b = inputs(size, (2, 3), torch.float32, salt=161)
+    ts = [a[rank].clone(), b[rank].clone(), a[rank].clone() * 2]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    for w in reversed(works):
+        w.wait()
+    want_a = reduce_ref([x.numpy() for x in a], hvd.Sum, "float32", size)
+    same(ts[0], want_a, "A")
+    same(ts[1], reduce_ref([x.numpy() for x in b], hvd.Sum, "float32", size), "B")
+    same(ts[2], want_a * 2, "A again")
+    from hvdlite.torch.c10d import _RUN_LIMIT
+    ts = [a[rank].clone() + i for i in range(_RUN_LIMIT + 6)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    for w in works:
+        w.wait()
+    for i, t in enumerate(ts):
+        same(t, reduce_ref([(x + i).numpy() for x in a], hvd.Sum, "float32", size), f"run {i}")
+    # Repeated calls reuse their names: the engine's response cache answers them.
+    hits = hvdlite.engine_stats()["cache_hits"]
+    for i in range(5):
+        t = a[rank].clone()
+        dist.all_reduce(t)
+        same(t, want_a, f"repeat {i}")
+    hits = hvdlite.engine_stats()["cache_hits"] - hits
+    check("repeated all_reduce answered from the cache", hits >= 4, f"({hits} hits)")
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -375,148 +394,3 @@ def test_subgroup_on_process_set(group, rank, size):
         dist.barrier()
     finally:
         hvdlite.remove_process_set(ps)
-
-
-# ---------------------------------------------------------------- DDP
-
-def make_model(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
-                               torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
-
-
-def batch(step, rank, rows=6):
-    g = torch.Generator().manual_seed(100 * step + rank)
-    return torch.randn(rows, 8, generator=g), torch.randint(0, 4, (rows,), generator=g)
-
-
-def ddp_pair(gloo, **kwargs):
-    """The same model twice, one DDP on the hvdlite default group, one on gloo.
-    Rank 1 starts from other weights: DDP's broadcast at construction must fix that."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    seed = dist.get_rank()
-    a = DDP(make_model(seed), **kwargs)
-    b = DDP(make_model(seed), process_group=gloo, **kwargs)
-    return a, b
-
-
-def check_params(a, b, what):
-    for (name, pa), (_, pb) in zip(a.module.named_parameters(), b.module.named_parameters()):
-        diff = (pa.detach() - pb.detach()).abs().max().item()
-        check(f"{what}: {name} within 1e-6 of gloo", diff <= 1e-6, f"(max difference {diff:g})")
-
-
-def train(models, steps, accumulate=1, hook=None):
-    loss_fn = torch.nn.CrossEntropyLoss()
-    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
-    for step in range(steps):
-        for m, opt in zip(models, opts):
-            for micro in range(accumulate):
-                x, y = batch(step * accumulate + micro, dist.get_rank())
-                if micro < accumulate - 1:
-                    with m.no_sync():
-                        loss_fn(m(x), y).backward()
-                else:
-                    loss_fn(m(x), y).backward()
-            opt.step()
-            opt.zero_grad()
-        yield step
-
-
-def test_ddp_matches_gloo(group, gloo, rank, size):
-    a, b = ddp_pair(gloo)
-    check_params(a, b, "after construction")
-    first = [p.detach().clone() for p in a.module.parameters()]
-    gathered = [torch.empty_like(first[0]) for _ in range(size)]
-    dist.all_gather(gathered, first[0])
-    check("construction broadcast rank 0's weights",
-          all(torch.equal(g, gathered[0]) for g in gathered))
-    before = hvdlite.engine_stats()["tensors"]
-    for step in train([a, b], 5):
-        check_params(a, b, f"step {step}")
-    reduced = hvdlite.engine_stats()["tensors"] - before
-    check("DDP's buckets went through the engine", reduced >= 5, f"({reduced} tensors)")
-
-
-def test_ddp_no_sync_accumulation(group, gloo, rank, size):
-    a, b = ddp_pair(gloo)
-    for step in train([a, b], 3, accumulate=3):
-        check_params(a, b, f"step {step} (3 accumulated)")
-
-
-def test_ddp_find_unused_parameters(group, gloo, rank, size):
-    class Branchy(torch.nn.Module):
-        def __init__(self, seed):
-            super().__init__()
-            self.body = make_model(seed)
-            self.unused = torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            return self.body(x)
-
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    torch.manual_seed(rank)
-    a = DDP(Branchy(rank), find_unused_parameters=True)
-    b = DDP(Branchy(rank), process_group=gloo, find_unused_parameters=True)
-    for step in train([a, b], 3):
-        check_params(a, b, f"step {step} (unused parameters)")
-
-
-def test_ddp_fp16_compress_hook(group, gloo, rank, size):
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    a, b = ddp_pair(gloo)
-    a.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    b.register_comm_hook(gloo, default_hooks.fp16_compress_hook)
-    for step in train([a, b], 3):
-        check_params(a, b, f"step {step} (fp16 hook)")
-
-
-def test_ddp_join_uneven_inputs(group, gloo, rank, size):
-    """Rank r has r + 2 batches; Join's allreduces run on the hvdlite group."""
-    from torch.distributed.algorithms.join import Join
-    a, b = ddp_pair(gloo)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    for m in (a, b):
-        opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        with Join([m]):
-            for step in range(rank + 2):
-                x, y = batch(step, rank)
-                loss_fn(m(x), y).backward()
-                opt.step()
-                opt.zero_grad()
-    check_params(a, b, "after uneven inputs")
-
-
-# ---------------------------------------------------------------- FSDP2
-
-def test_fsdp2_matches_gloo(group, gloo, rank, size):
-    """fully_shard on the hvdlite default group (all-gathers and reduce-scatters
-    of every layer's shards) against the same model sharded over gloo."""
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
-
-    def sharded(mesh):
-        model = make_model(0)
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        return fully_shard(model, mesh=mesh)
-
-    a = sharded(None)   # the default group: hvdlite
-    b = sharded(DeviceMesh.from_group(gloo, "cpu"))
-    check("shards", all(p.to_local().numel() < p.numel() for p in a.parameters() if p.numel() >= size))
-    loss_fn = torch.nn.CrossEntropyLoss()
-    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (a, b)]
-    before = hvdlite.engine_stats()["tensors"]
-    for step in range(4):
-        x, y = batch(step, rank)
-        for m, opt in zip((a, b), opts):
-            loss_fn(m(x), y).backward()
-            opt.step()
-            opt.zero_grad()
-        for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
-            diff = (pa.full_tensor() - pb.full_tensor()).abs().max().item()
-            check(f"step {step}: {name} within 1e-6 of gloo", diff <= 1e-6, f"({diff:g})")
-    moved = hvdlite.engine_stats()["tensors"] - before
-    check("FSDP's all-gathers and reduce-scatters went through the engine", moved >= 4 * 2,
-          f"({moved} tensors)")
