@@ -1,10 +1,14 @@
 """torch.distributed's "hvdlite" backend (hvdlite/torch/c10d.py, docs/ddp.md):
-every collective against a NumPy reference per dtype and reduce op, and DDP
-on hvdlite against DDP on gloo, on 2 ranks that mpiexec starts (so
+every collective against a NumPy reference per dtype and reduce op at 2
+ranks; DDP and FSDP2 on hvdlite against the same on gloo, DDP's buckets in the
+response cache and hvdlite's compressors as DDP hooks (ddp_hooks.py), at 2
+and 4 ranks; ranks that mpiexec starts (so
 ``init_process_group(backend="hvdlite")`` gets nothing else); torchrun
-without MPI gets an error that says how to launch."""
+without MPI gets an error that says how to launch; HVDLITE_TIMELINE shows a
+DDP script's bucket allreduces."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,9 +17,10 @@ import pytest
 
 from harness.checks import require
 from harness.hosts import hvdrun_argv
-from harness.ranks import ROOT, TESTS, RankTests, rank_env
+from harness.ranks import ROOT, TESTS, RankTests, rank_env, run_ranks
 
 C10D = RankTests("scripts/torch_c10d.py")
+DDP = RankTests("scripts/torch_ddp.py")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -26,6 +31,47 @@ def _torch():
 @pytest.mark.parametrize("case", C10D.cases)
 def test_c10d_backend(case, rank_launch):
     rank_launch(C10D, 2).check(case)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("case", DDP.cases)
+def test_ddp(case, ranks, rank_launch):
+    rank_launch(DDP, ranks).check(case)
+
+
+def _timeline(path):
+    text = path.read_text().rstrip()
+    return json.loads(text if text.endswith("]") else text + "]")
+
+
+def test_ddp_timeline_shows_the_bucket_allreduces(tmp_path):
+    """HVDLITE_TIMELINE with a DDP script: every rank's file has a row per
+    bucket, named by the backend (c10d.py's engine names), with one ALLREDUCE
+    per step: the first step's single bucket of all parameters, then the
+    rebuilt buckets every later step, two of one size in a row told apart by
+    their last number."""
+    steps = 5
+    proc = run_ranks("scripts/torch_ddp_timeline.py", 2, args=[steps],
+                     env={"HVDLITE_TIMELINE": str(tmp_path / "tl-%r.json")})
+    total = int(re.search(r"PARAMS (\d+)", proc.stdout).group(1))
+    pattern = re.compile(r"allreduce\.c10d\.[^.]+\.allreduce\.sum\.float32\.(\d+)\.(\d+)")
+    for r in range(2):
+        events = _timeline(tmp_path / f"tl-{r}.json")
+        rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+        runs = {}
+        for e in events:
+            if e.get("name") == "ALLREDUCE" and e.get("ph") == "B":
+                runs[rows[e["tid"]]] = runs.get(rows[e["tid"]], 0) + 1
+        buckets = {}
+        for row, n in runs.items():
+            m = pattern.fullmatch(row)
+            if m:
+                buckets[(int(m.group(1)), int(m.group(2)))] = n
+        assert buckets.get((total, 0)) == 1, (r, runs)
+        rebuilt = {key: n for key, n in buckets.items() if key != (total, 0)}
+        assert all(n == steps - 1 for n in rebuilt.values()), (r, runs)
+        assert sum(numel for numel, _ in rebuilt) == total, (r, runs)
+        assert any(j == 1 and (numel, 0) in rebuilt for numel, j in rebuilt), (r, runs)
 
 
 def test_torchrun_without_mpi_says_how_to_launch(tmp_path):
