@@ -6,6 +6,7 @@ registers the backend) and ``backend="hvdlite"`` (docs/ddp.md)::
     hvdrun -np 2 python examples/pytorch_ddp_digits.py
     mpiexec -n 2 python examples/pytorch_ddp_digits.py --backend gloo   # the same on gloo
     hvdrun -np 2 python examples/pytorch_ddp_digits.py --fp16-hook      # torch's fp16 comm hook
+    hvdrun -np 2 python examples/pytorch_ddp_digits.py --hvdlite-hook powersgd  # compressed in the engine
 
 Launched by MPI, ``init_process_group`` needs no other argument: rank, size
 and the store come from MPI (also for ``--backend gloo``, once hvdlite.torch
@@ -23,6 +24,7 @@ from sklearn.model_selection import train_test_split
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
+import hvdlite
 import hvdlite.torch  # noqa: F401  (registers the "hvdlite" backend)
 
 
@@ -34,6 +36,9 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=0.02, help="per rank; scaled by the number of ranks")
     p.add_argument("--fp16-hook", action="store_true",
                    help="compress gradients to float16 with torch's DDP communication hook")
+    p.add_argument("--hvdlite-hook", choices=["fp16", "bf16", "topk", "powersgd"],
+                   help="compress gradients in hvdlite's engine (hvdlite.torch.ddp_hooks; "
+                        "hvdlite backend only)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
     return p.parse_args(argv)
@@ -68,6 +73,14 @@ def main(args):
     if args.fp16_hook:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    if args.hvdlite_hook:
+        from hvdlite.torch import ddp_hooks
+        named = model.module.named_parameters()
+        hook = {"fp16": lambda: ddp_hooks.fp16_hook,
+                "bf16": lambda: ddp_hooks.bf16_hook,
+                "topk": lambda: ddp_hooks.topk_hook(0.01, named_parameters=named),
+                "powersgd": lambda: ddp_hooks.powersgd_hook(2, named_parameters=named)}
+        model.register_comm_hook(None, hook[args.hvdlite_hook]())
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.9)
 
     for epoch in range(args.epochs):
@@ -90,6 +103,11 @@ def main(args):
     checksum = sum(p.detach().double().sum().item() for p in model.parameters())
     result = {"backend": dist.get_backend(), "ranks": size, "test_accuracy": round(100 * accuracy, 2),
               "parameter_sum": checksum}
+    if args.backend == "hvdlite":
+        # The engine's response cache: every bucket of every step after the
+        # first two is a hit (docs/ddp.md, "Engine names").
+        stats = hvdlite.engine_stats()
+        result.update(cache_hits=stats["cache_hits"], cache_misses=stats["cache_misses"])
     if rank == 0:
         print(json.dumps(result) if args.json else
               f"final test accuracy {100 * accuracy:.2f}% ({size} ranks on {args.backend})", flush=True)

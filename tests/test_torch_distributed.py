@@ -116,4 +116,6 @@ def test_ddp_example_under_hvdrun_matches_gloo():
     hv, gl = results["hvdlite"], results["gloo"]
     assert hv["backend"] == "hvdlite" and hv["ranks"] == 2, hv
     assert hv["test_accuracy"] >= 90, hv
+    # DDP's buckets (one per step here) from the engine's response cache
+    assert hv["cache_hits"] >= 30 and hv["cache_hits"] > 3 * hv["cache_misses"], hv
     assert abs(hv["parameter_sum"] - gl["parameter_sum"]) <= 1e-6 * abs(gl["parameter_sum"]), results
