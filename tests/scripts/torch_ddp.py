@@ -387,3 +387,5 @@ def test_hook_errors(group, gloo, rank, size):
     expect(ValueError, lambda: ddp_hooks.topk_hook(0.01, momentum_correction=True),
            "momentum_correction=0.9", "plain SGD")
     expect(ValueError, lambda: ddp_hooks.powersgd_hook(0), "powersgd rank")
+    expect(ValueError, lambda: ddp_hooks.compression_hook(
+        hvd.Compression.topk(0.01, momentum_correction=True)), "momentum_correction=0.9")
