@@ -72,10 +72,10 @@ def ddp_pair(gloo, **kwargs):
     return a, b
 
 
-def check_params(a, b, what):
+def check_params(a, b, what, tol=1e-6):
     for (name, pa), (_, pb) in zip(a.module.named_parameters(), b.module.named_parameters()):
         diff = (pa.detach() - pb.detach()).abs().max().item()
-        check(f"{what}: {name} within 1e-6 of gloo", diff <= 1e-6, f"(max difference {diff:g})")
+        check(f"{what}: {name} within {tol:g} of gloo", diff <= tol, f"(max difference {diff:g})")
 
 
 def train(models, steps, accumulate=1, hook=None):
@@ -138,8 +138,12 @@ def test_ddp_fp16_compress_hook(group, gloo, rank, size):
     a, b = ddp_pair(gloo)
     a.register_comm_hook(None, default_hooks.fp16_compress_hook)
     b.register_comm_hook(gloo, default_hooks.fp16_compress_hook)
+    # torch's hook sums float16 tensors: two are summed with one rounding, the
+    # same everywhere, but gloo and the engine add more than two in other
+    # orders, each rounding to float16 (1e-3 of a gradient, times lr 0.1).
+    tol = 1e-6 if size == 2 else 2e-5
     for step in train([a, b], 3):
-        check_params(a, b, f"step {step} (fp16 hook)")
+        check_params(a, b, f"step {step} (fp16 hook)", tol)
 
 
 def test_ddp_join_uneven_inputs(group, gloo, rank, size):
