@@ -498,8 +498,9 @@ class HvdliteProcessGroup(ProcessGroup):
     # ---- alltoall
     def _alltoall_start(self, tensor, splits):
         # The first dimension differs between ranks: the name has the others.
+        rest = f".{_shape(tensor.shape[1:])}" if tensor.dim() > 1 else ""
         return self._names.start(
-            f"alltoall.{_dtype(tensor)}" + (f".{_shape(tensor.shape[1:])}" if tensor.dim() > 1 else ""),
+            f"alltoall.{_dtype(tensor)}{rest}",
             lambda name: mpi_ops.alltoall_async(tensor, splits, name=name,
                                                 process_set=self._process_set))
 

@@ -7,9 +7,11 @@ docs/compression.md) instead of torch's Python hooks::
     from hvdlite.torch import ddp_hooks
 
     model = DistributedDataParallel(model)
+    named = model.module.named_parameters()
+    # one of:
     model.register_comm_hook(None, ddp_hooks.fp16_hook)          # or bf16_hook
-    model.register_comm_hook(None, ddp_hooks.topk_hook(0.01, named_parameters=model.module.named_parameters()))
-    model.register_comm_hook(None, ddp_hooks.powersgd_hook(rank=2, named_parameters=...))
+    model.register_comm_hook(None, ddp_hooks.topk_hook(0.01, named_parameters=named))
+    model.register_comm_hook(None, ddp_hooks.powersgd_hook(rank=2, named_parameters=named))
 
 Each hook submits the bucket to the engine's allreduce (mpi_ops, with the
 matching ``Compression``, op=Average as DDP expects) and returns a

@@ -254,7 +254,7 @@ def test_fsdp2_matches_gloo(group, gloo, rank, size):
           f"({moved} tensors)")
 
 
-# ---------------------------------------------------------------- hvdlite's compressors as DDP hooks
+# ---------------------------------------------------------------- compressors as DDP hooks
 
 def hook_model():
     """Large enough for the compressors to act: top-k sends tensors under
