@@ -247,7 +247,7 @@ def breakdown(R, np, P, **kw):
 
 
 def case_train(R, P, args, tiny):
-    modes = "nocomm,hvdlite,mpi4py,ddp,horovod" if not tiny else "nocomm,hvdlite,horovod"
+    modes = "nocomm,hvdlite,mpi4py,ddp,ddp-hvdlite,horovod" if not tiny else "nocomm,hvdlite,horovod"
     return R.job(args.np, TRAIN, train_args(P) + ["--modes", modes, "--compression", "fp16",
                                                   "--engine-priorities", "normal"])
 

@@ -1,5 +1,6 @@
 """Training-step time: hvdlite DistributedOptimizer vs no communication vs
-torch DDP (gloo) vs Horovod (when installed), interleaved in one run.
+torch DDP on gloo and on hvdlite's torch.distributed backend vs Horovod (when
+installed), interleaved in one run.
 
 Model: 6 x Linear(2048, 2048) (25.2 M parameters, 100 MB of float32
 gradients), batch 64 per rank, 1 compute thread per rank, plain SGD.
@@ -9,6 +10,7 @@ gradients), batch 64 per rank, 1 compute thread per rank, plain SGD.
     mpiexec -n 2 python bench/train_step.py --compression fp16,topk
     mpiexec -n 2 python bench/train_step.py --engine-priorities normal,idle
     mpiexec -n 2 python bench/train_step.py --modes nocomm,sync,hvdlite
+    mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite,ddp,ddp-hvdlite
     mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite --hvdlite-settings 4MB:1,64MB:1
     mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite --hvdlite-settings 4MB:1,64MB:1 --autotune
 
@@ -61,7 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=5, help="timed steps per mode per round")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--modes", default="nocomm,hvdlite,mpi4py,ddp,horovod")
+    p.add_argument("--modes", default="nocomm,hvdlite,mpi4py,ddp,ddp-hvdlite,horovod")
     p.add_argument("--compression", default="none",
                    help="comma list of hvdlite compressions to run besides none: fp16, bf16, topk, "
                         "dgc (top-k 0.1%% with momentum correction), powersgd (rank 4); each adds a "
@@ -213,6 +215,17 @@ def _bytes(text):
     return int(text)
 
 
+def _init_torch_distributed(rank, size):
+    """torch.distributed's default group on gloo (once), its store on rank 0."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return
+    one_host = len(set(comm.allgather(MPI.Get_processor_name()))) == 1
+    addr = "127.0.0.1" if one_host else socket.gethostbyname(socket.gethostname())
+    addr, port = comm.bcast((addr, free_port()) if rank == 0 else None, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=size)
+
+
 def make_model(args):
     torch.manual_seed(0)
     return torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) for _ in range(args.layers)])
@@ -288,16 +301,22 @@ def build_modes(names, args, engines):
             sgd = torch.optim.SGD(m.parameters(), lr=1e-4)
             modes.append(Mode("mpi4py allreduce after backward", m, _AllreduceThenStep(m, sgd)))
         elif name == "ddp":
-            import torch.distributed as dist
-            one_host = len(set(comm.allgather(MPI.Get_processor_name()))) == 1
-            addr = "127.0.0.1" if one_host else socket.gethostbyname(socket.gethostname())
-            addr, port = comm.bcast((addr, free_port()) if rank == 0 else None, root=0)
-            dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
-                                    world_size=size)
+            _init_torch_distributed(rank, size)
             m = model()
             ddp = torch.nn.parallel.DistributedDataParallel(m)
             modes.append(Mode("torch DDP (gloo)", m, torch.optim.SGD(ddp.parameters(), lr=1e-4),
                               forward=ddp))
+        elif name == "ddp-hvdlite":
+            # The same DDP script on hvdlite's torch.distributed backend: a group of
+            # the whole world beside gloo's default one, the engine run as hvdlite's.
+            import torch.distributed as dist
+            _init_torch_distributed(rank, size)
+            engines.use("hvdlite")
+            group = dist.new_group(backend="hvdlite")
+            m = model()
+            ddp = torch.nn.parallel.DistributedDataParallel(m, process_group=group)
+            modes.append(Mode("torch DDP (hvdlite)", m, torch.optim.SGD(ddp.parameters(), lr=1e-4),
+                              forward=ddp, engine="hvdlite"))
         elif name == "horovod":
             try:
                 import horovod.torch as horovod
