@@ -156,12 +156,9 @@ def compression_hook(compression, named_parameters=None):
     parameter, the others on the whole bucket."""
     if isinstance(compression, type):
         compression = compression()
-    if isinstance(compression, TopKCompressor):
-        if compression.momentum_correction is True:
-            return topk_hook(momentum_correction=True)   # raises with the advice
-        return _parameter_hook(compression, named_parameters,
-                               f"hvdlite.compression_hook({compression!r})")
-    if isinstance(compression, PowerSGDCompressor):
-        return _parameter_hook(compression, named_parameters,
-                               f"hvdlite.compression_hook({compression!r})")
-    return _bucket_hook(compression, f"hvdlite.compression_hook({compression!r})")
+    label = f"hvdlite.compression_hook({compression!r})"
+    if isinstance(compression, TopKCompressor) and compression.momentum_correction is True:
+        return topk_hook(momentum_correction=True)   # raises with the advice
+    if isinstance(compression, (TopKCompressor, PowerSGDCompressor)):
+        return _parameter_hook(compression, named_parameters, label)
+    return _bucket_hook(compression, label)
