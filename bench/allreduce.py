@@ -141,7 +141,8 @@ def _free_port():
     return port
 
 
-def make_gloo(tensors):
+def _init_gloo():
+    """torch.distributed's default group on gloo (once), its store on rank 0."""
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -154,13 +155,32 @@ def make_gloo(tensors):
         port = comm.bcast(_free_port() if comm.rank == 0 else None, root=0)
         dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}",
                                 rank=comm.rank, world_size=comm.size)
+
+
+def make_torch_distributed(tensors, backend):
+    """torch.distributed's all_reduce of every tensor (async, then wait each): on
+    gloo's default group, or on a group of hvdlite's backend beside it (what a DDP
+    or FSDP2 script on backend="hvdlite" runs)."""
+    import torch
+    import torch.distributed as dist
+    _init_gloo()
+    group = None
+    if backend == "hvdlite":
+        import hvdlite.torch  # noqa: F401  (registers the backend)
+        ENGINES.use("hvdlite")
+        if make_torch_distributed.hvdlite_group is None:
+            make_torch_distributed.hvdlite_group = dist.new_group(backend="hvdlite")
+        group = make_torch_distributed.hvdlite_group
     ts = [torch.from_numpy(t.copy()) for t in tensors]
 
     def run():
-        works = [dist.all_reduce(t, async_op=True) for t in ts]
+        works = [dist.all_reduce(t, async_op=True, group=group) for t in ts]
         for w in works:
             w.wait()
     return run
+
+
+make_torch_distributed.hvdlite_group = None
 
 
 def horovod_module():
@@ -279,7 +299,13 @@ def resnet50_contenders(tensors, outs, scale=1.0, gloo=True, horovod=True, only=
             make_hvdlite(tensors, outs, hvd.Compression.none, "none"), "hvdlite", env)
     if gloo and _wanted("torch gloo async", only):
         try:
-            c["torch gloo async"] = Contender(make_gloo(tensors))
+            c["torch gloo async"] = Contender(make_torch_distributed(tensors, "gloo"))
+        except ImportError:
+            pass
+    if gloo and _wanted("torch.distributed hvdlite async", only):
+        try:
+            c["torch.distributed hvdlite async"] = Contender(make_torch_distributed(tensors, "hvdlite"),
+                                                             "hvdlite")
         except ImportError:
             pass
     hvt = horovod_module() if horovod else None

@@ -19,6 +19,7 @@ import statistics
 from . import compression_accuracy_report, kernels
 from .allreduce_report import (allreduce_headline, allreduce_section, scaling_section, small_section,
                                sweep_grid, sweep_headline, sweep_section)
+from .ddp_report import ddp_headline, ddp_section
 from .hosts_report import (hosts_headline, hosts_section, hosts_train_headline, hosts_train_section,
                            network_headline, network_numbers, network_section)
 from .report_format import (IDLE_MODE, NORMAL_MODE, R50_RAW, TARGETS, best_of, fmt_bytes, met, ms, ok,
@@ -31,7 +32,7 @@ from .train_step_report import autotune_headline, autotune_section, train_headli
 HEADLINES = {"allreduce": allreduce_headline, "train_step": train_headline, "kernels": kernels.headline,
              "network": network_headline, "autotune": autotune_headline, "hosts": hosts_headline,
              "compression": compression_accuracy_report.headline, "hosts_train": hosts_train_headline,
-             "sweep": sweep_headline}
+             "sweep": sweep_headline, "ddp": ddp_headline}
 
 
 def headline(case, res):
@@ -97,6 +98,8 @@ def write(data, doc_path, img_dir, json_path):
         L.append(allreduce_section(cases["allreduce"], img))
     if "train_step" in cases:
         L.append(train_section(cases["train_step"], img))
+    if "ddp" in cases:
+        L.append(ddp_section(cases["ddp"], img))
     if "allreduce" in cases:
         L.append(small_section(cases["allreduce"], img))
     if "kernels" in cases:

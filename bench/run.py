@@ -44,8 +44,8 @@ ALLREDUCE = os.path.join(BENCH, "allreduce.py")
 TRAIN = os.path.join(BENCH, "train_step.py")
 BREAKDOWN = os.path.join(BENCH, "breakdown.py")
 ACCURACY = os.path.join(BENCH, "compression_accuracy.py")
-CASES = ["allreduce", "train_step", "kernels", "network", "hosts", "hosts_train", "scaling", "negotiation",
-         "sweep", "autotune", "compression"]
+CASES = ["allreduce", "train_step", "ddp", "kernels", "network", "hosts", "hosts_train", "scaling",
+         "negotiation", "sweep", "autotune", "compression"]
 TINY_CASES = ["allreduce", "train_step", "sweep"]
 
 FULL = dict(
@@ -63,6 +63,7 @@ FULL = dict(
     breakdown_calls=3,
     hosts_layouts="2x2,4x1,4x2", hosts_iters=7, hosts_allgather_mb=8.0,
     hosts_train_layouts="2x2,4x1,4x2", hosts_train_rounds=4, hosts_train_steps=2,
+    ddp_rounds=12, ddp_steps=4, ddp_layouts="2x2,4x1", ddp_hosts_rounds=4, ddp_hosts_steps=2,
     autotune_sweep="1MB:0.5,1MB:1,1MB:5,4MB:0.5,4MB:1,4MB:5,16MB:0.5,16MB:1,16MB:5,64MB:0.5,64MB:1,64MB:5",
     autotune_rounds=4, autotune_steps=3, autotune_steps_per_sample=3, autotune_layout="",
     accuracy_np=4, accuracy_epochs=12, accuracy_seeds="42,1,2",
@@ -81,6 +82,7 @@ TINY = dict(
     breakdown_calls=1,
     hosts_layouts="2x1", hosts_iters=1, hosts_allgather_mb=0.5,
     hosts_train_layouts="2x1", hosts_train_rounds=1, hosts_train_steps=1,
+    ddp_rounds=1, ddp_steps=2, ddp_layouts="", ddp_hosts_rounds=1, ddp_hosts_steps=1,
     autotune_sweep="1MB:1,64MB:1", autotune_rounds=1, autotune_steps=1, autotune_steps_per_sample=1,
     autotune_layout="",
     accuracy_np=2, accuracy_epochs=1, accuracy_seeds="42",
@@ -252,6 +254,24 @@ def case_train(R, P, args, tiny):
                                                   "--engine-priorities", "normal"])
 
 
+DDP_MODES = "nocomm,ddp-local,ddp,ddp-hvdlite,hvdlite,horovod"
+
+
+def case_ddp(R, P, args, tiny):
+    """A DDP script's train step on hvdlite's torch.distributed backend against DDP on gloo,
+    DDP's reducer with no communication, hvdlite's Horovod API and Horovod 0.28.1 (when
+    installed), interleaved: on this host, then between emulated hosts (one job per layout)."""
+    out = {"one_host": R.job(args.np, TRAIN, train_args(P, P["ddp_rounds"], P["ddp_steps"]) +
+                             ["--modes", DDP_MODES])}
+    if P["ddp_layouts"]:
+        out["hosts"] = over_layouts(
+            args, P["ddp_layouts"], "ddp",
+            lambda n_hosts, per_host, hv, env, wrap: R.job(
+                n_hosts * per_host, TRAIN, train_args(P, P["ddp_hosts_rounds"], P["ddp_hosts_steps"]) +
+                ["--modes", DDP_MODES], env=env, hvdrun_args=hv, wrap=wrap))
+    return out
+
+
 def case_kernels(R, P, args, tiny):
     res = kernels.run(P["kernel_floats"], P["kernel_reps"], P["kernel_runs"],
                       progress=lambda i, n: progress("      kernels run %d/%d done" % (i, n)))
@@ -371,7 +391,8 @@ def parse_layouts(text):
 def hosts_contenders(per_host):
     """The ResNet-50 contenders of one layout: the floor, MPICH's schedules, hvdlite as
     configured by default, and hvdlite's other wires between hosts (as --hvdlite-env)."""
-    names = "wire floor,mpi4py unfused,mpi4py one buffer,mpi4py 25 MB,hvdlite none"
+    names = ("wire floor,mpi4py unfused,mpi4py one buffer,mpi4py 25 MB,hvdlite none,torch gloo async,"
+             "torch.distributed hvdlite async,Horovod none")
     if per_host == 1:
         return names, "RING_ALLREDUCE=0"
     return names, "HIERARCHICAL_ALLREDUCE=1,HIERARCHICAL_ALLREDUCE=0,RING_ALLREDUCE=1+HIERARCHICAL_ALLREDUCE=0"
@@ -408,7 +429,7 @@ def case_hosts(R, P, args, tiny):
         r = R.job(n_hosts * per_host, ALLREDUCE,
                   ["--cases", "resnet50,allgather", "--iters", str(P["hosts_iters"]), "--scale", str(P["scale"]),
                    "--allgather-mb", str(P["hosts_allgather_mb"]),
-                   "--contenders", contenders, "--hvdlite-env", envs, "--skip-gloo", "--no-horovod"],
+                   "--contenders", contenders, "--hvdlite-env", envs],
                   env=env, hvdrun_args=hv, wrap=wrap)
         return {"resnet50": r["resnet50"], "allgather": r.get("allgather"), "meta": r.get("meta")}
     out = over_layouts(args, P["hosts_layouts"], "hosts", run_layout)
@@ -455,7 +476,7 @@ def case_compression(R, P, args, tiny):
 
 RUNNERS = {"allreduce": case_allreduce, "train_step": case_train, "kernels": case_kernels,
            "network": case_network, "scaling": case_scaling, "negotiation": case_negotiation,
-           "sweep": case_sweep, "hosts": case_hosts, "hosts_train": case_hosts_train,
+           "sweep": case_sweep, "hosts": case_hosts, "hosts_train": case_hosts_train, "ddp": case_ddp,
            "autotune": case_autotune, "compression": case_compression}
 TITLES = {"allreduce": "cases 1+3: ResNet-50 set and 100 x 4 KB allreduce",
           "train_step": "case 2: train step 6 x Linear(2048, 2048)",
@@ -464,6 +485,7 @@ TITLES = {"allreduce": "cases 1+3: ResNet-50 set and 100 x 4 KB allreduce",
           "sweep": "sweep: fusion threshold x cycle time",
           "hosts": "case 7: between emulated hosts (layouts, wire floor)",
           "hosts_train": "case 9: train step between emulated hosts (none, fp16, bf16, top-k, DGC, PowerSGD)",
+          "ddp": "case 11: DDP on hvdlite's backend, on gloo, the Horovod API, Horovod (one host, emulated hosts)",
           "autotune": "case 8: autotune against a sweep",
           "compression": "case 10: accuracy against bytes, every compressor (digits)"}
 

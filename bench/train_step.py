@@ -10,7 +10,7 @@ gradients), batch 64 per rank, 1 compute thread per rank, plain SGD.
     mpiexec -n 2 python bench/train_step.py --compression fp16,topk
     mpiexec -n 2 python bench/train_step.py --engine-priorities normal,idle
     mpiexec -n 2 python bench/train_step.py --modes nocomm,sync,hvdlite
-    mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite,ddp,ddp-hvdlite
+    mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite,ddp,ddp-hvdlite,ddp-local
     mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite --hvdlite-settings 4MB:1,64MB:1
     mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite --hvdlite-settings 4MB:1,64MB:1 --autotune
 
@@ -23,6 +23,10 @@ communication" is the same ranks doing the same work with a plain optimizer
 optimizer step: the ranks then run in step as under a synchronous allreduce,
 which shows what synchrony alone costs (uneven steps waiting for the slowest,
 memory-heavy phases of both ranks at once), apart from moving the data.
+"ddp-local" ("torch DDP, no communication") is DDP with a communication hook
+that hands each bucket back at once: what DDP's reducer costs by itself
+(copying gradients into its buckets, averaging, copying them back), the floor
+of any DDP backend.
 
 With --autotune, a tuning phase comes first: hvdlite trains with
 HVDLITE_AUTOTUNE=1 until its search ends, and the setting it chose joins the
@@ -63,7 +67,7 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=5, help="timed steps per mode per round")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--modes", default="nocomm,hvdlite,mpi4py,ddp,ddp-hvdlite,horovod")
+    p.add_argument("--modes", default="nocomm,hvdlite,mpi4py,ddp,ddp-hvdlite,ddp-local,horovod")
     p.add_argument("--compression", default="none",
                    help="comma list of hvdlite compressions to run besides none: fp16, bf16, topk, "
                         "dgc (top-k 0.1%% with momentum correction), powersgd (rank 4); each adds a "
@@ -201,6 +205,13 @@ class _BarrierThenStep:
         self.optimizer.step()
 
 
+def _bucket_back_at_once(_state, bucket):
+    """A DDP communication hook that communicates nothing."""
+    done = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -306,6 +317,13 @@ def build_modes(names, args, engines):
             ddp = torch.nn.parallel.DistributedDataParallel(m)
             modes.append(Mode("torch DDP (gloo)", m, torch.optim.SGD(ddp.parameters(), lr=1e-4),
                               forward=ddp))
+        elif name == "ddp-local":
+            _init_torch_distributed(rank, size)
+            m = model()
+            ddp = torch.nn.parallel.DistributedDataParallel(m)
+            ddp.register_comm_hook(None, _bucket_back_at_once)
+            modes.append(Mode("torch DDP, no communication", m,
+                              torch.optim.SGD(ddp.parameters(), lr=1e-4), forward=ddp))
         elif name == "ddp-hvdlite":
             # The same DDP script on hvdlite's torch.distributed backend: a group of
             # the whole world beside gloo's default one, the engine run as hvdlite's.
