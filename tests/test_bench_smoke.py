@@ -185,24 +185,31 @@ def test_compressor_series_styles(tmp_path):
 
 def test_tiny_hosts_and_autotune_cases(tmp_path):
     """Case 7 between two emulated hosts (wire floor beside the contenders),
-    case 9 (the train step there, with compression) and case 8 (autotune's
-    choice timed beside a sweep) in a tiny run."""
+    case 9 (the train step there, with compression), case 11 (a DDP script on
+    hvdlite's backend, on one host and there) and case 8 (autotune's choice
+    timed beside a sweep) in a tiny run."""
     from harness.checks import REQUIRE_ALL
     require("hvdlite._engine", import_module=False)
     require("torch", import_module=False)
     require("matplotlib", import_module=False)
-    p = _run(["--tiny", "--cases", "hosts,hosts_train,autotune", "--set", "hosts_layouts=2x1",
-              "--out-dir", str(tmp_path)], timeout=400)
+    p = _run(["--tiny", "--cases", "hosts,hosts_train,autotune,ddp", "--set", "hosts_layouts=2x1",
+              "--set", "ddp_layouts=2x1", "--out-dir", str(tmp_path)], timeout=500)
     assert p.returncode == 0, p.stdout + p.stderr
     with open(glob.glob(str(tmp_path / "results" / "*.json"))[0]) as f:
         cases = json.load(f)["cases"]
     doc = (tmp_path / "benchmarks.md").read_text()
+    ddp_modes = {"no communication", "torch DDP, no communication", "torch DDP (gloo)",
+                 "torch DDP (hvdlite)", "hvdlite"}
+    assert ddp_modes <= set(cases["ddp"]["one_host"]["modes"]), cases["ddp"]["one_host"]
+    assert "## Case 11: DDP on hvdlite's torch.distributed backend" in doc
+    _check_png(str(tmp_path / "img" / "bench_ddp.png"))
     hosts = cases["hosts"]
     if "skipped" in hosts:  # no network namespaces here (not root): CI has them
         assert not REQUIRE_ALL, hosts["skipped"]
     else:
         r50 = hosts["layouts"]["2x1"]["resnet50"]
-        assert {"wire floor", "hvdlite none", "hvdlite none RING_ALLREDUCE=0", "mpi4py unfused"} <= set(r50)
+        assert {"wire floor", "hvdlite none", "hvdlite none RING_ALLREDUCE=0", "mpi4py unfused",
+                "torch gloo async", "torch.distributed hvdlite async"} <= set(r50), list(r50)
         assert r50["wire floor"]["ratio_to_wire_floor"] == 1.0 and r50["hvdlite none"]["ratio_to_wire_floor"] > 0
         assert "## Case 7: between hosts" in doc and "| wire floor |" in doc
         _check_png(str(tmp_path / "img" / "bench_hosts.png"))
@@ -214,6 +221,7 @@ def test_tiny_hosts_and_autotune_cases(tmp_path):
         assert all(m["median_ms"] > 0 for m in modes.values())
         assert "## Case 9: train step between hosts" in doc
         _check_png(str(tmp_path / "img" / "bench_hosts_train.png"))
+        assert ddp_modes <= set(cases["ddp"]["hosts"]["layouts"]["2x1"]["modes"])
     tune = cases["autotune"]
     chosen = [m for m in tune["modes"] if m.startswith("hvdlite autotuned")]
     assert len(chosen) == 1 and tune["autotune"]["label"] == chosen[0], tune["modes"]
