@@ -163,14 +163,7 @@ def make_torch_distributed(tensors, backend):
     or FSDP2 script on backend="hvdlite" runs)."""
     import torch
     import torch.distributed as dist
-    _init_gloo()
-    group = None
-    if backend == "hvdlite":
-        import hvdlite.torch  # noqa: F401  (registers the backend)
-        ENGINES.use("hvdlite")
-        if make_torch_distributed.hvdlite_group is None:
-            make_torch_distributed.hvdlite_group = dist.new_group(backend="hvdlite")
-        group = make_torch_distributed.hvdlite_group
+    group = _torch_group(backend)
     ts = [torch.from_numpy(t.copy()) for t in tensors]
 
     def run():
@@ -180,7 +173,20 @@ def make_torch_distributed(tensors, backend):
     return run
 
 
-make_torch_distributed.hvdlite_group = None
+def _torch_group(backend):
+    """None (gloo's default group), or the group of hvdlite's backend beside it (made once)."""
+    import torch.distributed as dist
+    _init_gloo()
+    if backend != "hvdlite":
+        return None
+    import hvdlite.torch  # noqa: F401  (registers the backend)
+    ENGINES.use("hvdlite")
+    if _torch_group.hvdlite is None:
+        _torch_group.hvdlite = dist.new_group(backend="hvdlite")
+    return _torch_group.hvdlite
+
+
+_torch_group.hvdlite = None
 
 
 def horovod_module():
@@ -316,9 +322,11 @@ def resnet50_contenders(tensors, outs, scale=1.0, gloo=True, horovod=True, only=
     return {k: v for k, v in c.items() if _wanted(k, only)}
 
 
-def allgather_contenders(mbytes, rng):
+def allgather_contenders(mbytes, rng, gloo=True, horovod=True):
     """Every rank gathers every rank's `mbytes` MB: MPI's allgather, hvdlite's (two levels
-    between hosts by default) and hvdlite's with that turned off, beside the wire floor."""
+    between hosts by default) and hvdlite's with that turned off, torch.distributed's
+    all_gather_into_tensor on gloo and on hvdlite's backend, Horovod's allgather,
+    beside the wire floor."""
     part = rng.standard_normal(int(mbytes * MB) // 4).astype(np.float32)
     out = np.empty(part.size * comm.size, np.float32)
     c = {"mpi4py allgather": Contender(lambda: comm.Allgather(part, out)),
@@ -328,10 +336,34 @@ def allgather_contenders(mbytes, rng):
     floor = make_wire_floor([part], allgather=True)
     if floor is not None:
         c["wire floor"] = Contender(floor)
+    if gloo:
+        try:
+            for backend in ("gloo", "hvdlite"):
+                label = "torch gloo" if backend == "gloo" else "torch.distributed hvdlite"
+                c[label] = Contender(make_torch_allgather(part, backend), "hvdlite" if backend == "hvdlite"
+                                     else None)
+        except ImportError:
+            pass
+    hvt = horovod_module() if horovod else None
+    if hvt is not None:
+        import torch
+        t = torch.from_numpy(part.copy())
+        c["Horovod"] = Contender(lambda: hvt.allgather(t, name="gather"), "horovod")
+        ENGINES.horovod = hvt
     return c
 
 
-def small_contenders(count, elems, rng, horovod=True, only=None):
+def make_torch_allgather(part, backend):
+    """torch.distributed's all_gather_into_tensor of every rank's part."""
+    import torch
+    import torch.distributed as dist
+    group = _torch_group(backend)
+    src = torch.from_numpy(part.copy())
+    dst = torch.empty(part.size * comm.size, dtype=src.dtype)
+    return lambda: dist.all_gather_into_tensor(dst, src, group=group)
+
+
+def small_contenders(count, elems, rng, horovod=True, only=None, gloo=True):
     small = [rng.standard_normal(elems).astype(np.float32) for _ in range(count)]
     outs = [np.empty_like(t) for t in small]
     c = {
@@ -339,6 +371,13 @@ def small_contenders(count, elems, rng, horovod=True, only=None):
         "mpi4py one buffer": Contender(make_raw_buckets(small, outs, 1 << 40)),
         "hvdlite": Contender(make_hvdlite(small, outs, hvd.Compression.none, "small"), "hvdlite"),
     }
+    if gloo:
+        try:
+            c["torch gloo async"] = Contender(make_torch_distributed(small, "gloo"))
+            c["torch.distributed hvdlite async"] = Contender(make_torch_distributed(small, "hvdlite"),
+                                                             "hvdlite")
+        except ImportError:
+            pass
     hvt = horovod_module() if horovod else None
     if hvt is not None:
         c["Horovod"] = Contender(make_horovod(hvt, small, "none", "small"), "horovod")
@@ -477,10 +516,11 @@ def main(argv=None):
         results["resnet50"] = measure(c, args.iters)
     if "small" in cases:
         c = small_contenders(args.small_count, args.small_elems, rng, horovod=not args.no_horovod,
-                             only=only)
+                             only=only, gloo=not args.skip_gloo)
         results["small"] = measure(c, args.small_iters or args.iters * 4)
     if "allgather" in cases:
-        results["allgather"] = measure(allgather_contenders(args.allgather_mb, rng), args.iters)
+        results["allgather"] = measure(allgather_contenders(args.allgather_mb, rng, gloo=not args.skip_gloo,
+                                                            horovod=not args.no_horovod), args.iters)
     if "negotiation" in cases:
         counts = [int(x) for x in args.neg_tensors.split(",")]
         results["negotiation"] = measure(negotiation_contenders(counts), args.neg_iters)
