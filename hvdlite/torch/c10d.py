@@ -114,7 +114,11 @@ def _split_into(outputs, result, what):
 # calls), the call waits for it first. That cannot deadlock: every rank
 # issued the earlier collective before this one, so it completes without
 # this rank's later calls.
-_RUN_LIMIT = 64        # <n> wraps at this: a long run of one shape reuses its names
+# <n> wraps at this: a long run of one shape reuses its names. As large as
+# the response cache's default capacity (a longer run evicts its own names
+# anyway): a wrapped name still in flight makes the call wait, which stops the
+# engine fusing the rest of the run.
+_RUN_LIMIT = 1024
 _PRUNE_AT = 4096       # in-flight records kept before the completed ones are dropped
 _OP_NAMES = {Sum: "sum", Average: "avg", Min: "min", Max: "max", Product: "product"}
 _engine_generation = [0]
