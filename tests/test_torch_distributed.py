@@ -41,6 +41,14 @@ def test_ddp(case, ranks, rank_launch):
     rank_launch(DDP, ranks).check(case)
 
 
+@pytest.mark.parametrize("case", C10D.cases)
+def test_c10d_backend_every_collective_through_the_executor(case, rank_launch):
+    """torch_c10d.py's every collective, dtype and reduce op, subgroups on
+    process sets included, with HVDLITE_DEVICE_TRANSPORT=gloo: every tensor
+    through the device executor (its per-process-set groups too)."""
+    rank_launch(C10D, 2, env={"HVDLITE_DEVICE_TRANSPORT": "gloo"}).check(case)
+
+
 @pytest.mark.parametrize("case", C10D_DEVICE.cases)
 def test_c10d_backend_on_the_device_path(case, rank_launch):
     """The backend's collectives and DDP with every CPU tensor taken by the
