@@ -2,7 +2,8 @@
 every collective against a NumPy reference per dtype and reduce op at 2
 ranks; DDP and FSDP2 on hvdlite against the same on gloo, DDP's buckets in the
 response cache and hvdlite's compressors as DDP hooks (ddp_hooks.py), at 2
-and 4 ranks; ranks that mpiexec starts (so
+and 4 ranks; the collectives and DDP on the device path (device.py), CPU
+tensors through the executor on gloo and, on GPU hosts, CUDA tensors; ranks that mpiexec starts (so
 ``init_process_group(backend="hvdlite")`` gets nothing else); torchrun
 without MPI gets an error that says how to launch; HVDLITE_TIMELINE shows a
 DDP script's bucket allreduces."""
@@ -21,6 +22,7 @@ from harness.ranks import ROOT, TESTS, RankTests, rank_env, run_ranks
 
 C10D = RankTests("scripts/torch_c10d.py")
 DDP = RankTests("scripts/torch_ddp.py")
+C10D_DEVICE = RankTests("scripts/torch_c10d_device.py")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -37,6 +39,44 @@ def test_c10d_backend(case, rank_launch):
 @pytest.mark.parametrize("case", DDP.cases)
 def test_ddp(case, ranks, rank_launch):
     rank_launch(DDP, ranks).check(case)
+
+
+@pytest.mark.parametrize("case", C10D.cases)
+def test_c10d_backend_every_collective_through_the_executor(case, rank_launch):
+    """torch_c10d.py's every collective, dtype and reduce op, subgroups on
+    process sets included, with HVDLITE_DEVICE_TRANSPORT=gloo: every tensor
+    through the device executor (its per-process-set groups too)."""
+    rank_launch(C10D, 2, env={"HVDLITE_DEVICE_TRANSPORT": "gloo"}).check(case)
+
+
+@pytest.mark.parametrize("case", C10D_DEVICE.cases)
+def test_c10d_backend_on_the_device_path(case, rank_launch):
+    """The backend's collectives and DDP with every CPU tensor taken by the
+    device executor on gloo (HVDLITE_DEVICE_TRANSPORT=gloo: the path of CUDA
+    tensors, gloo in NCCL's place)."""
+    rank_launch(C10D_DEVICE, 2, env={"HVDLITE_DEVICE_TRANSPORT": "gloo"}).check(case)
+
+
+@pytest.mark.parametrize("case", C10D_DEVICE.cases)
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_c10d_backend_cuda_tensors(ranks, case, rank_launch):
+    """The same checks on CUDA tensors (GPU machines only): at 1 rank through
+    NCCL, at 2 ranks on one GPU staged through host memory (NCCL refuses two
+    ranks on one GPU); with a GPU per rank, 2 ranks run through NCCL too."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU: torch.cuda.is_available() is False here")
+    rank_launch(C10D_DEVICE, ranks, env={"HVDLITE_TEST_C10D_DEVICE": "cuda"}).check(case)
+
+
+@pytest.mark.parametrize("order", ["hvdlite-first", "gloo-default"])
+def test_device_executor_beside_a_default_group(order):
+    """The executor's groups are its own: hvdlite.init() before
+    init_process_group("hvdlite"), or init_process_group("gloo") starting
+    hvdlite through env://; destroy_process_group() and hvdlite.shutdown()
+    leave each other's groups alone."""
+    run_ranks("scripts/torch_c10d_device_order.py", 2, args=[order],
+              env={"HVDLITE_DEVICE_TRANSPORT": "gloo"})
 
 
 def _timeline(path):

@@ -20,6 +20,15 @@ collective of hvdlite.torch (mpi_ops.py, whose requests hvdlite.collectives
 builds) with c10d's conventions around it (group ranks, reduce ops, output
 tensors the caller owns). What is supported is listed in docs/ddp.md.
 
+Tensors: the backend takes CPU and CUDA tensors (registered for both) and
+hands them to mpi_ops as they are; mpi_ops picks the path per tensor. CPU
+tensors run on the engine; CUDA tensors on hvdlite's device path (device.py:
+the engine negotiates, the device executor runs NCCL on groups of its own),
+or staged through host memory where NCCL cannot run;
+HVDLITE_DEVICE_TRANSPORT=gloo sends CPU tensors through the executor on gloo.
+Results come back the same way on every path (in the caller's tensor, or as
+a tensor on the input's device that the work copies into the outputs).
+
 Completion: a :class:`HvdliteWork` holds the engine's handles. ``wait()``
 waits on them in the calling thread. ``get_future()`` returns a
 ``torch.futures.Future`` that completes when the engine does: the engine
@@ -28,7 +37,10 @@ future is first asked for), the callback only queues the handle, and one
 thread here finishes the work (copies results into the caller's tensors)
 and completes the future, which runs the callbacks chained with ``then()``
 (DDP's communication hooks) there. Whichever of the two comes first
-finishes the work; the future completes either way.
+finishes the work; the future completes either way. A device job's
+handles complete through the same callbacks, called on the device
+executor's thread when it reports the job done. A work on CUDA tensors has a
+CUDA future (see HvdliteWork): its waiters' streams wait for the results.
 """
 import queue
 import sys
@@ -46,7 +58,7 @@ from hvdlite.compression import Compression
 from hvdlite.process_sets import ProcessSet, get_process_set_ids_and_ranks, global_process_set
 from hvdlite.request import Average, Max, Min, Product, Sum
 
-from . import device, mpi_ops, rendezvous
+from . import mpi_ops, rendezvous
 
 BACKEND = "hvdlite"
 
@@ -71,6 +83,17 @@ def _reduce_op(opts, what):
 
 def _tensors(tensors):
     return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+
+
+def _flat(items):
+    """The tensors in nested lists of tensors (None and empty lists allowed)."""
+    out = []
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            out.append(item)
+        elif item is not None:
+            out.extend(_flat(item))
+    return out
 
 
 def _copy_into(output, result, what):
@@ -247,18 +270,32 @@ def _watch(work, ids):
     _completions.watch(work, ids)
 
 
+def _cuda_devices(tensors):
+    devices = {t.device for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda}
+    return sorted(devices, key=lambda d: d.index)
+
+
 class HvdliteWork(Work):
     """A c10d Work over hvdlite handles; ``finish(results)`` (once, on
     whichever thread gets there first) writes the results where c10d wants
-    them and returns the future's value."""
+    them and returns the future's value.
 
-    def __init__(self, handles, finish, what):
+    CUDA tensors (``tensors``: the collective's inputs and outputs): the
+    executor's results are ordered after its NCCL work on the stream current
+    in the thread that finishes; the future is a CUDA one of their devices,
+    so completing it records events on that thread's streams, and its waiters
+    (``wait()``, ``then()`` callbacks, DDP's reducer) wait on those events on
+    their own streams."""
+
+    def __init__(self, handles, finish, what, tensors=()):
         super().__init__()
         self._handles = handles
         self._finish = finish
         self._what = what
         self._ids = [i for h in handles for i in _engine_ids(h)]
-        self._future = torch.futures.Future()
+        self._devices = _cuda_devices(tensors)
+        self._future = torch.futures.Future(devices=self._devices) if self._devices \
+            else torch.futures.Future()
         self._lock = threading.Lock()
         self._outcome = None    # (value, exception) once finished
         self._done = threading.Event()
@@ -298,6 +335,8 @@ class HvdliteWork(Work):
         error = self._outcome[1]
         if error is not None:
             raise error
+        if self._devices:
+            self._future.wait()   # this thread's current streams wait for the results
         return True
 
     def get_future(self):
@@ -360,8 +399,10 @@ class HvdliteProcessGroup(ProcessGroup):
     def __repr__(self):
         return f"HvdliteProcessGroup(rank={self.rank()}, size={self.size()}, ranks={self._ranks})"
 
-    def _work(self, handles, finish, what):
-        return HvdliteWork(handles, finish, what)
+    def _work(self, handles, finish, what, *tensors):
+        """The Work of ``handles``; ``tensors``: the collective's inputs and
+        outputs, single tensors or lists (lists of lists)."""
+        return HvdliteWork(handles, finish, what, _flat(tensors))
 
     def _allreduce_start(self, tensor, op, prescale=1.0, inplace=True,
                          compression=Compression.none):
@@ -380,7 +421,7 @@ class HvdliteProcessGroup(ProcessGroup):
         tensors = _tensors(tensors)
         op, prescale = _reduce_op(opts if opts is not None else dist.ReduceOp.SUM, "allreduce")
         handles = [self._allreduce_start(t, op, prescale) for t in tensors]
-        return self._work(handles, lambda _results: tensors, "allreduce")
+        return self._work(handles, lambda _results: tensors, "allreduce", tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -391,7 +432,7 @@ class HvdliteProcessGroup(ProcessGroup):
         op, prescale = _reduce_op(opts if opts is not None else dist.ReduceOp.SUM, "reduce")
         root = self.rank() == (opts.rootRank if opts is not None else 0)
         handles = [self._allreduce_start(t, op, prescale, inplace=root) for t in tensors]
-        return self._work(handles, lambda _results: tensors, "reduce")
+        return self._work(handles, lambda _results: tensors, "reduce", tensors)
 
     # ---- broadcast
     def broadcast(self, tensors, opts=None):
@@ -402,7 +443,7 @@ class HvdliteProcessGroup(ProcessGroup):
             lambda name, t=t: mpi_ops.broadcast_async_(t, root, name=name,
                                                        process_set=self._process_set))
             for t in tensors]
-        return self._work(handles, lambda _results: tensors, "broadcast")
+        return self._work(handles, lambda _results: tensors, "broadcast", tensors)
 
     # ---- allgather
     def _gather_flat(self, inputs):
@@ -420,7 +461,7 @@ class HvdliteProcessGroup(ProcessGroup):
             for outputs, result in zip(output_lists, results):
                 _split_into(outputs, result, "allgather")
             return output_lists
-        return self._work(self._gather_flat(inputs), finish, "allgather")
+        return self._work(self._gather_flat(inputs), finish, "allgather", output_lists, inputs)
 
     allgather_coalesced = allgather
 
@@ -431,7 +472,8 @@ class HvdliteProcessGroup(ProcessGroup):
             for output, result in zip(outputs, results):
                 _copy_into(output, result, "all_gather_into_tensor")
             return outputs
-        return self._work(self._gather_flat(inputs), finish, "all_gather_into_tensor")
+        return self._work(self._gather_flat(inputs), finish, "all_gather_into_tensor", outputs,
+                          inputs)
 
     def all_gather_single(self, output, input, opts=None):
         return self.all_gather_single_coalesced([output], [input], opts)
@@ -450,7 +492,7 @@ class HvdliteProcessGroup(ProcessGroup):
                 for outputs, result in zip(output_lists, results):
                     _split_into(outputs, result, "gather")
             return output_lists if root else []
-        return self._work(self._gather_flat(inputs), finish, "gather")
+        return self._work(self._gather_flat(inputs), finish, "gather", output_lists, inputs)
 
     # ---- reducescatter
     def _reducescatter(self, outputs, stacked, opts, what):
@@ -466,7 +508,7 @@ class HvdliteProcessGroup(ProcessGroup):
             for output, result in zip(outputs, results):
                 _copy_into(output, result, what)
             return outputs
-        return self._work(handles, finish, what)
+        return self._work(handles, finish, what, outputs, stacked)
 
     def _rows(self, output, input, what):
         n = self.size()
@@ -521,7 +563,7 @@ class HvdliteProcessGroup(ProcessGroup):
                     f"{received.tolist()} rows")
             _copy_into(output, rows, what)
             return [output]
-        return self._work([handle], finish, what)
+        return self._work([handle], finish, what, output, input)
 
     alltoall_base = all_to_all_single
 
@@ -533,7 +575,7 @@ class HvdliteProcessGroup(ProcessGroup):
         def finish(results):
             _split_into(outputs, results[0][0], "alltoall")
             return outputs
-        return self._work([handle], finish, "alltoall")
+        return self._work([handle], finish, "alltoall", outputs, inputs)
 
     def scatter(self, outputs, input_lists, opts=None):
         """An alltoall in which only the root sends."""
@@ -550,7 +592,7 @@ class HvdliteProcessGroup(ProcessGroup):
         def finish(results):
             _copy_into(outputs[0], results[0][0], "scatter")
             return outputs
-        return self._work([handle], finish, "scatter")
+        return self._work([handle], finish, "scatter", outputs, input_lists)
 
     # ---- control
     def barrier(self, opts=None):
@@ -589,11 +631,6 @@ def _start_engine(group_size, group_rank):
             raise _launch_error(group_size, group_rank, "this process was not started by an MPI "
                                 "launcher")
         basics.init()
-    if device.backend_name() is not None:
-        raise exceptions.InvalidArgumentError(
-            f"the hvdlite backend does not run beside hvdlite's device executor yet "
-            f"({device.MODE_VAR}={device.mode()}, which runs on torch.distributed's default "
-            f"group itself); set {device.MODE_VAR}=host")
 
 
 def _process_set(ranks, group_rank, group_size):
@@ -637,7 +674,7 @@ def register():
         return False
     if BACKEND not in dist.Backend.backend_list:
         dist.Backend.register_backend(BACKEND, create_process_group, extended_api=True,
-                                      devices=["cpu"])
+                                      devices=["cpu", "cuda"])
         basics.add_engine_hooks(_engine_started, lambda: None)
     rendezvous.install_env_fallback()
     return True

@@ -4,12 +4,25 @@ The engine treats a device tensor like any other (queue, negotiation, response
 cache, fusion decisions, stall inspection, timeline) but never touches its
 memory: it hands each agreed group to this module's executor thread as a job
 (csrc/ops/device_jobs.h), in the same order on every rank. The executor runs the
-job with torch.distributed on a process group it made for the job's process
-set: NCCL for CUDA tensors (on its own stream, after the stream that produced
-the tensor), gloo for CPU tensors routed here with HVDLITE_DEVICE_TRANSPORT=gloo
-(how CI runs this whole path without a GPU). Fusion (one flat buffer per
-allreduce job), pre/post scaling, Average, fp16 compression and top-k with
-error feedback happen here with torch ops on the tensor's device.
+job with torch.distributed's collectives on a process group of its own for the
+job's process set: NCCL for CUDA tensors (on its own stream, after the stream
+that produced the tensor), gloo for CPU tensors routed here with
+HVDLITE_DEVICE_TRANSPORT=gloo (how CI runs this whole path without a GPU).
+Fusion (one flat buffer per allreduce job), pre/post scaling, Average, fp16
+compression and top-k with error feedback happen here with torch ops on the
+tensor's device.
+
+The executor's groups are c10d backends (ProcessGroupNCCL, ProcessGroupGloo)
+that it constructs on a store of its own (rendezvous.mpi_tcp_store), outside
+torch.distributed's registry of groups: it neither makes nor uses
+torch.distributed's default group. So a script's own ``init_process_group``
+works before or after hvdlite.init() (backend="hvdlite" too, whose creator
+may start hvdlite, and with it this executor, before torch has set the
+default group), ``destroy_process_group()`` leaves the executor's groups
+alone, and the script's collectives never interleave with the executor's on
+one group. The group of every rank is made at start (every rank is in init()
+then); a process set's group at the set's first job, on the executor thread
+(every member takes the jobs in the same order).
 
 HVDLITE_DEVICE_TRANSPORT:
 
@@ -36,6 +49,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
 
 from hvdlite import _binding, basics, engine_control, exceptions
 from hvdlite.request import Average, Max, Min, Product, Sum
@@ -191,7 +205,10 @@ class DeviceExecutor:
         self.backend = backend
         self._tokens = itertools.count(1)
         self._pending = {}
-        self._groups = {}
+        self._store = None
+        self._timeout = None
+        self._world = None      # the group of every rank (process set 0)
+        self._groups = {}       # (process set id, its ranks) -> group
         self._residuals = {}    # top-k error feedback: tensor name -> residual
         self._thread = None
         self._streams = {}      # CUDA device -> the executor's stream on it
@@ -199,29 +216,42 @@ class DeviceExecutor:
 
     # ---- set-up -----------------------------------------------------------------
     def start(self):
-        self._init_process_group()
+        self._make_world()
         _binding.check(_binding.lib.hvd_device_enable(self.backend.encode()))
         self._thread = threading.Thread(target=self._loop, name="hvdlite-device", daemon=True)
         self._thread.start()
         return self
 
-    def _init_process_group(self):
-        if dist.is_initialized():
-            if dist.get_world_size() != basics.size() or dist.get_rank() != basics.rank():
-                raise exceptions.InvalidArgumentError(
-                    "torch.distributed is initialized with another rank layout than hvdlite's; "
-                    "destroy it before hvdlite.init(), or let hvdlite create it")
-            self._world = dist.group.WORLD
-            return
-        local_job = basics.local_size() == basics.size()
-        if self.backend == "gloo" and local_job:
+    def _make_world(self):
+        """The store and the group of every rank (collective: at init())."""
+        if self.backend == "gloo" and basics.local_size() == basics.size():
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")   # one host: nothing beyond loopback
-        store = mpi_tcp_store(timedelta(seconds=60), name="hvdlite.device.rendezvous")
-        timeout = float(os.environ.get("HVDLITE_TIMEOUT_SECONDS") or 0) or 600.0
-        dist.init_process_group(self.backend, store=store, rank=basics.rank(), world_size=basics.size(),
-                                timeout=timedelta(seconds=timeout))
-        self._store = store
-        self._world = dist.group.WORLD
+        self._store = mpi_tcp_store(timedelta(seconds=60), name="hvdlite.device.rendezvous")
+        seconds = float(os.environ.get("HVDLITE_TIMEOUT_SECONDS") or 0) or 600.0
+        self._timeout = timedelta(seconds=seconds)
+        self._world = self._new_group("world", list(range(basics.size())))
+
+    def _new_group(self, tag, ranks):
+        """A c10d backend of ``ranks`` (job ranks, this one among them) on the
+        executor's store (collective over ``ranks``)."""
+        store = dist.PrefixStore(f"hvdlite.device/{tag}/", self._store)
+        rank, size = ranks.index(basics.rank()), len(ranks)
+        name = f"hvdlite.device.{tag}"
+        if self.backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options.is_high_priority_stream = False
+            options._timeout = self._timeout
+            options.global_ranks_in_group = ranks
+            options.group_name = name
+            group = dist.ProcessGroupNCCL(store, rank, size, options)
+        else:
+            group = dist.ProcessGroupGloo(store, rank, size, timeout=self._timeout)
+            options = getattr(group, "options", None)
+            if options is not None:
+                options.global_ranks_in_group = ranks
+                options.group_name = name
+        group._set_sequence_number_for_group()
+        return group
 
     def alive(self):
         return self._thread is not None and self._thread.is_alive()
@@ -229,12 +259,24 @@ class DeviceExecutor:
     def _group(self, job):
         pid = job["process_set"]
         if pid == 0:
-            return None
+            return self._world
         ranks = tuple(_set_ranks(pid))   # an id can come back for other ranks after a removal
         group = self._groups.get((pid, ranks))
         if group is None:
-            group = self._groups[(pid, ranks)] = dist.new_group(list(ranks), use_local_synchronization=True)
+            tag = "set%d.%s" % (pid, "-".join(map(str, ranks)))
+            group = self._groups[(pid, ranks)] = self._new_group(tag, list(ranks))
         return group
+
+    def _shutdown_groups(self):
+        groups = list(self._groups.values()) + ([self._world] if self._world is not None else [])
+        self._groups.clear()
+        self._world = None
+        for group in groups:
+            try:
+                group.shutdown()
+            except Exception:  # noqa: BLE001 - a peer may be gone already
+                pass
+        self._store = None
 
     # ---- submitting (user threads) --------------------------------------------------
     def submit(self, req, src, output=None):
@@ -279,12 +321,7 @@ class DeviceExecutor:
                 self._run(job)
         finally:
             self._pending.clear()
-            self._groups.clear()
-            if dist.is_initialized():
-                try:
-                    dist.destroy_process_group()
-                except Exception:  # noqa: BLE001 - a peer may be gone already
-                    pass
+            self._shutdown_groups()
 
     def _run(self, job):
         lib = _binding.lib
@@ -366,10 +403,10 @@ class DeviceExecutor:
             buf = self._topk_allreduce(job, tensors, buf, sizes, group)
         elif compression in (_FP16, _BF16) and floating:
             wire = buf.half() if compression == _FP16 else buf.bfloat16()
-            dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=group)
+            _all_reduce(wire, dist.ReduceOp.SUM, group)
             buf = wire.to(acc)
         else:
-            dist.all_reduce(buf, op=_C10D_OPS[op], group=group)
+            _all_reduce(buf, _C10D_OPS[op], group)
         out = []
         for (e, t), piece in zip(tensors, torch.split(buf, sizes)):
             factor = e["postscale"] / size if op == Average else e["postscale"]
@@ -401,8 +438,8 @@ class DeviceExecutor:
                 self._residuals[e["name"]] = x - kept
             indices = [torch.empty_like(index) for _ in range(n_ranks)]
             gathered = [torch.empty_like(values) for _ in range(n_ranks)]
-            dist.all_gather(indices, index, group=group)
-            dist.all_gather(gathered, values, group=group)
+            _all_gather(indices, index, group)
+            _all_gather(gathered, values, group)
             dense[offset:offset + n].index_add_(0, torch.cat(indices), torch.cat(gathered))
             offset += n
         return dense
@@ -416,7 +453,7 @@ class DeviceExecutor:
         if job["set_rank"] == job["root"] and p is not None and out.data_ptr() != p.input.data_ptr():
             out.copy_(p.input)
         wire = _as_wire(out)
-        dist.broadcast(wire, src=_global_rank(job, job["root"]), group=self._group(job))
+        _broadcast(wire, job["root"], self._group(job))   # the root's rank in the set
         if wire.data_ptr() != out.data_ptr():
             out.copy_(wire.view(out.dtype).view_as(out))
         if p is not None:
@@ -432,7 +469,7 @@ class DeviceExecutor:
         padded[:t.shape[0]] = t
         wire = _as_wire(padded)
         parts = [torch.empty_like(wire) for _ in rows]
-        dist.all_gather(parts, wire, group=self._group(job))
+        _all_gather(parts, wire, self._group(job))
         if p is not None:
             p.result = torch.cat([part.view(t.dtype).reshape([most] + trailing)[:r]
                                   for part, r in zip(parts, rows)])
@@ -455,8 +492,7 @@ class DeviceExecutor:
         receive = [matrix[j * n + me] for j in range(n)]
         out = torch.empty([sum(receive)] + list(t.shape[1:]), dtype=t.dtype, device=t.device)
         # Rows cross whole, so a byte view of each row is the same split.
-        dist.all_to_all_single(_as_wire(out), _as_wire(t), output_split_sizes=receive,
-                               input_split_sizes=send, group=self._group(job))
+        _all_to_all(_as_wire(out), _as_wire(t), receive, send, self._group(job))
         if p is not None:
             p.result = (out, torch.tensor(receive, dtype=torch.int32))
 
@@ -477,10 +513,40 @@ def _set_ranks(pid):
     return [ranks[i] for i in range(n)]
 
 
-def _global_rank(job, set_rank):
-    if job["process_set"] == 0:
-        return set_rank
-    return _set_ranks(job["process_set"])[set_rank]
+# ---- the collectives on one of the executor's groups: what torch.distributed's
+# functions of the same names do with async_op=False, called on the backend
+# itself (the groups are not in torch.distributed's registry); ranks are the
+# group's own.
+
+def _options(kind, **fields):
+    opts = getattr(_c10d, kind)()
+    for name, value in fields.items():
+        setattr(opts, name, value)
+    if hasattr(opts, "asyncOp"):
+        opts.asyncOp = False
+    return opts
+
+
+def _wait(work):
+    if work is not None:
+        work.wait()
+
+
+def _all_reduce(tensor, op, group):
+    _wait(group.allreduce([tensor], _options("AllreduceOptions", reduceOp=op)))
+
+
+def _broadcast(tensor, root, group):
+    _wait(group.broadcast([tensor], _options("BroadcastOptions", rootRank=root, rootTensor=0)))
+
+
+def _all_gather(outputs, tensor, group):
+    _wait(group.allgather([outputs], [tensor], _options("AllgatherOptions")))
+
+
+def _all_to_all(output, tensor, output_splits, input_splits, group):
+    _wait(group.alltoall_base(output, tensor, output_splits, input_splits,
+                              _options("AllToAllOptions")))
 
 
 engine_control.reset_hooks.append(_reset_compression)

@@ -1,7 +1,8 @@
 """torch.distributed on the "hvdlite" backend (hvdlite/torch/c10d.py).
 
 A rank-side test module (see tests/harness/rank_plugin.py);
-tests/test_torch_distributed.py runs it at 2 ranks under mpiexec, so
+tests/test_torch_distributed.py runs it at 2 ranks under mpiexec (on the
+engine, and with HVDLITE_DEVICE_TRANSPORT=gloo through the device executor), so
 ``init_process_group(backend="hvdlite")`` gets no other argument: rank, size
 and store come from MPI. Every rank rebuilds every rank's input (seeded by
 rank) and checks each collective's result against a NumPy reference, per
