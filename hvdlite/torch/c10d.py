@@ -28,7 +28,8 @@ future is first asked for), the callback only queues the handle, and one
 thread here finishes the work (copies results into the caller's tensors)
 and completes the future, which runs the callbacks chained with ``then()``
 (DDP's communication hooks) there. Whichever of the two comes first
-finishes the work; the future completes either way.
+finishes the work; the future completes either way. An engine error fails
+the future where C++ sees it too: DDP's backward raises it (c10d_work.py).
 """
 import queue
 import sys
@@ -39,7 +40,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroup, Work
+from torch._C._distributed_c10d import ProcessGroup
 
 from hvdlite import _binding, basics, collectives, exceptions, request
 from hvdlite.compression import Compression
@@ -47,6 +48,7 @@ from hvdlite.process_sets import ProcessSet, get_process_set_ids_and_ranks, glob
 from hvdlite.request import Average, Max, Min, Product, Sum
 
 from . import device, mpi_ops, rendezvous
+from .c10d_work import OutcomeWork
 
 BACKEND = "hvdlite"
 
@@ -115,6 +117,7 @@ def _split_into(outputs, result, what):
 # issued the earlier collective before this one, so it completes without
 # this rank's later calls.
 _RUN_LIMIT = 64        # <n> wraps at this: a long run of one shape reuses its names
+_WAIT_SLICE_SECONDS = 0.2  # a waiting thread comes back from C this often (Ctrl-C)
 _PRUNE_AT = 4096       # in-flight records kept before the completed ones are dropped
 _OP_NAMES = {Sum: "sum", Average: "avg", Min: "min", Max: "max", Product: "product"}
 _engine_generation = [0]
@@ -243,58 +246,42 @@ def _watch(work, ids):
     _completions.watch(work, ids)
 
 
-class HvdliteWork(Work):
+class HvdliteWork(OutcomeWork):
     """A c10d Work over hvdlite handles; ``finish(results)`` (once, on
     whichever thread gets there first) writes the results where c10d wants
-    them and returns the future's value."""
+    them and returns the future's value. ``timeout``: the group's, what
+    ``wait()`` without one waits at most (c10d_work.py)."""
 
-    def __init__(self, handles, finish, what):
-        super().__init__()
+    def __init__(self, handles, finish, what, timeout=None):
+        super().__init__(what, timeout)
         self._handles = handles
         self._finish = finish
-        self._what = what
         self._ids = [i for h in handles for i in _engine_ids(h)]
-        self._future = torch.futures.Future()
         self._lock = threading.Lock()
-        self._outcome = None    # (value, exception) once finished
-        self._done = threading.Event()
         self._remaining = 0
         self._watched = False   # the engine's callbacks are asked for by get_future()
 
     def _complete(self):
-        with self._lock:
-            if self._outcome is not None:
-                return
-            try:
-                self._outcome = (self._finish(request.wait_all(self._handles)), None)
-            except BaseException as e:  # noqa: BLE001 - it belongs to the waiters
-                self._outcome = (None, e)
-        value, error = self._outcome
-        try:
-            if error is None:
-                self._future.set_result(value)
-            else:
-                self._future.set_exception(error)
-        finally:
-            self._done.set()
+        if self._outcome is None:
+            self._settle_with(lambda: self._finish(request.wait_all(self._handles)))
 
     def wait(self, timeout=timedelta(0)):
-        """Blocks until the collective completed and its results are in place
-        (a timeout of 0, c10d's default, waits as long as it takes)."""
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
-        if seconds > 0 and self._outcome is None:
-            deadline = time.monotonic() + seconds
+        """Blocks until the collective completed and its results are in place,
+        at most ``timeout``, or the group's timeout where that is 0 (c10d's
+        default); HvdliteTimeoutError after that (the collective goes on)."""
+        limit, words = self._wait_limit(timeout)
+        if limit > 0 and self._outcome is None:
+            deadline = time.monotonic() + limit
             for i in self._ids:
-                left = deadline - time.monotonic()
-                # 1 done, -1 already collected by another thread, 0 timed out.
-                if left <= 0 or _binding.lib.hvd_wait(i, left) == 0:
-                    raise exceptions.HvdliteTimeoutError(
-                        f"{self._what} did not complete within {timeout}")
+                # 1 done, -1 already collected by another thread, 0 not yet.
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise self._timed_out(words)
+                    if _binding.lib.hvd_wait(i, min(left, _WAIT_SLICE_SECONDS)) != 0:
+                        break
         self._complete()
-        error = self._outcome[1]
-        if error is not None:
-            raise error
-        return True
+        return self._raise_outcome()
 
     def get_future(self):
         with self._lock:
@@ -302,23 +289,6 @@ class HvdliteWork(Work):
         if watch:
             _watch(self, list(self._ids))
         return self._future
-
-    def is_completed(self):
-        return self._outcome is not None
-
-    def is_success(self):
-        return self._outcome is not None and self._outcome[1] is None
-
-    def exception(self):
-        return None if self._outcome is None else self._outcome[1]
-
-    def result(self):
-        self.wait()
-        value = self._outcome[0]
-        return value if isinstance(value, list) else []
-
-    def synchronize(self):
-        self.wait()
 
 
 # ---------------------------------------------------------------- the process group
