@@ -1,6 +1,7 @@
 """torch.distributed's "hvdlite" backend (hvdlite/torch/c10d.py, docs/ddp.md):
 every collective against a NumPy reference per dtype and reduce op at 2
-ranks; DDP and FSDP2 on hvdlite against the same on
+ranks; point-to-point messages, monitored_barrier and the group's timeout
+(c10d_p2p.py) at 2 and 4 ranks; DDP and FSDP2 on hvdlite against the same on
 gloo, DDP's buckets in the response cache and hvdlite's compressors as DDP
 hooks (ddp_hooks.py), at 2 and 4 ranks; ranks that mpiexec starts (so
 ``init_process_group(backend="hvdlite")`` gets nothing else); torchrun
@@ -26,6 +27,7 @@ from harness.ranks import ROOT, TESTS, RankTests, rank_env, run_ranks
 from test_reliability import FAILURE_LIMIT_S, HOST, launch, parse
 
 C10D = RankTests("scripts/torch_c10d.py")
+P2P = RankTests("scripts/torch_c10d_p2p.py")
 DDP = RankTests("scripts/torch_ddp.py")
 
 
@@ -37,6 +39,12 @@ def _torch():
 @pytest.mark.parametrize("case", C10D.cases)
 def test_c10d_backend(case, rank_launch):
     rank_launch(C10D, 2).check(case)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("case", P2P.cases)
+def test_c10d_point_to_point(case, ranks, rank_launch):
+    rank_launch(P2P, ranks).check(case)
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -204,8 +212,9 @@ def test_ddp_skipped_collective_stall_inspector():
                         r"ranks \[1\]", proc.stderr)
     assert warning, out[-4000:]
     for r, (at, message) in failed.items():
-        assert ("StallError: stall inspector stopped hvdlite (HVDLITE_STALL_SHUTDOWN_TIME_SECONDS=3):"
-                " tensor 'c10d.0.allreduce.sum.float32.7.0'") in message, f"rank {r}: {message}"
+        assert ("StallError: stall inspector stopped hvdlite "
+                "(HVDLITE_STALL_SHUTDOWN_TIME_SECONDS=3): "
+                "tensor 'c10d.0.allreduce.sum.float32.7.0'") in message, f"rank {r}: {message}"
         assert "not by ranks [1]" in message, message
         assert 3 <= at - start < FAILURE_LIMIT_S, at - start
 
@@ -286,4 +295,5 @@ def test_ddp_elastic_restart_ends_as_an_uninterrupted_run(fail):
     done = [e for e in events if e["ev"] == "done"]
     assert len(done) == 2 and {e["generation"] for e in done} == {2}, events[-4:]
     assert {e["steps"] for e in done} == {ELASTIC_STEPS}
-    assert {e["params_sha256"] for e in done} == {want}, "parameters differ from the uninterrupted run"
+    assert {e["params_sha256"] for e in done} == {want}, \
+        "parameters differ from the uninterrupted run"

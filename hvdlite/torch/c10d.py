@@ -18,7 +18,15 @@ launch.
 This module is a thin adapter: each c10d collective becomes the Horovod
 collective of hvdlite.torch (mpi_ops.py, whose requests hvdlite.collectives
 builds) with c10d's conventions around it (group ranks, reduce ops, output
-tensors the caller owns). What is supported is listed in docs/ddp.md.
+tensors the caller owns). Sends, receives and monitored_barrier go over MPI
+on a communicator of the group's own (c10d_p2p.py). What is supported is
+listed in docs/ddp.md.
+
+Timeouts: the group's (``init_process_group(timeout=)``,
+``new_group(timeout=)``, torch's 30 minutes by default) is what a work's
+``wait()`` without a timeout of its own waits at most (c10d_work.py); futures
+(DDP's gradients) complete with the engine, whose HVDLITE_TIMEOUT_SECONDS
+bounds its waits for a peer.
 
 Completion: a :class:`HvdliteWork` holds the engine's handles. ``wait()``
 waits on them in the calling thread. ``get_future()`` returns a
@@ -31,6 +39,7 @@ and completes the future, which runs the callbacks chained with ``then()``
 finishes the work; the future completes either way. An engine error fails
 the future where C++ sees it too: DDP's backward raises it (c10d_work.py).
 """
+import functools
 import queue
 import sys
 import threading
@@ -41,13 +50,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
+from torch.distributed import distributed_c10d
 
 from hvdlite import _binding, basics, collectives, exceptions, request
 from hvdlite.compression import Compression
 from hvdlite.process_sets import ProcessSet, get_process_set_ids_and_ranks, global_process_set
 from hvdlite.request import Average, Max, Min, Product, Sum
 
-from . import device, mpi_ops, rendezvous
+from . import c10d_p2p, device, mpi_ops, rendezvous
 from .c10d_work import OutcomeWork
 
 BACKEND = "hvdlite"
@@ -65,9 +75,12 @@ def _reduce_op(opts, what):
         factor = op.factor
         return Sum, float(factor.item() if isinstance(factor, torch.Tensor) else factor)
     if kind not in _OPS:
+        bitwise = kind in (_RED.BAND, _RED.BOR, _RED.BXOR)
         raise exceptions.InvalidArgumentError(
             f"{what}: the hvdlite backend reduces with SUM, AVG, MIN, MAX, PRODUCT and "
-            f"PREMUL_SUM, not {kind}")
+            f"PREMUL_SUM, not {kind}" + (" (hvdlite's engine has no bitwise reductions; use a "
+                                         "gloo group for them: dist.new_group(backend=\"gloo\"))"
+                                         if bitwise else ""))
     return _OPS[kind], 1.0
 
 
@@ -297,7 +310,7 @@ class HvdliteProcessGroup(ProcessGroup):
     """A torch.distributed process group whose collectives run on hvdlite's
     engine, over hvdlite's global process set or a registered one."""
 
-    def __init__(self, store, rank, size, process_set, timeout, group_id=None):
+    def __init__(self, store, rank, size, process_set, timeout, group_id=None, comm=None):
         # (torch 2.13: only the (rank, size) constructor makes a Python subclass;
         # (store, rank, size) fails with "not an alias instance".)
         super().__init__(rank, size)
@@ -305,6 +318,8 @@ class HvdliteProcessGroup(ProcessGroup):
         self._process_set = process_set
         self._ranks = list(process_set.ranks)   # group rank -> job rank
         self._timeout = timeout
+        self._comm = comm       # MPI communicator of the group's messages (c10d_p2p.py)
+        self._p2p = None if comm is None else c10d_p2p.PointToPoint(comm, timeout)
         self._group_name = None
         # torch names each group alike on every member ("0" for the default
         # group); the process set tells groups apart where it does not.
@@ -327,7 +342,7 @@ class HvdliteProcessGroup(ProcessGroup):
         return f"HvdliteProcessGroup(rank={self.rank()}, size={self.size()}, ranks={self._ranks})"
 
     def _work(self, handles, finish, what):
-        return HvdliteWork(handles, finish, what)
+        return HvdliteWork(handles, finish, what, self._timeout)
 
     def _allreduce_start(self, tensor, op, prescale=1.0, inplace=True,
                          compression=Compression.none):
@@ -523,16 +538,35 @@ class HvdliteProcessGroup(ProcessGroup):
         handle = _binding.enqueue(**collectives.barrier_request(self._process_set))
         return self._work([handle], lambda _results: None, "barrier")
 
-    def _no_point_to_point(self, *args, **kwargs):
-        raise NotImplementedError(
-            "the hvdlite backend has no point-to-point send/recv yet; use a gloo group for them "
-            "(dist.new_group(backend=\"gloo\"))")
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """torch's ``dist.monitored_barrier`` (which hvdlite.torch lets through
+        for this backend): see c10d_p2p.PointToPoint.monitored_barrier."""
+        self._point_to_point("monitored_barrier").monitored_barrier(
+            self.rank(), timeout, wait_all_ranks)
 
-    send = recv = recv_anysource = _no_point_to_point
+    # ---- point to point (c10d_p2p.py): group ranks, c10d's tags
+    def _point_to_point(self, what):
+        if self._p2p is None:
+            raise exceptions.InvalidArgumentError(
+                f"{what}: this hvdlite group has no communicator of its own "
+                "(it was destroyed, or made without one)")
+        return self._p2p
+
+    def send(self, tensors, dstRank, tag=0):
+        return self._point_to_point("send").send(_tensors(tensors), dstRank, tag)
+
+    def recv(self, tensors, srcRank, tag=0):
+        return self._point_to_point("recv").recv(_tensors(tensors), srcRank, tag)
+
+    def recv_anysource(self, tensors, tag=0):
+        return self._point_to_point("recv").recv_anysource(_tensors(tensors), tag)
 
     def shutdown(self):
-        """destroy_process_group(): the engine stays (it belongs to hvdlite,
-        which stops it at exit or at hvdlite.shutdown())."""
+        """destroy_process_group(): frees the group's communicator; the
+        engine stays (it belongs to hvdlite, which stops it at exit or at
+        hvdlite.shutdown())."""
+        comm, self._comm, self._p2p = self._comm, None, None
+        c10d_p2p.free_comm(comm)
 
     def abort(self):
         """Stops hvdlite's engine: pending collectives fail on every rank."""
@@ -591,9 +625,10 @@ def create_process_group(backend_options, pg_options=None):
     size, rank = backend_options.group_size, backend_options.group_rank
     _start_engine(size, rank)
     process_set = _process_set(list(backend_options.global_ranks_in_group), rank, size)
+    comm = c10d_p2p.make_comm(None if process_set is global_process_set else process_set.ranks)
     return HvdliteProcessGroup(backend_options.store, rank, size, process_set,
                                backend_options.timeout,
-                               getattr(backend_options, "group_id", None))
+                               getattr(backend_options, "group_id", None), comm)
 
 
 def register():
@@ -606,4 +641,28 @@ def register():
                                       devices=["cpu"])
         basics.add_engine_hooks(_engine_started, lambda: None)
     rendezvous.install_env_fallback()
+    _let_monitored_barrier_through()
     return True
+
+
+def _let_monitored_barrier_through():
+    """torch's ``dist.monitored_barrier`` refuses every backend but gloo
+    before it asks the group; for a group of this backend it asks the group
+    (HvdliteProcessGroup.monitored_barrier), for any other it is torch's
+    own. Replaced once, in torch.distributed and its distributed_c10d
+    module; a script that imported the function before hvdlite.torch keeps
+    torch's."""
+    original = distributed_c10d.monitored_barrier
+    if getattr(original, "hvdlite", False):
+        return
+
+    @functools.wraps(original)
+    def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+        pg = distributed_c10d._get_default_group() if group is None else group
+        if not distributed_c10d._rank_not_in_group(group) and isinstance(pg, HvdliteProcessGroup):
+            return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+        return original(group, timeout, wait_all_ranks)
+    monitored_barrier.hvdlite = True
+    distributed_c10d.monitored_barrier = monitored_barrier
+    if getattr(dist, "monitored_barrier", None) is original:
+        dist.monitored_barrier = monitored_barrier
