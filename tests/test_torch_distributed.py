@@ -1,26 +1,35 @@
 """torch.distributed's "hvdlite" backend (hvdlite/torch/c10d.py, docs/ddp.md):
 every collective against a NumPy reference per dtype and reduce op at 2
-ranks; DDP and FSDP2 on hvdlite against the same on gloo, DDP's buckets in the
-response cache and hvdlite's compressors as DDP hooks (ddp_hooks.py), at 2
-and 4 ranks; the collectives and DDP on the device path (device.py), CPU
-tensors through the executor on gloo and, on GPU hosts, CUDA tensors; ranks that mpiexec starts (so
+ranks; point-to-point messages, monitored_barrier and the group's timeout
+(c10d_p2p.py) at 2 and 4 ranks; DDP and FSDP2 on hvdlite against the same on
+gloo, DDP's buckets in the response cache and hvdlite's compressors as DDP
+hooks (ddp_hooks.py), at 2 and 4 ranks; the collectives and DDP on the device
+path (device.py), CPU tensors through the executor on gloo and, on GPU hosts,
+CUDA tensors; ranks that mpiexec starts (so
 ``init_process_group(backend="hvdlite")`` gets nothing else); torchrun
 without MPI gets an error that says how to launch; HVDLITE_TIMELINE shows a
-DDP script's bucket allreduces."""
+DDP script's bucket allreduces. A DDP script's failures as a Horovod
+script's (test_reliability.py): a failed rank makes the others raise from
+DDP's backward, a killed one ends the job under hvdrun, the stall inspector
+names a skipped collective; and its elastic restart under hvdrun ends with
+the parameters of an uninterrupted run."""
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import uuid
 
 import pytest
 
 from harness.checks import require
-from harness.hosts import hvdrun_argv
+from harness.hosts import hvdrun_argv, wait_until_gone
 from harness.ranks import ROOT, TESTS, RankTests, rank_env, run_ranks
+from test_reliability import FAILURE_LIMIT_S, HOST, launch, parse
 
 C10D = RankTests("scripts/torch_c10d.py")
+P2P = RankTests("scripts/torch_c10d_p2p.py")
 DDP = RankTests("scripts/torch_ddp.py")
 C10D_DEVICE = RankTests("scripts/torch_c10d_device.py")
 
@@ -33,6 +42,12 @@ def _torch():
 @pytest.mark.parametrize("case", C10D.cases)
 def test_c10d_backend(case, rank_launch):
     rank_launch(C10D, 2).check(case)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("case", P2P.cases)
+def test_c10d_point_to_point(case, ranks, rank_launch):
+    rank_launch(P2P, ranks).check(case)
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -159,3 +174,167 @@ def test_ddp_example_under_hvdrun_matches_gloo():
     # DDP's buckets (one per step here) from the engine's response cache
     assert hv["cache_hits"] >= 30 and hv["cache_hits"] > 3 * hv["cache_misses"], hv
     assert abs(hv["parameter_sum"] - gl["parameter_sum"]) <= 1e-6 * abs(gl["parameter_sum"]), results
+
+
+# ---------------------------------------------------------------- failures, as a Horovod script's
+
+FAILURE = "scripts/torch_ddp_failure.py"
+
+# What a survivor's exception says when rank {v} fails: DDP's backward raises
+# a RuntimeError that carries the engine's error (c10d_work.py).
+DDP_SURVIVOR = {
+    "raise": "HvdliteShutdownError: hvdlite has shut down: rank {v} exited with an unhandled "
+             "exception: ValueError: simulated failure in rank {v}",
+    "exit": "HvdliteShutdownError: hvdlite has shut down: rank {v} called sys.exit(3) (exit code 3)",
+    "sigstop": "HvdliteTimeoutError: ",
+}
+
+
+@pytest.mark.parametrize("mode,ranks", [("raise", 2), ("exit", 4), ("sigstop", 2)])
+def test_ddp_failed_rank_raises_on_the_others(mode, ranks):
+    """A rank of a DDP script raises, calls sys.exit, or hangs (with
+    HVDLITE_TIMEOUT_SECONDS): the others, inside DDP's backward, raise an
+    exception naming it (or the timeout) within FAILURE_LIMIT_S, and the job
+    ends with a non-zero status."""
+    victim = ranks - 1
+    env = {"HVDLITE_TIMEOUT_SECONDS": "2"} if mode == "sigstop" else None
+    proc, _, ended = launch(FAILURE, ranks, [mode, victim], env=env)
+    out = proc.stdout + proc.stderr
+    ready, fail_at, survivors = parse(proc.stdout)
+    assert len(ready) == ranks and fail_at is not None, out[-4000:]
+    assert proc.returncode != 0, out[-4000:]
+    if mode == "sigstop":   # the first rank to time out aborts the job
+        assert survivors and victim not in survivors, out[-4000:]
+    else:
+        assert set(survivors) == set(range(ranks)) - {victim}, out[-4000:]
+    words = DDP_SURVIVOR[mode].format(v=victim)
+    for r, (at, message) in survivors.items():
+        assert words in message, f"rank {r}: {message}"
+        if mode == "sigstop":
+            assert "HVDLITE_TIMEOUT_SECONDS=2" in message, message
+        assert at - fail_at < FAILURE_LIMIT_S, f"rank {r} learnt it after {at - fail_at:.1f} s"
+    if mode == "exit":
+        assert proc.returncode == 3, proc.returncode
+    assert ended - fail_at < FAILURE_LIMIT_S + 5
+    took = max(at for at, _ in survivors.values()) - fail_at
+    print(f"\nDDP, {mode} on rank {victim} of {ranks}: the others raised within {took:.3f} s")
+
+
+@pytest.mark.parametrize("mode,code,words", [("sigkill", 137, "was killed by SIGKILL"),
+                                             ("os_exit", 3, "exited with code 3")])
+def test_ddp_killed_rank_ends_the_job_under_hvdrun(mode, code, words):
+    """A rank of a DDP script killed, or gone by os._exit (no exit handler
+    runs): hvdrun names it and stops the others, as for a Horovod script."""
+    proc, _, ended = launch(FAILURE, 2, [mode, 1], hvdrun=True)
+    out = proc.stdout + proc.stderr
+    _, fail_at, _ = parse(proc.stdout)
+    assert fail_at is not None, out[-4000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert re.match(rf"hvdrun: rank 1 on host {re.escape(HOST)} {words}; hvdrun stopped the 1 "
+                    r"other rank still running", last), out[-4000:]
+    assert proc.returncode == code, out[-4000:]
+    assert ended - fail_at < FAILURE_LIMIT_S
+    print(f"\nDDP, {mode} of rank 1 (hvdrun): job gone {ended - fail_at:.2f} s later: {last}")
+
+
+def test_ddp_skipped_collective_stall_inspector():
+    """Rank 1 of a DDP script skips a dist.all_reduce the others make: the
+    stall inspector's warning names the c10d collective (its engine name) and
+    rank 1, and HVDLITE_STALL_SHUTDOWN_TIME_SECONDS ends the job with
+    StallError on every rank instead of a hang."""
+    proc, _, _ = launch(FAILURE, 2, ["stall", 1],
+                        env={"HVDLITE_STALL_CHECK_TIME_SECONDS": "1",
+                             "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "3"})
+    out = proc.stdout + proc.stderr
+    _, start, failed = parse(proc.stdout)
+    assert proc.returncode != 0 and set(failed) == {0, 1}, out[-4000:]
+    warning = re.search(r"WARNING stall inspector: tensor 'c10d\.0\.allreduce\.sum\.float32\.7\.0' "
+                        r"\(allreduce\) has waited [\d.]+ s: submitted by ranks \[0\] but not by "
+                        r"ranks \[1\]", proc.stderr)
+    assert warning, out[-4000:]
+    for r, (at, message) in failed.items():
+        assert ("StallError: stall inspector stopped hvdlite "
+                "(HVDLITE_STALL_SHUTDOWN_TIME_SECONDS=3): "
+                "tensor 'c10d.0.allreduce.sum.float32.7.0'") in message, f"rank {r}: {message}"
+        assert "not by ranks [1]" in message, message
+        assert 3 <= at - start < FAILURE_LIMIT_S, at - start
+
+
+# ---------------------------------------------------------------- elastic
+
+ELASTIC_STEPS = 30
+EVENT = re.compile(r"^\[(\d+)\]<stdout>: (\{.*\})$")
+
+
+def _elastic_job(hvdrun_args, script_args=(), env=None):
+    """tests/scripts/torch_ddp_elastic.py under hvdrun; (CompletedProcess, events)."""
+    tag = "hvdlddpel-" + uuid.uuid4().hex[:10]
+    argv, extra = hvdrun_argv()
+    cmd = argv + list(hvdrun_args) + [sys.executable, os.path.join(TESTS, "scripts",
+                                                                   "torch_ddp_elastic.py"),
+                                      tag, str(ELASTIC_STEPS), *script_args]
+    env = rank_env(dict(extra, **(env or {}),
+                        PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])))
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    finally:
+        left = wait_until_gone(tag, timeout=5)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert not left, f"processes left behind: {left}"
+    events = [json.loads(m.group(2)) for m in map(EVENT.match, proc.stdout.splitlines()) if m]
+    return proc, events
+
+
+_uninterrupted = []
+
+
+def _uninterrupted_sha():
+    """The parameters' sha256 after an uninterrupted run (a plain hvdrun job)."""
+    if not _uninterrupted:
+        proc, events = _elastic_job(["-np", "2"])
+        done = [e for e in events if e["ev"] == "done"]
+        assert proc.returncode == 0 and len(done) == 2, (proc.stdout + proc.stderr)[-4000:]
+        assert {e["backend"] for e in events if e["ev"] == "start"} == {"hvdlite"}
+        assert all(e["hvdlite"].startswith(ROOT) for e in events if e["ev"] == "start"), events[:2]
+        _uninterrupted.append(done[0]["params_sha256"])
+    return _uninterrupted[0]
+
+
+@pytest.mark.parametrize("fail", ["sigkill", "sigstop"])
+def test_ddp_elastic_restart_ends_as_an_uninterrupted_run(fail):
+    """An elastic DDP script (TorchState of the DDP model, hvd.elastic.run)
+    under hvdrun --min-np 2 on this host: rank 1 is killed (SIGKILL; the host
+    comes back after --blacklist-cooldown-range) or hangs (SIGSTOP; the others
+    time out in DDP's backward after HVDLITE_TIMEOUT_SECONDS and leave for a
+    restart) at step 10. The next generation builds the group and DDP again,
+    resumes from the commit of step 9 and ends with the parameters of an
+    uninterrupted run, bit for bit."""
+    want = _uninterrupted_sha()
+    args = ["--min-np", "2", "-H", "localhost:2"]
+    env = None
+    if fail == "sigkill":
+        args += ["--blacklist-cooldown-range", "1", "2"]
+    else:
+        env = {"HVDLITE_TIMEOUT_SECONDS": "2"}
+    proc, events = _elastic_job(args, ["--fail", fail, "--fail-at", "10", "--commit-every", "3"],
+                                env)
+    err = proc.stderr
+    assert proc.returncode == 0, (proc.stdout + err)[-6000:]
+    if fail == "sigkill":
+        assert "elastic: host localhost lost rank 1 (was killed by SIGKILL)" in err, err[-4000:]
+    else:
+        assert re.search(r"rank 0 leaves for a restart: HvdliteTimeoutError: .*"
+                         r"HVDLITE_TIMEOUT_SECONDS=2", err), err[-4000:]
+    assert "elastic: generation 2 on localhost:2 (2 ranks), from the newest commit" in err, err
+    begins = [e for e in events if e["ev"] == "begin" and e["generation"] == 2]
+    assert len(begins) == 2 and {e["step"] for e in begins} == {9}, begins
+    assert len({e["params_sha256"] for e in begins}) == 1, "ranks began generation 2 apart"
+    done = [e for e in events if e["ev"] == "done"]
+    assert len(done) == 2 and {e["generation"] for e in done} == {2}, events[-4:]
+    assert {e["steps"] for e in done} == {ELASTIC_STEPS}
+    assert {e["params_sha256"] for e in done} == {want}, \
+        "parameters differ from the uninterrupted run"

@@ -11,6 +11,7 @@ a peer is lost, the rank leaves for hvdrun to start the job again on the
 hosts it has (:mod:`hvdlite.elastic.worker`).
 """
 import functools
+import re
 
 from ..exceptions import HvdliteShutdownError, MPIError
 from . import worker
@@ -35,9 +36,37 @@ def run(func):
             return result
         except HostsUpdatedInterrupt:
             worker.leave("the hosts changed; the state is committed")
-        except (HvdliteShutdownError, MPIError) as e:
-            worker.leave("%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
+        except Exception as e:  # noqa: BLE001 - re-raised unless a peer was lost
+            lost = peer_lost(e)
+            if lost is None:
+                raise
+            worker.leave(lost)
     return wrapper
+
+
+# The engine errors that mean "a peer is gone": the job restarts without it.
+_PEER_ERRORS = (HvdliteShutdownError, MPIError)
+_PEER_ERROR_TEXT = re.compile(r"\b(HvdliteShutdownError|HvdliteTimeoutError|MPIError): .*")
+
+
+def peer_lost(error):
+    """What ``error`` says about a lost peer ("HvdliteShutdownError: ..."), or
+    None when it is not about one. The engine's error may come wrapped:
+    chained (``raise ... from``), or as text only, where torch ran the code
+    that raised it (a torch.distributed backend's future: DDP's backward
+    raises a RuntimeError whose message carries the engine error)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        first = str(error).splitlines()[0] if str(error) else ""
+        if isinstance(error, _PEER_ERRORS):
+            return "%s: %s" % (type(error).__name__, first)
+        if isinstance(error, RuntimeError):
+            found = _PEER_ERROR_TEXT.search(first)
+            if found:
+                return found.group(0)
+        error = error.__cause__ or error.__context__
+    return None
 
 
 __all__ = ["State", "ObjectState", "HostsUpdatedInterrupt", "run"]

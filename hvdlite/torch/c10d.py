@@ -18,7 +18,15 @@ launch.
 This module is a thin adapter: each c10d collective becomes the Horovod
 collective of hvdlite.torch (mpi_ops.py, whose requests hvdlite.collectives
 builds) with c10d's conventions around it (group ranks, reduce ops, output
-tensors the caller owns). What is supported is listed in docs/ddp.md.
+tensors the caller owns). Sends, receives and monitored_barrier go over MPI
+on a communicator of the group's own (c10d_p2p.py). What is supported is
+listed in docs/ddp.md.
+
+Timeouts: the group's (``init_process_group(timeout=)``,
+``new_group(timeout=)``, torch's 30 minutes by default) is what a work's
+``wait()`` without a timeout of its own waits at most (c10d_work.py); futures
+(DDP's gradients) complete with the engine, whose HVDLITE_TIMEOUT_SECONDS
+bounds its waits for a peer.
 
 Tensors: the backend takes CPU and CUDA tensors (registered for both) and
 hands them to mpi_ops as they are; mpi_ops picks the path per tensor. CPU
@@ -37,11 +45,14 @@ future is first asked for), the callback only queues the handle, and one
 thread here finishes the work (copies results into the caller's tensors)
 and completes the future, which runs the callbacks chained with ``then()``
 (DDP's communication hooks) there. Whichever of the two comes first
-finishes the work; the future completes either way. A device job's
-handles complete through the same callbacks, called on the device
-executor's thread when it reports the job done. A work on CUDA tensors has a
-CUDA future (see HvdliteWork): its waiters' streams wait for the results.
+finishes the work; the future completes either way. An engine error fails
+the future where C++ sees it too: DDP's backward raises it (c10d_work.py).
+A device job's handles complete through the same callbacks, called on the
+device executor's thread when it reports the job done. A work on CUDA
+tensors has a CUDA future (see HvdliteWork): its waiters' streams wait for
+the results.
 """
+import functools
 import queue
 import sys
 import threading
@@ -51,14 +62,16 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroup, Work
+from torch._C._distributed_c10d import ProcessGroup
+from torch.distributed import distributed_c10d
 
 from hvdlite import _binding, basics, collectives, exceptions, request
 from hvdlite.compression import Compression
 from hvdlite.process_sets import ProcessSet, get_process_set_ids_and_ranks, global_process_set
 from hvdlite.request import Average, Max, Min, Product, Sum
 
-from . import mpi_ops, rendezvous
+from . import c10d_p2p, mpi_ops, rendezvous
+from .c10d_work import OutcomeWork
 
 BACKEND = "hvdlite"
 
@@ -75,9 +88,12 @@ def _reduce_op(opts, what):
         factor = op.factor
         return Sum, float(factor.item() if isinstance(factor, torch.Tensor) else factor)
     if kind not in _OPS:
+        bitwise = kind in (_RED.BAND, _RED.BOR, _RED.BXOR)
         raise exceptions.InvalidArgumentError(
             f"{what}: the hvdlite backend reduces with SUM, AVG, MIN, MAX, PRODUCT and "
-            f"PREMUL_SUM, not {kind}")
+            f"PREMUL_SUM, not {kind}" + (" (hvdlite's engine has no bitwise reductions; use a "
+                                         "gloo group for them: dist.new_group(backend=\"gloo\"))"
+                                         if bitwise else ""))
     return _OPS[kind], 1.0
 
 
@@ -130,7 +146,9 @@ def _split_into(outputs, result, what):
 # every step, so each bucket gets the same name every step (two buckets of
 # one size in a row get .0 and .1; a model of one bucket gets .0 every step,
 # not .0, .1, .2, ... as one long run), and so do FSDP's all-gathers and
-# reduce-scatters.
+# reduce-scatters. Alternating calls outside a backward pass (Join's count
+# of the ranks still training, then a joined rank's shadow allreduce) keep
+# their names every round.
 #
 # A name is reused once the collective that last had it has completed on this
 # rank: should it still be in flight (a pattern such as A, B, A of async
@@ -142,6 +160,7 @@ def _split_into(outputs, result, what):
 # anyway): a wrapped name still in flight makes the call wait, which stops the
 # engine fusing the rest of the run.
 _RUN_LIMIT = 1024
+_WAIT_SLICE_SECONDS = 0.2  # a waiting thread comes back from C this often (Ctrl-C)
 _PRUNE_AT = 4096       # in-flight records kept before the completed ones are dropped
 _OP_NAMES = {Sum: "sum", Average: "avg", Min: "min", Max: "max", Product: "product"}
 _engine_generation = [0]
@@ -261,6 +280,10 @@ _completions = None
 _completions_lock = threading.Lock()
 
 
+def _on_completion_thread():
+    return _completions is not None and threading.current_thread() is _completions._thread
+
+
 def _watch(work, ids):
     global _completions
     if _completions is None:
@@ -275,10 +298,11 @@ def _cuda_devices(tensors):
     return sorted(devices, key=lambda d: d.index)
 
 
-class HvdliteWork(Work):
+class HvdliteWork(OutcomeWork):
     """A c10d Work over hvdlite handles; ``finish(results)`` (once, on
     whichever thread gets there first) writes the results where c10d wants
-    them and returns the future's value.
+    them and returns the future's value. ``timeout``: the group's, what
+    ``wait()`` without one waits at most (c10d_work.py).
 
     CUDA tensors (``tensors``: the collective's inputs and outputs): the
     executor's results are ordered after its NCCL work on the stream current
@@ -287,81 +311,54 @@ class HvdliteWork(Work):
     (``wait()``, ``then()`` callbacks, DDP's reducer) wait on those events on
     their own streams."""
 
-    def __init__(self, handles, finish, what, tensors=()):
-        super().__init__()
+    def __init__(self, handles, finish, what, timeout=None, tensors=()):
+        self._devices = _cuda_devices(tensors)
+        super().__init__(what, timeout, self._devices)
         self._handles = handles
         self._finish = finish
-        self._what = what
         self._ids = [i for h in handles for i in _engine_ids(h)]
-        self._devices = _cuda_devices(tensors)
-        self._future = torch.futures.Future(devices=self._devices) if self._devices \
-            else torch.futures.Future()
         self._lock = threading.Lock()
-        self._outcome = None    # (value, exception) once finished
-        self._done = threading.Event()
         self._remaining = 0
         self._watched = False   # the engine's callbacks are asked for by get_future()
 
     def _complete(self):
-        with self._lock:
-            if self._outcome is not None:
-                return
-            try:
-                self._outcome = (self._finish(request.wait_all(self._handles)), None)
-            except BaseException as e:  # noqa: BLE001 - it belongs to the waiters
-                self._outcome = (None, e)
-        value, error = self._outcome
-        try:
-            if error is None:
-                self._future.set_result(value)
-            else:
-                self._future.set_exception(error)
-        finally:
-            self._done.set()
+        if self._outcome is None:
+            self._settle_with(lambda: self._finish(request.wait_all(self._handles)))
 
     def wait(self, timeout=timedelta(0)):
-        """Blocks until the collective completed and its results are in place
-        (a timeout of 0, c10d's default, waits as long as it takes)."""
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
-        if seconds > 0 and self._outcome is None:
-            deadline = time.monotonic() + seconds
+        """Blocks until the collective completed and its results are in place,
+        at most ``timeout``, or the group's timeout where that is 0 (c10d's
+        default); HvdliteTimeoutError after that (the collective goes on)."""
+        limit, words = self._wait_limit(timeout)
+        if limit > 0 and self._outcome is None:
+            deadline = time.monotonic() + limit
             for i in self._ids:
-                left = deadline - time.monotonic()
-                # 1 done, -1 already collected by another thread, 0 timed out.
-                if left <= 0 or _binding.lib.hvd_wait(i, left) == 0:
-                    raise exceptions.HvdliteTimeoutError(
-                        f"{self._what} did not complete within {timeout}")
+                # 1 done, -1 already collected by another thread, 0 not yet.
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise self._timed_out(words)
+                    if _binding.lib.hvd_wait(i, min(left, _WAIT_SLICE_SECONDS)) != 0:
+                        break
         self._complete()
-        error = self._outcome[1]
-        if error is not None:
-            raise error
+        self._raise_outcome()
         if self._devices:
             self._future.wait()   # this thread's current streams wait for the results
         return True
 
     def get_future(self):
+        if _on_completion_thread():
+            # Asked from a callback of another work's future (torch's PowerSGD
+            # hook waits on the future of the allreduce it starts there): the
+            # completion thread would wait on itself, so it finishes this work
+            # at once. The engine runs the collective without this thread.
+            self._complete()
+            return self._future
         with self._lock:
             watch, self._watched = not self._watched and self._outcome is None, True
         if watch:
             _watch(self, list(self._ids))
         return self._future
-
-    def is_completed(self):
-        return self._outcome is not None
-
-    def is_success(self):
-        return self._outcome is not None and self._outcome[1] is None
-
-    def exception(self):
-        return None if self._outcome is None else self._outcome[1]
-
-    def result(self):
-        self.wait()
-        value = self._outcome[0]
-        return value if isinstance(value, list) else []
-
-    def synchronize(self):
-        self.wait()
 
 
 # ---------------------------------------------------------------- the process group
@@ -370,7 +367,7 @@ class HvdliteProcessGroup(ProcessGroup):
     """A torch.distributed process group whose collectives run on hvdlite's
     engine, over hvdlite's global process set or a registered one."""
 
-    def __init__(self, store, rank, size, process_set, timeout, group_id=None):
+    def __init__(self, store, rank, size, process_set, timeout, group_id=None, comm=None):
         # (torch 2.13: only the (rank, size) constructor makes a Python subclass;
         # (store, rank, size) fails with "not an alias instance".)
         super().__init__(rank, size)
@@ -378,6 +375,8 @@ class HvdliteProcessGroup(ProcessGroup):
         self._process_set = process_set
         self._ranks = list(process_set.ranks)   # group rank -> job rank
         self._timeout = timeout
+        self._comm = comm       # MPI communicator of the group's messages (c10d_p2p.py)
+        self._p2p = None if comm is None else c10d_p2p.PointToPoint(comm, timeout)
         self._group_name = None
         # torch names each group alike on every member ("0" for the default
         # group); the process set tells groups apart where it does not.
@@ -402,7 +401,7 @@ class HvdliteProcessGroup(ProcessGroup):
     def _work(self, handles, finish, what, *tensors):
         """The Work of ``handles``; ``tensors``: the collective's inputs and
         outputs, single tensors or lists (lists of lists)."""
-        return HvdliteWork(handles, finish, what, _flat(tensors))
+        return HvdliteWork(handles, finish, what, self._timeout, _flat(tensors))
 
     def _allreduce_start(self, tensor, op, prescale=1.0, inplace=True,
                          compression=Compression.none):
@@ -599,16 +598,35 @@ class HvdliteProcessGroup(ProcessGroup):
         handle = _binding.enqueue(**collectives.barrier_request(self._process_set))
         return self._work([handle], lambda _results: None, "barrier")
 
-    def _no_point_to_point(self, *args, **kwargs):
-        raise NotImplementedError(
-            "the hvdlite backend has no point-to-point send/recv yet; use a gloo group for them "
-            "(dist.new_group(backend=\"gloo\"))")
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """torch's ``dist.monitored_barrier`` (which hvdlite.torch lets through
+        for this backend): see c10d_p2p.PointToPoint.monitored_barrier."""
+        self._point_to_point("monitored_barrier").monitored_barrier(
+            self.rank(), timeout, wait_all_ranks)
 
-    send = recv = recv_anysource = _no_point_to_point
+    # ---- point to point (c10d_p2p.py): group ranks, c10d's tags
+    def _point_to_point(self, what):
+        if self._p2p is None:
+            raise exceptions.InvalidArgumentError(
+                f"{what}: this hvdlite group has no communicator of its own "
+                "(it was destroyed, or made without one)")
+        return self._p2p
+
+    def send(self, tensors, dstRank, tag=0):
+        return self._point_to_point("send").send(_tensors(tensors), dstRank, tag)
+
+    def recv(self, tensors, srcRank, tag=0):
+        return self._point_to_point("recv").recv(_tensors(tensors), srcRank, tag)
+
+    def recv_anysource(self, tensors, tag=0):
+        return self._point_to_point("recv").recv_anysource(_tensors(tensors), tag)
 
     def shutdown(self):
-        """destroy_process_group(): the engine stays (it belongs to hvdlite,
-        which stops it at exit or at hvdlite.shutdown())."""
+        """destroy_process_group(): frees the group's communicator; the
+        engine stays (it belongs to hvdlite, which stops it at exit or at
+        hvdlite.shutdown())."""
+        comm, self._comm, self._p2p = self._comm, None, None
+        c10d_p2p.free_comm(comm)
 
     def abort(self):
         """Stops hvdlite's engine: pending collectives fail on every rank."""
@@ -662,9 +680,10 @@ def create_process_group(backend_options, pg_options=None):
     size, rank = backend_options.group_size, backend_options.group_rank
     _start_engine(size, rank)
     process_set = _process_set(list(backend_options.global_ranks_in_group), rank, size)
+    comm = c10d_p2p.make_comm(None if process_set is global_process_set else process_set.ranks)
     return HvdliteProcessGroup(backend_options.store, rank, size, process_set,
                                backend_options.timeout,
-                               getattr(backend_options, "group_id", None))
+                               getattr(backend_options, "group_id", None), comm)
 
 
 def register():
@@ -677,4 +696,28 @@ def register():
                                       devices=["cpu", "cuda"])
         basics.add_engine_hooks(_engine_started, lambda: None)
     rendezvous.install_env_fallback()
+    _let_monitored_barrier_through()
     return True
+
+
+def _let_monitored_barrier_through():
+    """torch's ``dist.monitored_barrier`` refuses every backend but gloo
+    before it asks the group; for a group of this backend it asks the group
+    (HvdliteProcessGroup.monitored_barrier), for any other it is torch's
+    own. Replaced once, in torch.distributed and its distributed_c10d
+    module; a script that imported the function before hvdlite.torch keeps
+    torch's."""
+    original = distributed_c10d.monitored_barrier
+    if getattr(original, "hvdlite", False):
+        return
+
+    @functools.wraps(original)
+    def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+        pg = distributed_c10d._get_default_group() if group is None else group
+        if not distributed_c10d._rank_not_in_group(group) and isinstance(pg, HvdliteProcessGroup):
+            return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+        return original(group, timeout, wait_all_ranks)
+    monitored_barrier.hvdlite = True
+    distributed_c10d.monitored_barrier = monitored_barrier
+    if getattr(dist, "monitored_barrier", None) is original:
+        dist.monitored_barrier = monitored_barrier

@@ -356,8 +356,9 @@ def test_barrier(group, rank, size):
 
 def test_errors(group, rank, size):
     t = torch.ones(2, dtype=torch.int32)
-    expect(ValueError, lambda: dist.all_reduce(t, op=dist.ReduceOp.BAND), "SUM, AVG", "BAND")
-    expect(NotImplementedError, lambda: dist.send(t, dst=(rank + 1) % size), "send/recv", "gloo")
+    for op in ("BAND", "BOR", "BXOR"):
+        expect(ValueError, lambda: dist.all_reduce(t, op=getattr(dist.ReduceOp, op)), "SUM, AVG",
+               op, "no bitwise reductions", "gloo")
     out = torch.empty(3)
     expect(ValueError, lambda: dist.reduce_scatter_tensor(out, torch.ones(5)), "input must hold")
     # a collective after the errors still works
@@ -395,3 +396,41 @@ def test_subgroup_on_process_set(group, rank, size):
         dist.barrier()
     finally:
         hvdlite.remove_process_set(ps)
+
+
+def test_group_again_after_engine_restart(group, rank, size):
+    """destroy_process_group, hvdlite.shutdown() and init again in one
+    process: the new default group runs on the new engine (its names start
+    again: a DDP step's bucket, from the third step on, is answered from the
+    new engine's cache), its messages on a new communicator, DDP on top of it."""
+    dist.destroy_process_group()
+    hvdlite.shutdown()
+    hvdlite.init()
+    dist.init_process_group(backend="hvdlite")
+    xs = inputs(size, (5,), torch.float32, salt=170)
+    ys = inputs(size, (2,), torch.float64, salt=171)
+    for i in range(2):
+        for zs, dtype in ((xs, "float32"), (ys, "float64")):
+            t = zs[rank].clone()
+            dist.all_reduce(t)
+            same(t, reduce_ref([z.numpy() for z in zs], hvd.Sum, dtype, size),
+                 f"all_reduce {i} on the new engine")
+    got = torch.zeros(5)
+    for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, xs[rank], (rank + 1) % size),
+                                     dist.P2POp(dist.irecv, got, (rank - 1) % size)]):
+        w.wait()
+    check_equal(got.numpy(), xs[(rank - 1) % size].numpy(), "ring on the new group")
+    torch.manual_seed(rank)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(5, 2))
+    hits = 0
+    for step in range(6):
+        before = hvdlite.engine_stats()["cache_hits"]
+        model.zero_grad()
+        model(xs[rank].reshape(1, 5)).sum().backward()
+        hits += hvdlite.engine_stats()["cache_hits"] - before if step >= 2 else 0
+        grads = [p.grad.clone() for p in model.parameters()]
+        everyone = [torch.empty_like(grads[0]) for _ in range(size)]
+        dist.all_gather(everyone, grads[0])
+        check(f"step {step}: DDP's gradients equal on every rank",
+              all(torch.equal(g, everyone[0]) for g in everyone))
+    check("DDP's bucket answered from the new engine's cache", hits >= 4, f"({hits} hits)")

@@ -180,3 +180,30 @@ def test_sampler_reset_to_other_ranks_skips_nothing(size, ranks_after):
     check("nothing processed is repeated", not set(seen) & processed)
     check("equal splits, padding only", {len(s) for s in after} == {-(-len(rest) // ranks_after)}
           and len(seen) - len(rest) < ranks_after)
+
+
+def test_run_knows_a_lost_peer_in_any_wrapping():
+    """hvd.elastic.run leaves for a restart on an engine error that means a
+    peer is gone: raised as itself, chained, or as the text torch keeps of
+    it (DDP's backward on the hvdlite backend); other errors are the script's."""
+    from hvdlite import exceptions
+    from hvdlite.elastic import peer_lost
+    lost = exceptions.HvdliteShutdownError("hvdlite has shut down: rank 1 exited")
+    check("itself", peer_lost(lost) == "HvdliteShutdownError: hvdlite has shut down: rank 1 exited")
+    check("a timeout", peer_lost(exceptions.HvdliteTimeoutError("x")) == "HvdliteTimeoutError: x")
+    try:
+        try:
+            raise lost
+        except exceptions.HvdliteError as e:
+            raise ValueError("while stepping") from e
+    except ValueError as e:
+        check("chained",
+              peer_lost(e) == "HvdliteShutdownError: hvdlite has shut down: rank 1 exited")
+    torch_text = RuntimeError("Got the following error when running the callback: "
+                              "HvdliteTimeoutError: negotiation did not complete within "
+                              "HVDLITE_TIMEOUT_SECONDS=2 s\n\nAt:\n  c10d_work.py(74): _value")
+    check("torch's text", peer_lost(torch_text) ==
+          "HvdliteTimeoutError: negotiation did not complete within HVDLITE_TIMEOUT_SECONDS=2 s")
+    check("a script's error", peer_lost(RuntimeError("shape mismatch")) is None)
+    check("a stall is not a lost peer", peer_lost(exceptions.StallError("stalled")) is None)
+    check("nor a bad argument", peer_lost(ValueError("HvdliteShutdownError: in text only")) is None)
