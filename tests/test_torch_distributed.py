@@ -2,7 +2,8 @@
 every collective against a NumPy reference per dtype and reduce op at 2
 ranks; DDP and FSDP2 on hvdlite against the same on gloo, DDP's buckets in the
 response cache and hvdlite's compressors as DDP hooks (ddp_hooks.py), at 2
-and 4 ranks; ranks that mpiexec starts (so
+and 4 ranks; subgroups without hvdlite.add_process_set (new_group,
+new_subgroups), with the default group on hvdlite or on gloo; ranks that mpiexec starts (so
 ``init_process_group(backend="hvdlite")`` gets nothing else); torchrun
 without MPI gets an error that says how to launch; HVDLITE_TIMELINE shows a
 DDP script's bucket allreduces."""
@@ -10,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 
@@ -21,6 +23,7 @@ from harness.ranks import ROOT, TESTS, RankTests, rank_env, run_ranks
 
 C10D = RankTests("scripts/torch_c10d.py")
 DDP = RankTests("scripts/torch_ddp.py")
+SUBGROUPS = RankTests("scripts/torch_subgroups.py")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -37,6 +40,38 @@ def test_c10d_backend(case, rank_launch):
 @pytest.mark.parametrize("case", DDP.cases)
 def test_ddp(case, ranks, rank_launch):
     rank_launch(DDP, ranks).check(case)
+
+
+@pytest.mark.parametrize("ranks,default", [(2, "hvdlite"), (4, "hvdlite"), (4, "gloo")])
+@pytest.mark.parametrize("case", SUBGROUPS.cases)
+def test_subgroups(case, ranks, default, rank_launch):
+    """dist.new_group(ranks, backend="hvdlite") with no hvdlite.add_process_set,
+    the default group on hvdlite or on gloo."""
+    rank_launch(SUBGROUPS, ranks, env={"HVDLITE_TEST_DEFAULT_BACKEND": default}).check(case)
+
+
+def test_subgroup_before_hvdlite_starts_says_so(tmp_path):
+    """The default group on gloo with torch's own rendezvous (hvdlite not
+    started): a group on hvdlite of some ranks fails on its members, which
+    alone cannot start hvdlite, instead of hanging."""
+    script = tmp_path / "subgroup.py"
+    script.write_text(
+        "import os\nimport torch.distributed as dist\nimport hvdlite, hvdlite.torch\n"
+        "rank = int(os.environ.get('PMI_RANK', os.environ.get('OMPI_COMM_WORLD_RANK', '0')))\n"
+        "os.environ.update(RANK=str(rank), WORLD_SIZE='2', MASTER_ADDR='127.0.0.1')\n"
+        "dist.init_process_group(backend='gloo')\n"
+        "try:\n"
+        "    sub = dist.new_group([0], backend='hvdlite')\n"
+        "    assert rank == 1 and sub == dist.GroupMember.NON_GROUP_MEMBER, sub\n"
+        "except ValueError as e:\n"
+        "    assert rank == 0 and 'Call hvdlite.init()' in str(e), e\n"
+        "assert not hvdlite.is_initialized()\n"
+        "dist.destroy_process_group()\n"
+        "print(f'RANK {rank} OK', flush=True)\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_ranks(str(script), 2, env={"MASTER_PORT": port, "PYTHONPATH": ROOT}, timeout=120)
 
 
 def _timeline(path):
