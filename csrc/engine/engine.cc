@@ -247,10 +247,12 @@ Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {
   const Request& agreed = response.request;
   const bool member = IsMember(agreed.set_ranks, topology_.rank);
   // Every rank applies every change, in the coordinator's order, so set ids
-  // agree; of a members-only add, the other ranks have no request to finish.
+  // agree; of a members-only add, the other ranks have no request to finish
+  // (nor may they finish one of theirs that has its name).
+  const bool submitted = !agreed.members_only || member;
   TensorEntry entry;
-  const bool mine = global.queue().Take(response.name(), &entry);
-  if (!mine && !(agreed.members_only && !member)) {
+  const bool mine = submitted && global.queue().Take(response.name(), &entry);
+  if (submitted && !mine) {
     return Status::Error(ErrorKind::kInternal, "process set request vanished from the queue");
   }
   const std::string row = TimelineRow(agreed);
