@@ -258,7 +258,7 @@ def _int64s(values):
 def enqueue(op, *, name=None, dtype_code, shape, input_ptr=0, output_ptr=0, reduce_op=1,
             prescale=1.0, postscale=1.0, root_rank=0, splits=None, set_ranks=None, target_set=0,
             compression=_NO_COMPRESSION, process_set=0, keep=None, finish=None, result=None,
-            device=0):
+            device=0, members_only=0):
     """Submits one tensor to the engine; returns a :class:`Handle` at once.
 
     The request struct is reused per thread: the engine copies what it needs
@@ -291,6 +291,7 @@ def enqueue(op, *, name=None, dtype_code, shape, input_ptr=0, output_ptr=0, redu
     req.compression, req.topk_ratio, req.error_feedback, req.compression_config = compression
     req.process_set = process_set
     req.device = device
+    req.members_only = members_only
     handle_id = lib.hvd_enqueue(req)
     if handle_id < 0:
         raise last_error()

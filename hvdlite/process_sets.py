@@ -1,7 +1,9 @@
 """Process sets: collectives over a subset of ranks (Horovod's API).
 
 Adding and removing a set is collective over all ranks, in the same order
-everywhere, as in Horovod."""
+everywhere, as in Horovod. Front ends that create a group on its members
+alone (torch.distributed's ``new_group``) add its set with
+:func:`_add_process_set_as_member`, which only the members call."""
 import threading
 
 from . import _binding, exceptions
@@ -156,6 +158,35 @@ def add_process_set(process_set):
         handle = _binding.enqueue(
             _binding.ADD_PROCESS_SET, dtype_code=0, shape=[], set_ranks=process_set.ranks,
             finish=lambda h: lib.hvd_handle_value(h))
+        process_set.process_set_id = int(handle.wait())
+    return process_set
+
+
+def _add_process_set_as_member(ranks, name):
+    """The process set of ``ranks``, added by its members alone: every member
+    calls this with the same ranks and ``name`` (unique among the adds in
+    flight at once: torch.distributed's group name), the other ranks do not,
+    and their engines register the set in the same round, so its id is the
+    same everywhere. A set of these ranks already registered is returned
+    without asking the engine (a second group of the same ranks shares it),
+    and all ranks are the global process set."""
+    process_set = ProcessSet(ranks)
+    n = _size()
+    if process_set.ranks == list(range(n)):
+        return global_process_set
+    bad = [r for r in process_set.ranks if r < 0 or r >= n]
+    if bad or not process_set.ranks:
+        raise exceptions.InvalidArgumentError(
+            f"process set ranks must be a non-empty list in [0, {n}); got {process_set.ranks}")
+    with _registry_lock:
+        for pid, members in get_process_set_ids_and_ranks().items():
+            if members == process_set.ranks:
+                process_set.process_set_id = pid
+                return process_set
+        # The engine refuses a non-member (it takes no part in the set's add).
+        handle = _binding.enqueue(
+            _binding.ADD_PROCESS_SET, name=name, dtype_code=0, shape=[],
+            set_ranks=process_set.ranks, members_only=1, finish=lambda h: lib.hvd_handle_value(h))
         process_set.process_set_id = int(handle.wait())
     return process_set
 

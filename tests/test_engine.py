@@ -41,6 +41,18 @@ def test_init_with_process_sets(ranks, case, rank_launch):
     rank_launch(INIT_PROCESS_SETS, ranks).check(case)
 
 
+MEMBER_SETS = RankTests("scripts/engine_process_sets.py")
+
+
+@pytest.mark.parametrize("case", MEMBER_SETS.cases)
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_process_sets_added_by_members(ranks, case, rank_launch):
+    """A process set that only its members add (what torch.distributed's
+    new_group needs): ids agree on every rank, disjoint sets added at once,
+    a registered set reused, a non-member refused, disagreeing members told."""
+    rank_launch(MEMBER_SETS, ranks).check(case)
+
+
 RANDOM_PROGRAMS = RankTests("scripts/engine_random.py")
 
 

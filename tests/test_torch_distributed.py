@@ -5,7 +5,9 @@ ranks; point-to-point messages, monitored_barrier and the group's timeout
 gloo, DDP's buckets in the response cache and hvdlite's compressors as DDP
 hooks (ddp_hooks.py), at 2 and 4 ranks; the collectives and DDP on the device
 path (device.py), CPU tensors through the executor on gloo and, on GPU hosts,
-CUDA tensors; ranks that mpiexec starts (so
+CUDA tensors; subgroups without hvdlite.add_process_set (new_group,
+new_subgroups), with the default group on hvdlite or on gloo; ranks that
+mpiexec starts (so
 ``init_process_group(backend="hvdlite")`` gets nothing else); torchrun
 without MPI gets an error that says how to launch; HVDLITE_TIMELINE shows a
 DDP script's bucket allreduces. A DDP script's failures as a Horovod
@@ -17,6 +19,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -32,6 +35,7 @@ C10D = RankTests("scripts/torch_c10d.py")
 P2P = RankTests("scripts/torch_c10d_p2p.py")
 DDP = RankTests("scripts/torch_ddp.py")
 C10D_DEVICE = RankTests("scripts/torch_c10d_device.py")
+SUBGROUPS = RankTests("scripts/torch_subgroups.py")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -92,6 +96,38 @@ def test_device_executor_beside_a_default_group(order):
     leave each other's groups alone."""
     run_ranks("scripts/torch_c10d_device_order.py", 2, args=[order],
               env={"HVDLITE_DEVICE_TRANSPORT": "gloo"})
+
+
+@pytest.mark.parametrize("ranks,default", [(2, "hvdlite"), (4, "hvdlite"), (4, "gloo")])
+@pytest.mark.parametrize("case", SUBGROUPS.cases)
+def test_subgroups(case, ranks, default, rank_launch):
+    """dist.new_group(ranks, backend="hvdlite") with no hvdlite.add_process_set,
+    the default group on hvdlite or on gloo."""
+    rank_launch(SUBGROUPS, ranks, env={"HVDLITE_TEST_DEFAULT_BACKEND": default}).check(case)
+
+
+def test_subgroup_before_hvdlite_starts_says_so(tmp_path):
+    """The default group on gloo with torch's own rendezvous (hvdlite not
+    started): a group on hvdlite of some ranks fails on its members, which
+    alone cannot start hvdlite, instead of hanging."""
+    script = tmp_path / "subgroup.py"
+    script.write_text(
+        "import os\nimport torch.distributed as dist\nimport hvdlite, hvdlite.torch\n"
+        "rank = int(os.environ.get('PMI_RANK', os.environ.get('OMPI_COMM_WORLD_RANK', '0')))\n"
+        "os.environ.update(RANK=str(rank), WORLD_SIZE='2', MASTER_ADDR='127.0.0.1')\n"
+        "dist.init_process_group(backend='gloo')\n"
+        "try:\n"
+        "    sub = dist.new_group([0], backend='hvdlite')\n"
+        "    assert rank == 1 and sub == dist.GroupMember.NON_GROUP_MEMBER, sub\n"
+        "except ValueError as e:\n"
+        "    assert rank == 0 and 'Call hvdlite.init()' in str(e), e\n"
+        "assert not hvdlite.is_initialized()\n"
+        "dist.destroy_process_group()\n"
+        "print(f'RANK {rank} OK', flush=True)\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_ranks(str(script), 2, env={"MASTER_PORT": port, "PYTHONPATH": ROOT}, timeout=120)
 
 
 def _timeline(path):

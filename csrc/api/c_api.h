@@ -99,6 +99,8 @@ typedef struct hvd_tensor_request {
                                   three fields above are ignored) */
   int32_t process_set;
   int32_t device;         /* 1: input/output are device tensors; input is the front end's token */
+  int32_t members_only;   /* add process set: 1 when only the new set's members submit it (each
+                             with the same name); the others learn of the set from the engine */
 } hvd_tensor_request;
 
 /* comm: the Fortran handle of an MPI communicator (mpi4py's Comm.py2f()). */

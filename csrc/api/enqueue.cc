@@ -46,6 +46,7 @@ Status ToEnqueueArgs(const hvd_tensor_request& r, hvdlite::EnqueueArgs* args) {
   q.root_rank = r.root_rank;
   if (r.nsplits > 0) q.splits.assign(r.splits, r.splits + r.nsplits);
   if (r.nset_ranks > 0) q.set_ranks.assign(r.set_ranks, r.set_ranks + r.nset_ranks);
+  q.members_only = r.members_only != 0;
   if (q.op == OpType::kRemoveProcessSet) q.target_set = r.target_set;
   q.device = r.device != 0;
   args->process_set = r.process_set;

@@ -21,6 +21,34 @@ namespace {
 // waiting on peers (one of them may be gone).
 constexpr double kShutdownGraceSeconds = 30.0;
 
+bool IsMember(const std::vector<int32_t>& ranks, int rank) {
+  return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
+}
+
+// Process-set changes split the job's communicator, which every rank reaches
+// through the global set's rounds. A members-only add is matched by name
+// across its members, so it needs one they share (automatic names count per
+// rank), and only members submit it.
+Status CheckProcessSetChange(const Request& q, int32_t set_id, int rank) {
+  if (q.op != OpType::kAddProcessSet && q.op != OpType::kRemoveProcessSet) return Status::OK();
+  if (set_id != 0) {
+    return Status::InvalidArgument(std::string(OpTypeName(q.op)) +
+                                   " is submitted to the global process set (0), not to set " +
+                                   std::to_string(set_id));
+  }
+  if (!q.members_only) return Status::OK();
+  if (q.name.empty()) {
+    return Status::InvalidArgument("an add_process_set that only the members submit needs a name, the "
+                                   "same on every member");
+  }
+  if (!IsMember(q.set_ranks, rank)) {
+    return Status::InvalidArgument("rank " + std::to_string(rank) + " is not a member of the process set " +
+                                   ShapeString(std::vector<int64_t>(q.set_ranks.begin(), q.set_ranks.end())) +
+                                   " it adds; only the set's members submit an add made by the members alone");
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Engine::Engine(MPI_Comm user_comm, EngineOptions options)
@@ -216,28 +244,38 @@ bool Engine::RunCycle(ProcessSet& set, bool is_global, bool* idle) {
 }
 
 Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {
+  const Request& agreed = response.request;
+  const bool member = IsMember(agreed.set_ranks, topology_.rank);
+  // Every rank applies every change, in the coordinator's order, so set ids
+  // agree; of a members-only add, the other ranks have no request to finish
+  // (nor may they finish one of theirs that has its name).
+  const bool submitted = !agreed.members_only || member;
   TensorEntry entry;
-  if (!global.queue().Take(response.name(), &entry)) {
+  const bool mine = submitted && global.queue().Take(response.name(), &entry);
+  if (submitted && !mine) {
     return Status::Error(ErrorKind::kInternal, "process set request vanished from the queue");
   }
-  const std::string row = TimelineRow(entry.request);
-  timeline_.End(row, NegotiatePhase(entry.request));
-  timeline_.Begin(row, OperationPhase(entry.request));
+  const std::string row = TimelineRow(agreed);
+  if (mine) {
+    timeline_.End(row, NegotiatePhase(agreed));
+    timeline_.Begin(row, OperationPhase(agreed));
+  }
   if (response.op() == OpType::kAddProcessSet) {
-    const std::vector<int32_t>& ranks = response.request.set_ranks;
-    const bool member = std::find(ranks.begin(), ranks.end(), topology_.rank) != ranks.end();
+    const std::vector<int32_t>& ranks = agreed.set_ranks;
     MPI_Comm comm = MPI_COMM_NULL;
     // Blocking, but every rank reaches it at the same point of the same round.
     if (MPI_Comm_split(comm_, member ? 0 : MPI_UNDEFINED, topology_.rank, &comm) != MPI_SUCCESS) {
       Status s = Status::Error(ErrorKind::kMpi, "MPI_Comm_split for a new process set failed");
-      timeline_.End(row, OperationPhase(entry.request));
-      entry.work->Fail(s);
+      if (mine) {
+        timeline_.End(row, OperationPhase(agreed));
+        entry.work->Fail(s);
+      }
       return s;
     }
     const int32_t id = sets_.NextId();
     sets_.Add(std::make_shared<ProcessSet>(id, ranks, comm, topology_.HostsOf(ranks), options_, &stats_,
                                            &abort_));
-    entry.work->value = id;
+    if (mine) entry.work->value = id;
   } else {
     const int32_t id = response.request.target_set;
     auto removed = sets_.Remove(id);
@@ -247,8 +285,10 @@ Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {
       for (auto& pending : removed->queue().Close(gone)) pending.work->Fail(gone);
     }
   }
-  timeline_.End(row, OperationPhase(entry.request));
-  entry.work->Finish();
+  if (mine) {
+    timeline_.End(row, OperationPhase(agreed));
+    entry.work->Finish();
+  }
   return Status::OK();
 }
 
@@ -305,7 +345,8 @@ Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
                                    " (ranks [" + ranks + "]); only members may submit to it");
   }
   Request& q = args.request;
-  Status s = CompleteRequest(&q, set->size());
+  Status s = CheckProcessSetChange(q, set->id(), topology_.rank);
+  if (s.ok()) s = CompleteRequest(&q, set->size());
   if (s.ok()) s = ValidateRequest(q, set->size());
   if (!s.ok()) return s;
   // Bad input is reported as such even when the engine has stopped.

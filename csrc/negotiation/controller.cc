@@ -18,6 +18,20 @@ constexpr uint64_t kQuietBit = 1;
 // ...and "this rank has nothing in flight at all"; ANDed: the set is idle.
 constexpr uint64_t kIdleBit = 2;
 
+bool IsMember(const std::vector<int32_t>& ranks, int r) {
+  return std::binary_search(ranks.begin(), ranks.end(), static_cast<int32_t>(r));
+}
+
+// A members-only add is decided without the other ranks, so a submission
+// that cannot belong with the first (another set, another kind of request
+// under its name, a rank outside the set) would otherwise wait for members
+// who never come: it is decided at once, as an error (Decide says which).
+bool Conflicts(const Request& first, const Request& q, int rank) {
+  if (!first.members_only && !q.members_only) return false;
+  return q.op != first.op || q.members_only != first.members_only || q.set_ranks != first.set_ranks ||
+         !IsMember(q.set_ranks, rank);
+}
+
 }  // namespace
 
 Controller::Controller(Transport* transport, const EngineOptions& options, EngineStats* stats)
@@ -179,6 +193,8 @@ std::string Controller::InspectStalls() {
     auto describe = [&] {
       std::string have, missing;
       for (size_t r = 0; r < p.present.size(); ++r) {
+        // The other ranks have no part in a members-only add.
+        if (!p.present[r] && p.members_only && !IsMember(p.by_rank[p.first].set_ranks, r)) continue;
         std::string& dst = p.present[r] ? have : missing;
         dst += (dst.empty() ? "" : ", ") + std::to_string(r);
       }
@@ -263,20 +279,7 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& all) {
       if (cache_.SlotOf(q.name) >= 0 && invalidated.insert(q.name).second) {
         result.invalidated.push_back(q.name);
       }
-      auto it = table_.find(q.name);
-      if (it == table_.end()) {
-        Pending p;
-        p.by_rank.resize(size);
-        p.present.assign(size, false);
-        p.first_seen = now;
-        it = table_.emplace(q.name, std::move(p)).first;
-      }
-      Pending& p = it->second;
-      if (p.present[r]) continue;  // TensorQueue refuses in-flight duplicates
-      p.by_rank[r] = q;
-      p.by_rank[r].rank = r;
-      p.present[r] = true;
-      if (++p.count == size) ready.push_back(q.name);
+      if (Record(q, r, size, now)) ready.push_back(q.name);
     }
   }
   if (joins_.any()) AddReadyWithJoined(&ready);
@@ -296,33 +299,61 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& all) {
   return result;
 }
 
+bool Controller::Record(const Request& q, int r, int size, Clock::time_point now) {
+  auto it = table_.find(q.name);
+  if (it == table_.end()) {
+    Pending p;
+    p.by_rank.resize(size);
+    p.present.assign(size, false);
+    p.first_seen = now;
+    p.members_only = q.op == OpType::kAddProcessSet && q.members_only;
+    p.needed = p.members_only ? static_cast<int>(q.set_ranks.size()) : size;
+    it = table_.emplace(q.name, std::move(p)).first;
+  }
+  Pending& p = it->second;
+  if (p.present[r]) return false;  // TensorQueue refuses in-flight duplicates
+  const bool conflict = Conflicts(p.first < 0 ? q : p.by_rank[p.first], q, r);
+  if (p.first < 0) p.first = r;
+  p.by_rank[r] = q;
+  p.by_rank[r].rank = r;
+  p.present[r] = true;
+  ++p.count;
+  if (p.ready || (!conflict && p.count != p.needed)) return false;
+  p.ready = true;
+  return true;
+}
 
 void Controller::AddReadyWithJoined(std::vector<std::string>* ready) const {
   // Tensors waiting only on joined ranks are ready: those ranks send zeros.
-  std::unordered_set<std::string> already(ready->begin(), ready->end());
   for (const auto& kv : table_) {
-    const int size = static_cast<int>(kv.second.present.size());
+    const Pending& p = kv.second;
+    if (p.ready) continue;
     int have = 0;
-    for (int r = 0; r < size; ++r) have += kv.second.present[r] || joins_.joined(r);
-    if (have == size && !already.count(kv.first)) ready->push_back(kv.first);
+    for (int r = 0; r < static_cast<int>(p.present.size()); ++r) {
+      const bool counts = !p.members_only || IsMember(p.by_rank[p.first].set_ranks, r);
+      have += counts && (p.present[r] || joins_.joined(r));
+    }
+    if (have == p.needed) ready->push_back(kv.first);
   }
 }
 
 Response Controller::Decide(const Pending& pending) const {
   // Only ranks that submitted take part in the checks; joined ranks follow.
+  // A members-only add does not wait for the other ranks: they have not joined.
   std::vector<Request> q;
   std::string joined;
   for (size_t r = 0; r < pending.by_rank.size(); ++r) {
     if (pending.present[r]) {
       q.push_back(pending.by_rank[r]);
-    } else {
+    } else if (!pending.members_only || IsMember(pending.by_rank[pending.first].set_ranks, r)) {
       joined += (joined.empty() ? "" : ", ") + std::to_string(r);
     }
   }
   const Request& first = q[0];
   Response response;
   response.request = first;
-  response.cacheable = joined.empty();
+  // Ranks without the tensor (joined, or not members) take the response without a queue entry.
+  response.cacheable = pending.count == static_cast<int>(pending.by_rank.size());
   std::string error = FindMismatch(q);
   const OpType op = first.op;
   // Horovod's rule: once a rank has joined, only allreduce goes on (the

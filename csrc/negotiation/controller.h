@@ -40,10 +40,14 @@ class Controller {
  private:
   friend class ControllerTest;  // tests/cpp/test_controller.cc drives Coordinate without MPI
   using Clock = std::chrono::steady_clock;
-  struct Pending {  // coordinator: one name, waiting for all ranks
+  struct Pending {  // coordinator: one name, waiting for all ranks (or all members)
     std::vector<Request> by_rank;
     std::vector<bool> present;
     int count = 0;
+    int needed = 0;             // submissions that make it ready: every rank, or every member
+    int first = -1;             // the rank whose request came first
+    bool members_only = false;  // an add_process_set that only the new set's members submit
+    bool ready = false;         // in this round's ready list
     Clock::time_point first_seen;
     bool warned = false;
   };
@@ -64,6 +68,8 @@ class Controller {
   // Apply the coordinator's decision: invalidations, cache entries, responses.
   void Learn(ResponseList slow, ResponseList* out);
   ResponseList Coordinate(const std::vector<RequestList>& all);
+  // Coordinator: records rank `r`'s request; true when that makes it ready.
+  bool Record(const Request& q, int r, int size, Clock::time_point now);
   // Coordinator: adds to `ready` the tensors every rank but joined ones has submitted.
   void AddReadyWithJoined(std::vector<std::string>* ready) const;
   Response Decide(const Pending& pending) const;

@@ -109,6 +109,7 @@ void PutRequest(Writer& w, const Request& q) {
   PutCompression(w, q.compression);
   w.PutInts(q.splits);
   w.PutInts(q.set_ranks);
+  w.Put<uint8_t>(q.members_only ? 1 : 0);
   w.Put<int32_t>(q.target_set);
   w.Put<uint8_t>(q.device ? 1 : 0);
 }
@@ -128,6 +129,7 @@ Request GetRequest(Reader& r) {
   q.compression = GetCompression(r);
   q.splits = r.GetInts();
   q.set_ranks = r.GetInts<int32_t>();
+  q.members_only = r.Get<uint8_t>() != 0;
   q.target_set = r.Get<int32_t>();
   q.device = r.Get<uint8_t>() != 0;
   return q;

@@ -53,6 +53,10 @@ struct Request {
   CompressionSpec compression;
   std::vector<int64_t> splits;     // alltoall: rows this rank sends to each member
   std::vector<int32_t> set_ranks;  // add_process_set: the new set's ranks, ascending
+  // add_process_set: only the new set's members submit it (torch.distributed
+  // creates a group on its members alone); the others learn of the set from
+  // the response. Needs a name the members share.
+  bool members_only = false;
   int32_t target_set = -1;         // remove_process_set: the id of the set to remove
   // The tensor lives in device memory: the engine agrees on it but a device
   // executor runs the collective (device_jobs.h). All ranks must agree.

@@ -1,5 +1,6 @@
 #include "negotiation/request_agreement.h"
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -97,6 +98,35 @@ std::string ReductionMismatch(const std::vector<Request>& q) {
   return "";
 }
 
+std::string RanksString(const std::vector<int32_t>& ranks) {
+  return ShapeString(std::vector<int64_t>(ranks.begin(), ranks.end()));
+}
+
+// add_process_set: the ranks, who submits it, and (members only) that every
+// submitter is a member: a non-member has no part in the set's add.
+std::string AddMismatch(const std::vector<Request>& q) {
+  if (!AllSame(q, [](const Request& x) { return x.set_ranks; })) {
+    return Mismatched(q[0].name, "process set ranks",
+                      DescribeByRank(q, [](const Request& x) { return RanksString(x.set_ranks); }));
+  }
+  if (!AllSame(q, [](const Request& x) { return x.members_only; })) {
+    return Mismatched(q[0].name, "submitters of add_process_set", DescribeByRank(q, [](const Request& x) {
+                      return std::string(x.members_only ? "members only" : "all ranks");
+                    }));
+  }
+  if (!q[0].members_only) return "";
+  std::string outsiders;
+  for (const auto& x : q) {
+    if (!std::binary_search(x.set_ranks.begin(), x.set_ranks.end(), x.rank)) {
+      outsiders += (outsiders.empty() ? "" : ", ") + std::to_string(x.rank);
+    }
+  }
+  if (outsiders.empty()) return "";
+  return "add_process_set of '" + q[0].name + "': ranks [" + outsiders +
+         "] submitted it but are not members of the new process set " + RanksString(q[0].set_ranks) +
+         "; only its members submit an add made by the members alone";
+}
+
 }  // namespace
 
 std::string FindMismatch(const std::vector<Request>& q) {
@@ -125,10 +155,9 @@ std::string FindMismatch(const std::vector<Request>& q) {
                       return std::to_string(x.root_rank);
                     }));
   }
-  if (op == OpType::kAddProcessSet && !AllSame(q, [](const Request& x) { return x.set_ranks; })) {
-    return Mismatched(q[0].name, "process set ranks", DescribeByRank(q, [](const Request& x) {
-                      return ShapeString(std::vector<int64_t>(x.set_ranks.begin(), x.set_ranks.end()));
-                    }));
+  if (op == OpType::kAddProcessSet) {
+    mismatch = AddMismatch(q);
+    if (!mismatch.empty()) return mismatch;
   }
   if (op == OpType::kRemoveProcessSet && !AllSame(q, [](const Request& x) { return x.target_set; })) {
     return Mismatched(q[0].name, "process set", DescribeByRank(q, [](const Request& x) {

@@ -123,6 +123,24 @@ Status Splits(const Request& q, int set_size) {
   return Status::OK();
 }
 
+// add_process_set: the new set's ranks (the coordinator and the engine index
+// by them); members_only belongs to it alone.
+Status SetRanks(const Request& q, int set_size) {
+  if (q.op != OpType::kAddProcessSet) {
+    return q.members_only ? Fail("members_only applies to add_process_set only") : Status::OK();
+  }
+  if (q.set_ranks.empty()) return Fail("the new process set has no ranks");
+  for (size_t i = 0; i < q.set_ranks.size(); ++i) {
+    const int32_t r = q.set_ranks[i];
+    if (r < 0 || r >= set_size) {
+      return Fail("rank " + std::to_string(r) + " of the new process set is out of range; ranks are in [0, " +
+                  std::to_string(set_size) + ")");
+    }
+    if (i > 0 && r <= q.set_ranks[i - 1]) return Fail("the new process set's ranks must be ascending and distinct");
+  }
+  return Status::OK();
+}
+
 struct Check {
   bool OpRules::*applies;  // nullptr: every operation
   Rule rule;
@@ -134,6 +152,7 @@ const Check kChecks[] = {
     {&OpRules::reduces, Adasum},      {&OpRules::reduces, Compression},
     {&OpRules::reduces, WireLimits},  {&OpRules::has_root, Root},
     {&OpRules::needs_rows, Rows},     {&OpRules::has_splits, Splits},
+    {nullptr, SetRanks},
 };
 
 }  // namespace

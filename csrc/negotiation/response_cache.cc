@@ -6,7 +6,8 @@ bool SameMetadata(const Request& a, const Request& b) {
   return a.op == b.op && a.name == b.name && a.dtype == b.dtype && a.shape == b.shape &&
          a.reduce_op == b.reduce_op && a.prescale == b.prescale && a.postscale == b.postscale &&
          a.root_rank == b.root_rank && a.compression == b.compression && a.splits == b.splits &&
-         a.set_ranks == b.set_ranks && a.target_set == b.target_set && a.device == b.device;
+         a.set_ranks == b.set_ranks && a.members_only == b.members_only &&
+         a.target_set == b.target_set && a.device == b.device;
 }
 
 int ResponseCache::Lookup(const Request& q) const {

@@ -67,7 +67,7 @@ from torch.distributed import distributed_c10d
 
 from hvdlite import _binding, basics, collectives, exceptions, request
 from hvdlite.compression import Compression
-from hvdlite.process_sets import ProcessSet, get_process_set_ids_and_ranks, global_process_set
+from hvdlite.process_sets import _add_process_set_as_member, global_process_set
 from hvdlite.request import Average, Max, Min, Product, Sum
 
 from . import c10d_p2p, mpi_ops, rendezvous
@@ -365,7 +365,7 @@ class HvdliteWork(OutcomeWork):
 
 class HvdliteProcessGroup(ProcessGroup):
     """A torch.distributed process group whose collectives run on hvdlite's
-    engine, over hvdlite's global process set or a registered one."""
+    engine, over hvdlite's global process set or the process set of its ranks."""
 
     def __init__(self, store, rank, size, process_set, timeout, group_id=None, comm=None):
         # (torch 2.13: only the (rank, size) constructor makes a Python subclass;
@@ -651,7 +651,7 @@ def _start_engine(group_size, group_rank):
         basics.init()
 
 
-def _process_set(ranks, group_rank, group_size):
+def _process_set(ranks, group_rank, group_size, group_id):
     world = basics.size()
     if not ranks or list(ranks) == list(range(world)):
         if group_size != world or group_rank != basics.rank():
@@ -663,27 +663,40 @@ def _process_set(ranks, group_rank, group_size):
         raise exceptions.InvalidArgumentError(
             f"new_group(ranks={ranks}): the hvdlite backend takes a group's ranks in increasing "
             "order")
-    for pid, members in get_process_set_ids_and_ranks().items():
-        if members == ranks:
-            process_set = ProcessSet(ranks)
-            process_set.process_set_id = pid
-            return process_set
-    raise exceptions.InvalidArgumentError(
-        f"new_group(ranks={ranks}) on the hvdlite backend needs hvdlite's process set of these "
-        f"ranks: call hvdlite.add_process_set({ranks}) on every rank before new_group (adding a "
-        "process set is collective over all ranks, and torch.distributed creates a group on its "
-        "members only)")
+    # torch creates a group on its members only: they add its process set
+    # among themselves (or share one of the same ranks), under a name that
+    # every member gives alike, the group's.
+    tag = group_id if group_id else "ranks." + ".".join(map(str, ranks))
+    return _add_process_set_as_member(ranks, f"c10d.{tag}.add_process_set")
+
+
+def _subgroup_before_init(ranks):
+    """A group of some ranks while hvdlite is not started: starting it is
+    collective over all ranks, and torch calls the backend on the members only."""
+    if basics.is_initialized() or not ranks or not dist.is_initialized():
+        return None
+    if len(ranks) == dist.get_world_size():
+        return None
+    return exceptions.InvalidArgumentError(
+        f"new_group(ranks={list(ranks)}) on the hvdlite backend before hvdlite is started: "
+        "starting it is collective over all ranks, and torch.distributed creates a group on its "
+        "members only. Call hvdlite.init() (hvdlite.torch.init()) on every rank first, or make "
+        "hvdlite the default group's backend")
 
 
 def create_process_group(backend_options, pg_options=None):
     """``Backend.register_backend``'s creator (extended API)."""
     size, rank = backend_options.group_size, backend_options.group_rank
+    ranks = list(backend_options.global_ranks_in_group)
+    error = _subgroup_before_init(ranks)
+    if error is not None:
+        raise error
     _start_engine(size, rank)
-    process_set = _process_set(list(backend_options.global_ranks_in_group), rank, size)
+    group_id = getattr(backend_options, "group_id", None)
+    process_set = _process_set(ranks, rank, size, group_id)
     comm = c10d_p2p.make_comm(None if process_set is global_process_set else process_set.ranks)
     return HvdliteProcessGroup(backend_options.store, rank, size, process_set,
-                               backend_options.timeout,
-                               getattr(backend_options, "group_id", None), comm)
+                               backend_options.timeout, group_id, comm)
 
 
 def register():

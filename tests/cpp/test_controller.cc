@@ -258,6 +258,101 @@ void TestStallInspector() {
         static_cast<long long>(c.stats().stall_warnings.load()));
 }
 
+Request MembersAdd(const std::string& name, std::vector<int32_t> ranks) {
+  Request q = Q(name, OpType::kAddProcessSet, {});
+  q.set_ranks = std::move(ranks);
+  q.members_only = true;
+  return q;
+}
+
+void TestMembersOnlyAdd() {
+  // 4 ranks: [0, 1] and [2, 3] each added by their members alone, at once.
+  ControllerTest c;
+  const Request a = MembersAdd("a", {0, 1}), b = MembersAdd("b", {2, 3});
+  ResponseList out = c.Round({{a}, {}, {b}, {}});
+  CHECK(out.responses.empty(), "decided before every member submitted");
+  out = c.Round({{}, {a}, {}, {b}});
+  CHECK(out.responses.size() == 2, "%zu responses, want 2", out.responses.size());
+  if (out.responses.size() != 2) return;
+  CHECK(out.responses[0].name() == "a" && out.responses[1].name() == "b",
+        "in the order they became ready, the order every rank applies them in");
+  for (const auto& p : out.responses) {
+    CHECK(p.kind == Response::Kind::kCollective && p.request.members_only && !p.cacheable,
+          "%s: a members-only add, taken by the other ranks without a queue entry: %s",
+          p.name().c_str(), p.error.c_str());
+  }
+  CHECK(out.responses[0].request.set_ranks == std::vector<int32_t>({0, 1}), "the set's ranks");
+  out = c.Round({{MembersAdd("solo", {0})}, {}, {}, {}});
+  CHECK(out.responses.size() == 1 && out.responses[0].kind == Response::Kind::kCollective,
+        "a set of one rank is ready at once");
+  Request everyone = MembersAdd("all", {0, 1, 2, 3});
+  out = c.Round({{everyone}, {everyone}, {everyone}, {}});
+  CHECK(out.responses.empty(), "a members-only add of every rank waits for every rank");
+}
+
+void TestMembersOnlyAddErrors() {
+  // Each decided as soon as it cannot succeed, not when every rank has sent it.
+  struct ErrorCase {
+    const char* what;
+    std::vector<std::vector<Request>> rounds;  // rank 0's, 1's, 2's, 3's requests, one round
+    const char* words;
+  };
+  Request all_ranks = MembersAdd("t", {0, 1});
+  all_ranks.members_only = false;
+  const std::vector<ErrorCase> cases = {
+      {"a non-member submits", {{MembersAdd("t", {0, 1})}, {}, {MembersAdd("t", {0, 1})}, {}},
+       "add_process_set of 't': ranks [2] submitted it but are not members of the new process set [0, 1]"},
+      {"a non-member alone", {{}, {}, {}, {MembersAdd("t", {0, 1})}}, "ranks [3] submitted it but are not members"},
+      {"members disagree on the ranks", {{MembersAdd("t", {0, 1})}, {MembersAdd("t", {0, 1, 2})}, {}, {}},
+       "Mismatched process set ranks for tensor 't': [0, 1] on rank 0; [0, 1, 2] on rank 1."},
+      {"members only and all ranks", {{MembersAdd("t", {0, 1})}, {all_ranks}, {}, {}},
+       "Mismatched submitters of add_process_set for tensor 't': members only on rank 0; all ranks on rank 1."},
+      {"all ranks, then members only", {{all_ranks}, {MembersAdd("t", {0, 1})}, {}, {}},
+       "all ranks on rank 0; members only on rank 1"},
+      {"another collective of the name", {{Q("t")}, {MembersAdd("t", {0, 1})}, {}, {}},
+       "Mismatched operation for tensor 't': allreduce on rank 0; add_process_set on rank 1."},
+  };
+  for (const auto& e : cases) {
+    ControllerTest c;
+    ResponseList out = c.Round(e.rounds);
+    const bool one_error = out.responses.size() == 1 && out.responses[0].kind == Response::Kind::kError;
+    CHECK(one_error && Contains(out.responses[0].error, e.words) && !out.responses[0].cacheable,
+          "%s: %zu responses, %s", e.what, out.responses.size(),
+          out.responses.empty() ? "" : out.responses[0].error.c_str());
+  }
+  ControllerTest c;
+  c.Round({{MembersAdd("t", {0, 1})}, {}, {}, {}});
+  ResponseList out = c.Round({{}, {MembersAdd("t", {0, 1, 3})}, {}, {}});
+  CHECK(out.responses.size() == 1 && out.responses[0].kind == Response::Kind::kError,
+        "a disagreement in a later round is decided then");
+}
+
+void TestMembersOnlyAddWithJoin() {
+  ControllerTest c;
+  Request join = Q("join.0", OpType::kJoin, {});
+  ResponseList out = c.Round({{MembersAdd("a", {0, 1})}, {MembersAdd("a", {0, 1})}, {join}});
+  CHECK(out.responses.size() == 1 && out.responses[0].kind == Response::Kind::kCollective,
+        "a non-member that joined has no part in it: %s",
+        out.responses.empty() ? "" : out.responses[0].error.c_str());
+  out = c.Round({{MembersAdd("b", {0, 2})}, {}, {}});
+  CHECK(out.responses.size() == 1 && out.responses[0].kind == Response::Kind::kError &&
+            Contains(out.responses[0].error, "while ranks [2] have joined"),
+        "a member that joined: %s", out.responses.empty() ? "" : out.responses[0].error.c_str());
+}
+
+void TestStallOfMembersOnlyAdd() {
+  EngineOptions options;
+  options.stall_check_seconds = 0.2;
+  options.stall_shutdown_seconds = 0.5;
+  ControllerTest c(options);
+  c.Round({{}, {MembersAdd("slow", {1, 2})}, {}, {}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  const std::string message = c.InspectStalls();
+  CHECK(Contains(message, "tensor 'slow' (add_process_set)") &&
+            Contains(message, "submitted by ranks [1] but not by ranks [2]"),
+        "only the members are missing: %s", message.c_str());
+}
+
 }  // namespace
 
 int main() {
@@ -269,5 +364,9 @@ int main() {
       {"join", TestJoin},
       {"cached names invalidated", TestCachedNamesInvalidated},
       {"stall inspector", TestStallInspector},
+      {"members-only add", TestMembersOnlyAdd},
+      {"members-only add errors", TestMembersOnlyAddErrors},
+      {"members-only add with join", TestMembersOnlyAddWithJoin},
+      {"stall of a members-only add", TestStallOfMembersOnlyAdd},
   });
 }

@@ -27,7 +27,7 @@ bool SameRequest(const Request& a, const Request& b) {
          a.dtype == b.dtype && a.shape == b.shape && a.reduce_op == b.reduce_op &&
          SameBits(a.prescale, b.prescale) && SameBits(a.postscale, b.postscale) &&
          a.root_rank == b.root_rank && a.splits == b.splits && a.set_ranks == b.set_ranks &&
-         a.target_set == b.target_set &&
+         a.members_only == b.members_only && a.target_set == b.target_set && a.device == b.device &&
          a.compression.type == b.compression.type &&
          SameBits(a.compression.topk_ratio, b.compression.topk_ratio) &&
          a.compression.error_feedback == b.compression.error_feedback;
@@ -71,6 +71,7 @@ std::vector<Request> OddRequests() {
   d.name = std::string(100000, 'x');  // longer than any small-buffer optimisation
   d.op = OpType::kAddProcessSet;
   d.set_ranks = {0, 2, std::numeric_limits<int32_t>::max()};
+  d.members_only = true;
   all.push_back(d);
   Request e;
   e.op = OpType::kRemoveProcessSet;

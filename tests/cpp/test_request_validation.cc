@@ -70,6 +70,14 @@ void TestRules() {
       {OpType::kAlltoall, [](Request& q) { q.splits = {4}; }, "splits has 1 entries but there are 2 ranks"},
       {OpType::kAlltoall, [](Request& q) { q.splits = {5, -1}; }, "splits must not be negative"},
       {OpType::kAlltoall, [](Request& q) { q.splits = {1, 2}; }, "splits sum to 3 but the first dimension is 4"},
+      {OpType::kAddProcessSet, [](Request& q) { q.set_ranks = {0, 1}; q.members_only = true; }, nullptr},
+      {OpType::kAddProcessSet, [](Request& q) { q.set_ranks = {}; }, "the new process set has no ranks"},
+      {OpType::kAddProcessSet, [](Request& q) { q.set_ranks = {0, 2}; },
+       "rank 2 of the new process set is out of range"},
+      {OpType::kAddProcessSet, [](Request& q) { q.set_ranks = {1, 0}; }, "must be ascending and distinct"},
+      {OpType::kAddProcessSet, [](Request& q) { q.set_ranks = {1, 1}; }, "must be ascending and distinct"},
+      {OpType::kAllreduce, [](Request& q) { q.members_only = true; },
+       "members_only applies to add_process_set only"},
   };
   for (const Case& c : cases) {
     Request q = Q(c.op);

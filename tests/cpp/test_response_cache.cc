@@ -76,6 +76,7 @@ void TestLookupComparesEveryField() {
       {"root_rank", [](Request& r) { r.root_rank = 0; }},
       {"splits", [](Request& r) { r.splits = {2, 1}; }},
       {"set ranks", [](Request& r) { r.set_ranks = {0, 1}; }},
+      {"members only", [](Request& r) { r.members_only = true; }},
       {"target set", [](Request& r) { r.target_set = 2; }},
       {"compression type", [](Request& r) { r.compression.type = CompressionType::kFP16; }},
       {"top-k ratio", [](Request& r) { r.compression.topk_ratio = 0.5; }},

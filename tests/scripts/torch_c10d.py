@@ -367,12 +367,20 @@ def test_errors(group, rank, size):
     check_equal(t.numpy(), np.full(3, size, dtype=np.float32), "all_reduce after errors")
 
 
-def test_subgroup_needs_process_set(group, rank, size):
+def test_subgroup_without_process_set(group, rank, size):
+    """The members add the group's process set among themselves (more in
+    torch_subgroups.py)."""
     members = [0]
+    sub = dist.new_group(members)
     if rank in members:
-        expect(ValueError, lambda: dist.new_group(members), "hvdlite.add_process_set([0])")
+        check("group size", sub.size() == 1 and sub.rank() == 0)
+        xs = inputs(size, (4,), torch.float32, salt=155)
+        t = xs[rank].clone()
+        dist.all_reduce(t, group=sub)
+        same(t, xs[rank].numpy(), "a group of one rank")
     else:
-        check("non-member", dist.new_group(members) == dist.GroupMember.NON_GROUP_MEMBER)
+        check("non-member", sub == dist.GroupMember.NON_GROUP_MEMBER)
+    dist.barrier()
 
 
 def test_subgroup_on_process_set(group, rank, size):
