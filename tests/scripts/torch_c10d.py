@@ -23,6 +23,7 @@ import torch.distributed as dist  # noqa: E402
 
 import hvdlite  # noqa: E402
 import hvdlite.torch as hvd  # noqa: E402  (registers the backend)
+from harness.c10d_ranks import data, group, inputs  # noqa: E402,F401  (group: a fixture)
 
 torch.set_num_threads(1)
 
@@ -30,25 +31,6 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int
 OPS = {"SUM": (dist.ReduceOp.SUM, hvd.Sum), "AVG": (dist.ReduceOp.AVG, hvd.Average),
        "MIN": (dist.ReduceOp.MIN, hvd.Min), "MAX": (dist.ReduceOp.MAX, hvd.Max),
        "PRODUCT": (dist.ReduceOp.PRODUCT, hvd.Product)}
-
-
-@pytest.fixture
-def group(rank, size):
-    """The default group on hvdlite, created once (hvdlite initialised by ``rank``)."""
-    if not dist.is_initialized():
-        dist.init_process_group(backend="hvdlite")
-    return dist.group.WORLD
-
-
-def data(r, shape, dtype, salt=0):
-    g = torch.Generator().manual_seed(1000 * r + salt)
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
-    return torch.randint(-20, 20, shape, generator=g).to(dtype)
-
-
-def inputs(size, shape, dtype, salt=0):
-    return [data(r, shape, dtype, salt) for r in range(size)]
 
 
 def same(got, want, what):

@@ -34,6 +34,7 @@ import torch.distributed as dist  # noqa: E402
 import hvdlite  # noqa: E402
 import hvdlite.torch as hvd  # noqa: E402  (registers the backend)
 from hvdlite.torch import device as hvd_device  # noqa: E402
+from harness.c10d_ranks import data, gloo, group, inputs  # noqa: E402,F401  (fixtures)
 
 torch.set_num_threads(1)
 
@@ -66,26 +67,6 @@ def expected_executor():
     return "gloo"
 
 
-@pytest.fixture
-def group(rank, size):
-    """The default group on hvdlite, created once (hvdlite initialised by ``rank``)."""
-    if not dist.is_initialized():
-        dist.init_process_group(backend="hvdlite")
-    return dist.group.WORLD
-
-
-@pytest.fixture
-def gloo(group):
-    """A gloo group of every rank beside the hvdlite default group."""
-    global _GLOO
-    if _GLOO is None:
-        _GLOO = dist.new_group(backend="gloo")
-    return _GLOO
-
-
-_GLOO = None
-
-
 class device_path:
     """Checks that the collectives in the ``with`` block ran on the device
     executor (or, for CUDA tensors where NCCL cannot run, were staged)."""
@@ -107,18 +88,6 @@ class device_path:
 def on_dev(t):
     """A copy of ``t`` on this rank's device (never ``t`` itself)."""
     return t.to(dev(), copy=True)
-
-
-def data(r, shape, dtype, salt=0):
-    g = torch.Generator().manual_seed(1000 * r + salt)
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
-    return torch.randint(-20, 20, shape, generator=g).to(dtype)
-
-
-def inputs(size, shape, dtype, salt=0):
-    """Every rank's input, on the CPU (the references' side)."""
-    return [data(r, shape, dtype, salt) for r in range(size)]
 
 
 def same(got, want, what):

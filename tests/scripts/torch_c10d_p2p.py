@@ -21,27 +21,13 @@ import torch.distributed as dist  # noqa: E402
 
 import hvdlite  # noqa: E402
 import hvdlite.torch  # noqa: E402,F401  (registers the backend)
+from harness.c10d_ranks import data, group  # noqa: E402,F401  (group: a fixture)
 from hvdlite.exceptions import HvdliteTimeoutError, InvalidArgumentError  # noqa: E402
 
 torch.set_num_threads(1)
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8, "bool": torch.bool}
-
-
-@pytest.fixture
-def group(rank, size):
-    """The default group on hvdlite, created once (hvdlite initialised by ``rank``)."""
-    if not dist.is_initialized():
-        dist.init_process_group(backend="hvdlite")
-    return dist.group.WORLD
-
-
-def data(r, shape, dtype, salt=0):
-    g = torch.Generator().manual_seed(1000 * r + salt)
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
-    return torch.randint(-20, 20, shape, generator=g).to(dtype)
 
 
 def ref(r, shape, dtype, salt=0):

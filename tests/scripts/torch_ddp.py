@@ -21,28 +21,9 @@ import torch.distributed as dist  # noqa: E402
 import hvdlite  # noqa: E402
 import hvdlite.torch as hvd  # noqa: E402  (registers the backend)
 from hvdlite.torch import ddp_hooks  # noqa: E402
+from harness.c10d_ranks import gloo, group  # noqa: E402,F401  (fixtures)
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture
-def group(rank, size):
-    """The default group on hvdlite, created once (hvdlite initialised by ``rank``)."""
-    if not dist.is_initialized():
-        dist.init_process_group(backend="hvdlite")
-    return dist.group.WORLD
-
-
-@pytest.fixture
-def gloo(group):
-    """A gloo group of every rank beside the hvdlite default group."""
-    global _GLOO
-    if _GLOO is None:
-        _GLOO = dist.new_group(backend="gloo")
-    return _GLOO
-
-
-_GLOO = None
 
 
 def DDP(*args, **kwargs):

@@ -1,0 +1,40 @@
+"""What the rank-side scripts of the "hvdlite" torch.distributed backend
+share (tests/scripts/torch_c10d*.py, torch_ddp.py): the default group on
+hvdlite, a gloo group beside it, and every rank's seeded input data.
+
+Fixtures are used by importing them into a script's namespace
+(``from harness.c10d_ranks import gloo, group``)."""
+import pytest
+import torch
+import torch.distributed as dist
+
+_GLOO = []
+
+
+@pytest.fixture
+def group(rank, size):
+    """The default group on hvdlite, created once (hvdlite initialised by ``rank``)."""
+    if not dist.is_initialized():
+        dist.init_process_group(backend="hvdlite")
+    return dist.group.WORLD
+
+
+@pytest.fixture
+def gloo(group):
+    """A gloo group of every rank beside the hvdlite default group (made once)."""
+    if not _GLOO:
+        _GLOO.append(dist.new_group(backend="gloo"))
+    return _GLOO[0]
+
+
+def data(r, shape, dtype, salt=0):
+    """Rank ``r``'s input: the same on every rank that asks for it."""
+    g = torch.Generator().manual_seed(1000 * r + salt)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    return torch.randint(-20, 20, shape, generator=g).to(dtype)
+
+
+def inputs(size, shape, dtype, salt=0):
+    """Every rank's input (on the CPU: the references' side)."""
+    return [data(r, shape, dtype, salt) for r in range(size)]
