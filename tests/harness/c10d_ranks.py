@@ -38,3 +38,10 @@ def data(r, shape, dtype, salt=0):
 def inputs(size, shape, dtype, salt=0):
     """Every rank's input (on the CPU: the references' side)."""
     return [data(r, shape, dtype, salt) for r in range(size)]
+
+
+def make_model(seed=0):
+    """The small model the DDP cases train (8 inputs, 4 classes)."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))

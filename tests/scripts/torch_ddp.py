@@ -21,7 +21,7 @@ import torch.distributed as dist  # noqa: E402
 import hvdlite  # noqa: E402
 import hvdlite.torch as hvd  # noqa: E402  (registers the backend)
 from hvdlite.torch import ddp_hooks  # noqa: E402
-from harness.c10d_ranks import gloo, group  # noqa: E402,F401  (fixtures)
+from harness.c10d_ranks import gloo, group, make_model  # noqa: E402,F401  (fixtures)
 
 torch.set_num_threads(1)
 
@@ -32,12 +32,6 @@ def DDP(*args, **kwargs):
 
 
 # ---------------------------------------------------------------- DDP
-
-def make_model(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
-                               torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
-
 
 def batch(step, rank, rows=6):
     g = torch.Generator().manual_seed(100 * step + rank)
