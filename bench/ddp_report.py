@@ -21,14 +21,33 @@ def ddp_layouts(case):
     return out
 
 
-def overheads(modes):
+def tuned(label, modes):
+    """The label of ``label``'s tuned mode (bench/train_step.py's ddp*-tuned) in
+    ``modes``, or None."""
+    return next((k for k in modes if k.startswith(label + ", bucket view")), None)
+
+
+def overheads(modes, hvdlite=DDP_HVDLITE, gloo=DDP_GLOO):
     """(DDP on hvdlite's overhead over no communication) / (DDP on gloo's), or None."""
     try:
-        h = modes[DDP_HVDLITE]["ratio_to_nocomm"] - 1
-        g = modes[DDP_GLOO]["ratio_to_nocomm"] - 1
+        h = modes[hvdlite]["ratio_to_nocomm"] - 1
+        g = modes[gloo]["ratio_to_nocomm"] - 1
     except KeyError:
         return None
     return h / g if g > 0 else None
+
+
+def _shares(modes):
+    """Words on DDP on hvdlite's overhead against gloo's, default and tuned DDP."""
+    words = []
+    share = overheads(modes)
+    if share is not None:
+        words.append("DDP on hvdlite's overhead: %.2f of DDP on gloo's" % share)
+    th, tg = tuned(DDP_HVDLITE, modes), tuned(DDP_GLOO, modes)
+    share = overheads(modes, th, tg) if th and tg else None
+    if share is not None:
+        words.append("tuned: %.2f" % share)
+    return " (%s)" % "; ".join(words) if words else ""
 
 
 def plot_ddp(path, case):
@@ -52,16 +71,16 @@ def ddp_section(case, img):
              "backend `\"hvdlite\"` and on gloo's, DDP with a communication hook that communicates "
              "nothing (what DDP's reducer costs by itself: the floor of any DDP backend), hvdlite's "
              "`DistributedOptimizer` and Horovod 0.28.1 (when installed), interleaved in one job per "
-             "layout; the emulated hosts are case 7's (links at %s).\n"
+             "layout; the emulated hosts are case 7's (links at %s). On one host the DDP modes "
+             "also run tuned: `gradient_as_bucket_view=True` (no copy of the gradients into DDP's "
+             "buckets and back) and `bucket_cap_mb=16` (less left to send after backward).\n"
              % ("%d x Linear(%d, %d), batch %d per rank" % (one["layers"], one["width"], one["width"],
                                                             one["batch_per_rank"]) if "layers" in one
                 else "6 x Linear(2048, 2048)", case.get("hosts", {}).get("rate", "-")))
     for lay, modes in layouts.items():
         rows = [[k, ms(v["median_ms"]), ms(v["p25_ms"]), ms(v["p75_ms"]), ratio(v["ratio_to_nocomm"])]
                 for k, v in modes.items()]
-        share = overheads(modes)
-        L.append("**%s** (hosts x ranks per host)%s:\n" % (lay, "" if share is None else
-                                  " (DDP on hvdlite's overhead: %.2f of DDP on gloo's)" % share))
+        L.append("**%s** (hosts x ranks per host)%s:\n" % (lay, _shares(modes)))
         L.append(table(["mode", "median ms", "p25", "p75", "x no-comm"], rows))
         L.append("")
     absent = (one.get("absent") or {}) if isinstance(one, dict) else {}
@@ -76,7 +95,9 @@ def ddp_headline(res):
     for lay, modes in ddp_layouts(res).items():
         if DDP_HVDLITE in modes:
             share = overheads(modes)
-            parts.append("%s: DDP on hvdlite %s no-comm%s" % (
+            th = tuned(DDP_HVDLITE, modes)
+            parts.append("%s: DDP on hvdlite %s no-comm%s%s" % (
                 lay, ratio(modes[DDP_HVDLITE]["ratio_to_nocomm"]),
-                "" if share is None else ", %.2f of gloo's overhead" % share))
+                "" if share is None else ", %.2f of gloo's overhead" % share,
+                "" if th is None else ", tuned %s" % ratio(modes[th]["ratio_to_nocomm"])))
     return "; ".join(parts)

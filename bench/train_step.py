@@ -11,6 +11,7 @@ gradients), batch 64 per rank, 1 compute thread per rank, plain SGD.
     mpiexec -n 2 python bench/train_step.py --engine-priorities normal,idle
     mpiexec -n 2 python bench/train_step.py --modes nocomm,sync,hvdlite
     mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite,ddp,ddp-hvdlite,ddp-local
+    mpiexec -n 2 python bench/train_step.py --modes nocomm,ddp-local-tuned,ddp-hvdlite-tuned
     mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite --hvdlite-settings 4MB:1,64MB:1
     mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite --hvdlite-settings 4MB:1,64MB:1 --autotune
 
@@ -88,6 +89,8 @@ def parse_args(argv=None):
     p.add_argument("--autotune-steps-per-sample", type=int, default=3)
     p.add_argument("--autotune-samples-per-setting", type=int, default=2)
     p.add_argument("--autotune-max-steps", type=int, default=400)
+    p.add_argument("--ddp-tuned-bucket-mb", type=float, default=16,
+                   help="bucket_cap_mb of the ddp*-tuned modes (DDP's default: 25)")
     p.add_argument("--layers", type=int, default=LAYERS)
     p.add_argument("--width", type=int, default=WIDTH)
     p.add_argument("--batch", type=int, default=BATCH)
@@ -264,6 +267,14 @@ def build_modes(names, args, engines):
 
     modes, absent = [], {}
     for name in names:
+        # "ddp...-tuned": the same DDP mode with gradient_as_bucket_view=True (the
+        # gradients live in DDP's buckets: no copy into them and back) and
+        # smaller buckets (less communication left after backward ends).
+        tuned = name.startswith("ddp") and name.endswith("-tuned")
+        name = name[:-len("-tuned")] if tuned else name
+        view_label = f", bucket view + {args.ddp_tuned_bucket_mb:g} MB buckets" if tuned else ""
+        ddp_args = (dict(gradient_as_bucket_view=True, bucket_cap_mb=args.ddp_tuned_bucket_mb)
+                    if tuned else {})
         if name == "nocomm":
             m = model()
             modes.append(Mode("no communication", m, torch.optim.SGD(m.parameters(), lr=1e-4)))
@@ -314,15 +325,15 @@ def build_modes(names, args, engines):
         elif name == "ddp":
             _init_torch_distributed(rank, size)
             m = model()
-            ddp = torch.nn.parallel.DistributedDataParallel(m)
-            modes.append(Mode("torch DDP (gloo)", m, torch.optim.SGD(ddp.parameters(), lr=1e-4),
+            ddp = torch.nn.parallel.DistributedDataParallel(m, **ddp_args)
+            modes.append(Mode("torch DDP (gloo)" + view_label, m, torch.optim.SGD(ddp.parameters(), lr=1e-4),
                               forward=ddp))
         elif name == "ddp-local":
             _init_torch_distributed(rank, size)
             m = model()
-            ddp = torch.nn.parallel.DistributedDataParallel(m)
+            ddp = torch.nn.parallel.DistributedDataParallel(m, **ddp_args)
             ddp.register_comm_hook(None, _bucket_back_at_once)
-            modes.append(Mode("torch DDP, no communication", m,
+            modes.append(Mode("torch DDP, no communication" + view_label, m,
                               torch.optim.SGD(ddp.parameters(), lr=1e-4), forward=ddp))
         elif name == "ddp-hvdlite":
             # The same DDP script on hvdlite's torch.distributed backend: a group of
@@ -332,8 +343,9 @@ def build_modes(names, args, engines):
             engines.use("hvdlite")
             group = dist.new_group(backend="hvdlite")
             m = model()
-            ddp = torch.nn.parallel.DistributedDataParallel(m, process_group=group)
-            modes.append(Mode("torch DDP (hvdlite)", m, torch.optim.SGD(ddp.parameters(), lr=1e-4),
+            ddp = torch.nn.parallel.DistributedDataParallel(m, process_group=group,
+                                                            **ddp_args)
+            modes.append(Mode("torch DDP (hvdlite)" + view_label, m, torch.optim.SGD(ddp.parameters(), lr=1e-4),
                               forward=ddp, engine="hvdlite"))
         elif name == "horovod":
             try:
