@@ -299,6 +299,7 @@ _NONE_SPEC = (0, 0.0, 0, 0)
 # The classes above that name an engine compressor of their own.
 _ENGINE_CLASSES = tuple(cls for cls in Compressor.__subclasses__() if "kind" in vars(cls))
 _codes = {}
+_engine_compressor_classes = {}   # (class, compress, decompress) -> is_engine_compressor
 
 
 def _engine_code(kind):
@@ -368,11 +369,16 @@ def is_engine_compressor(compression):
     inside the engine; False for a subclass that overrides compress() or
     decompress() (it runs in Python, see module doc)."""
     cls = compression if isinstance(compression, type) else type(compression)
-    if not (isinstance(cls, type) and issubclass(cls, _ENGINE_CLASSES)):
-        return False
-    base = next(b for b in cls.__mro__ if b in _ENGINE_CLASSES)
-    return (getattr(cls, "compress") is getattr(base, "compress")
-            and getattr(cls, "decompress") is getattr(base, "decompress"))
+    # Asked on every collective: remembered per class and its two methods.
+    key = (cls, getattr(cls, "compress", None), getattr(cls, "decompress", None))
+    known = _engine_compressor_classes.get(key)
+    if known is None:
+        known = isinstance(cls, type) and issubclass(cls, _ENGINE_CLASSES)
+        if known:
+            base = next(b for b in cls.__mro__ if b in _ENGINE_CLASSES)
+            known = key[1] is getattr(base, "compress") and key[2] is getattr(base, "decompress")
+        _engine_compressor_classes[key] = known
+    return known
 
 
 def as_spec(compression):
