@@ -12,6 +12,7 @@ PACKAGE_DIRS = {
     "hvdlite.common": "hvdlite/common",
     "hvdlite.elastic": "hvdlite/elastic",
     "hvdlite.torch": "hvdlite/torch",
+    "hvdlite_torch_plugin": "torch_plugin",
     "hvdlite.tensorflow": "hvdlite/tensorflow",
     "hvdlite.tensorflow.keras": "hvdlite/tensorflow/keras",
     "hvdlite.keras": "hvdlite/keras",
@@ -72,7 +73,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=PACKAGES,
-    package_dir={p: PACKAGE_DIRS[p] for p in PACKAGES if p in ("hvdlite.launcher", "hvdlite.bench")},
+    package_dir={p: PACKAGE_DIRS[p] for p in PACKAGES
+                 if p in ("hvdlite.launcher", "hvdlite.bench", "hvdlite_torch_plugin")},
     package_data={"hvdlite.tensorflow": ["ops/*.cc", "ops/*.h"]},
     cmdclass={"build_ext": BuildExtWithTensorFlowOps, "build_py": BuildPyWithCApiHeader},
     setup_requires=["cffi>=1.16"],
@@ -87,6 +89,8 @@ setup(
         "tensorflow": ["tensorflow-cpu>=2.16"],
         "bench": ["matplotlib"],
     },
-    entry_points={"console_scripts": ["hvdrun = hvdlite.launcher.__main__:main"]},
+    entry_points={"console_scripts": ["hvdrun = hvdlite.launcher.__main__:main"],
+                  # torch imports these with itself: the "hvdlite" torch.distributed backend
+                  "torch.backends": ["hvdlite = hvdlite_torch_plugin:autoload"]},
     zip_safe=False,
 )

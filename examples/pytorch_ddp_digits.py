@@ -1,7 +1,8 @@
 """A plain torch DistributedDataParallel script on scikit-learn's digits, run
 on hvdlite's engine through its torch.distributed backend. Compared with a
-DDP script for torchrun, two lines differ: ``import hvdlite.torch`` (which
-registers the backend) and ``backend="hvdlite"`` (docs/ddp.md)::
+DDP script for torchrun, one string differs: ``backend="hvdlite"`` (installing
+hvdlite registers the backend with torch; this script imports hvdlite for the
+engine's statistics it prints; docs/ddp.md)::
 
     hvdrun -np 2 python examples/pytorch_ddp_digits.py
     mpiexec -n 2 python examples/pytorch_ddp_digits.py --backend gloo   # the same on gloo
@@ -9,8 +10,7 @@ registers the backend) and ``backend="hvdlite"`` (docs/ddp.md)::
     hvdrun -np 2 python examples/pytorch_ddp_digits.py --hvdlite-hook powersgd  # compressed in the engine
 
 Launched by MPI, ``init_process_group`` needs no other argument: rank, size
-and the store come from MPI (also for ``--backend gloo``, once hvdlite.torch
-is imported).
+and the store come from MPI (also for ``--backend gloo``).
 """
 import argparse
 import json
@@ -25,7 +25,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
 import hvdlite
-import hvdlite.torch  # noqa: F401  (registers the "hvdlite" backend)
 
 
 def parse_args(argv=None):

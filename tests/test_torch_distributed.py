@@ -212,6 +212,41 @@ def test_ddp_example_under_hvdrun_matches_gloo():
     assert abs(hv["parameter_sum"] - gl["parameter_sum"]) <= 1e-6 * abs(gl["parameter_sum"]), results
 
 
+def _plugin_ranks():
+    """tests/scripts/torch_c10d_plugin.py under hvdrun -np 2: {rank: its report}."""
+    argv, extra = hvdrun_argv()
+    proc = subprocess.run(argv + ["-np", "2", sys.executable, os.path.join(TESTS, "scripts",
+                                                                            "torch_c10d_plugin.py")],
+                          env=rank_env(extra), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    reports = [json.loads(ln.split("PLUGIN ", 1)[1]) for ln in proc.stdout.splitlines() if "PLUGIN " in ln]
+    return {r["rank"]: r for r in reports}, out
+
+
+@pytest.fixture(scope="module")
+def plugin_ranks():
+    return _plugin_ranks()
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_backend_from_torchs_entry_point_all_reduce(plugin_ranks, rank):
+    """A script that imports torch alone: torch's entry point registered
+    "hvdlite"; init_process_group(backend="hvdlite") under hvdrun, nothing else."""
+    reports, out = plugin_ranks
+    assert rank in reports, out[-4000:]
+    r = reports[rank]
+    assert (r["size"], r["backend"]) == (2, "hvdlite"), r
+    assert r["max_error"] == 0.0, r
+
+
+def test_backend_from_torchs_entry_point_does_not_load_hvdlite_with_torch(plugin_ranks):
+    """``import torch`` pays for a registration only: hvdlite loads with the first group."""
+    reports, out = plugin_ranks
+    assert sorted(reports) == [0, 1], out[-4000:]
+    assert all(r["hvdlite_loaded_with_torch"] == [] for r in reports.values()), reports
+
+
 # ---------------------------------------------------------------- failures, as a Horovod script's
 
 FAILURE = "scripts/torch_ddp_failure.py"

@@ -60,6 +60,7 @@ import time
 import traceback
 from datetime import timedelta
 
+import hvdlite_torch_plugin
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
@@ -73,7 +74,7 @@ from hvdlite.request import Average, Max, Min, Product, Sum
 from . import c10d_p2p, mpi_ops, rendezvous
 from .c10d_work import OutcomeWork
 
-BACKEND = "hvdlite"
+BACKEND = hvdlite_torch_plugin.BACKEND
 
 _RED = dist.ReduceOp.RedOpType
 _OPS = {_RED.SUM: Sum, _RED.AVG: Average, _RED.MIN: Min, _RED.MAX: Max, _RED.PRODUCT: Product}
@@ -700,17 +701,21 @@ def create_process_group(backend_options, pg_options=None):
 
 
 def register():
-    """Registers the "hvdlite" backend with torch.distributed (once) and
-    lets ``env://`` take what it lacks from MPI; returns whether it is there."""
+    """Registers the "hvdlite" backend with torch.distributed (torch's entry
+    point may have done it: hvdlite_torch_plugin), lets ``env://`` take what
+    it lacks from MPI, and ties the backend to the engine (once); returns
+    whether torch.distributed is there."""
     if not dist.is_available():
         return False
-    if BACKEND not in dist.Backend.backend_list:
-        dist.Backend.register_backend(BACKEND, create_process_group, extended_api=True,
-                                      devices=["cpu", "cuda"])
+    hvdlite_torch_plugin.register_backend()
+    if not _registered[0]:
+        _registered[0] = True
         basics.add_engine_hooks(_engine_started, lambda: None)
-    rendezvous.install_env_fallback()
-    _let_monitored_barrier_through()
+        _let_monitored_barrier_through()
     return True
+
+
+_registered = [False]
 
 
 def _let_monitored_barrier_through():

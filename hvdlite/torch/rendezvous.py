@@ -14,25 +14,16 @@ from MPI and this store instead of failing on the missing variable. Where
 they are all set (torchrun, a script that sets them) torch's own rendezvous
 runs unchanged.
 """
-import importlib
 import os
 import socket
 from datetime import timedelta
 
 import torch.distributed as dist
+# (the env:// hand-over is installed from there, with torch's own import)
+from hvdlite_torch_plugin import install_env_fallback, launched_by_mpi  # noqa: F401
 
 from hvdlite import basics
 from hvdlite.objects import broadcast_object
-
-# What MPI launchers (MPICH's hydra, Open MPI, PMIx) set in every rank;
-# hvdrun starts its ranks through one of them.
-LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
-ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def launched_by_mpi(env=None):
-    env = os.environ if env is None else env
-    return any(env.get(var, "").isdigit() for var in LAUNCHER_RANK_VARS)
 
 
 def mpi_tcp_store(timeout=timedelta(seconds=60), name="hvdlite.torch.store"):
@@ -54,14 +45,6 @@ def mpi_tcp_store(timeout=timedelta(seconds=60), name="hvdlite.torch.store"):
     return store
 
 
-def _wants_mpi(url):
-    """env:// without some variable it needs, in a job MPI launched (a URL
-    that gives rank or world_size itself is torch's own business)."""
-    if not launched_by_mpi() or "?" in url:
-        return False
-    return any(not os.environ.get(var) for var in ENV_VARS)
-
-
 def _export_layout():
     """What torchrun would have set, for scripts that read it (device
     selection from LOCAL_RANK, logging from RANK); values already set stay."""
@@ -71,29 +54,13 @@ def _export_layout():
         os.environ.setdefault(var, str(value))
 
 
-def _with_mpi_fallback(env_handler):
-    def handler(url, timeout=timedelta(minutes=30), **kwargs):
-        if not _wants_mpi(url):
-            yield from env_handler(url, timeout=timeout, **kwargs)
-            return
-        basics.init()
-        store = mpi_tcp_store(timeout, name="hvdlite.torch.env_rendezvous")
-        _export_layout()
-        yield store, basics.rank(), basics.size()
-        raise RuntimeError("Unable to perform re-rendezvous using env:// (from MPI)")
-    handler.hvdlite_mpi_fallback = True
-    return handler
+def env_from_mpi(url, timeout=None):
+    """env:// in a job MPI launched that lacks some variable it reads
+    (hvdlite_torch_plugin.wants_mpi): rank and size from MPI, the store from
+    :func:`mpi_tcp_store`."""
+    basics.init()
+    store = mpi_tcp_store(timeout or timedelta(minutes=30), name="hvdlite.torch.env_rendezvous")
+    _export_layout()
+    yield store, basics.rank(), basics.size()
+    raise RuntimeError(f"Unable to perform re-rendezvous using {url} (from MPI)")
 
-
-def install_env_fallback():
-    """Makes ``env://`` take what it lacks from MPI in a job MPI launched
-    (torch has no public way to extend a registered scheme: its table of
-    handlers is replaced in place, once)."""
-    # (torch.distributed.rendezvous the attribute is a function of that module)
-    module = importlib.import_module("torch.distributed.rendezvous")
-    handlers = getattr(module, "_rendezvous_handlers", None)
-    if not isinstance(handlers, dict) or "env" not in handlers:
-        return False  # another torch: its own env:// stays, RANK etc. must be set
-    if not getattr(handlers["env"], "hvdlite_mpi_fallback", False):
-        handlers["env"] = _with_mpi_fallback(handlers["env"])
-    return True
