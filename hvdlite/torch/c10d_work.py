@@ -44,14 +44,40 @@ class OutcomeWork(Work):
         self._timeout = timeout
         self._outcome_lock = threading.RLock()
         self._outcome = None        # (value, exception) once finished
-        self._done = threading.Event()
-        self._settle = torch.futures.Future(devices=list(devices)) if devices else torch.futures.Future()
-        self._future = self._settle.then(self._value)
+        self._devices = list(devices)
+        self._settle = None         # the future's own, made by _future (below)
+        self._then = None
+        if self._devices:
+            # A CUDA future records its events on the streams of the thread
+            # that completes it: the finishing one, so it exists from the start.
+            self._make_future()
+
+    def _make_future(self):
+        """Makes the future (under _outcome_lock); returns whether the outcome
+        was already there, to be set by the caller."""
+        settle = torch.futures.Future(devices=self._devices) if self._devices else torch.futures.Future()
+        self._then = settle.then(self._value)
+        self._settle = settle
+        return self._outcome is not None
+
+    @property
+    def _future(self):
+        """The future c10d sees. Made when first asked for (most works are
+        only waited on; a future and its then() cost more than the rest of a
+        small collective's call)."""
+        settle = None
+        with self._outcome_lock:
+            if self._then is None and self._make_future():
+                settle = self._settle
+            future = self._then
+        if settle is not None:
+            settle.set_result(None)
+        return future
 
     def _settle_with(self, compute):
         """Sets the outcome to ``compute()``'s value or exception, unless it
-        is set already; then completes the future (its then() callbacks run
-        here)."""
+        is set already; then completes the future, if one was made (its
+        then() callbacks run here)."""
         with self._outcome_lock:
             if self._outcome is not None:
                 return
@@ -59,10 +85,9 @@ class OutcomeWork(Work):
                 self._outcome = (compute(), None)
             except BaseException as e:  # noqa: BLE001 - it belongs to the waiters
                 self._outcome = (None, e)
-        try:
-            self._settle.set_result(None)
-        finally:
-            self._done.set()
+            settle = self._settle
+        if settle is not None:
+            settle.set_result(None)
 
     def _value(self, _settled):
         value, error = self._outcome
