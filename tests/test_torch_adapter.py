@@ -15,6 +15,7 @@ SINGLE_RANK = RankTests("scripts/torch_single_rank.py")
 DIGITS_ACCURACY = RankTests("scripts/torch_digits_accuracy.py")
 ELASTIC = RankTests("scripts/torch_elastic.py")
 CUDA = RankTests("scripts/torch_cuda.py")
+LOCAL_SGD = RankTests("scripts/torch_local_sgd.py")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -129,6 +130,14 @@ def test_synthetic_benchmark_reports_and_reduces(tmp_path):
 def test_elastic_state(case, rank_launch):
     """TorchState / ObjectState sync, commit, restore and run() on 3 ranks."""
     rank_launch(ELASTIC, 3).check(case)
+
+
+@pytest.mark.parametrize("case", LOCAL_SGD.cases)
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_local_sgd_and_diloco(ranks, case, rank_launch):
+    """LocalSGD and DiLoCo (plain, streaming with overlap, fp16) against a
+    NumPy simulation of every rank; state_dict and TorchState; bad arguments."""
+    rank_launch(LOCAL_SGD, ranks).check(case)
 
 
 @pytest.mark.parametrize("case", CUDA.cases)
