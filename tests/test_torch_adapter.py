@@ -140,6 +140,22 @@ def test_local_sgd_and_diloco(ranks, case, rank_launch):
     rank_launch(LOCAL_SGD, ranks).check(case)
 
 
+def test_digits_example_streaming_diloco():
+    """The example's --diloco path (2 fragments, fp16) runs and communicates
+    only at its syncs. (Accuracy: docs/compression.md.)"""
+    import json
+    require("sklearn", import_module=False)
+    params = 64 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10
+    out = _digits(2, "--epochs", "2", "--json", "--diloco", "4", "--fragments", "2",
+                  "--compression", "fp16")
+    result = json.loads(out.strip().splitlines()[-1])
+    # fp16: 2 bytes per parameter, one model's worth every 4 steps, plus the
+    # final synchronize().
+    most = 2 * params * (1 / 4 + 1 / result["steps"]) + 64
+    assert result["wire_bytes_per_step"] <= most, (result, most)
+    assert result["test_accuracy"] > 50, result
+
+
 @pytest.mark.parametrize("case", CUDA.cases)
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_cuda_tensors(ranks, case, rank_launch):
