@@ -307,7 +307,7 @@ class DiLoCo(_Periodic):
                 opt.load_state_dict(sd)
             self._outer_state = None
 
-    def fragment_of(self, step):
+    def fragments_due(self, step):
         """The fragments whose sync starts after inner step ``step``."""
         return [f for f, off in enumerate(self.offsets)
                 if step > off and (step - off) % self.sync_every == 0]
@@ -320,7 +320,7 @@ class DiLoCo(_Periodic):
         self.local_step += 1
         for f in [f for f, pend in self._pending.items() if pend[0] <= self.local_step]:
             self._finish(f)
-        for f in self.fragment_of(self.local_step):
+        for f in self.fragments_due(self.local_step):
             self._start(f)
             if self.overlap_steps == 0:
                 self._finish(f)
