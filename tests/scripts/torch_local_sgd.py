@@ -133,6 +133,36 @@ def test_local_sgd_averages_buffers(rank, size):
     check("num_batches_tracked untouched", int(bn.num_batches_tracked) == 5)
 
 
+def test_local_sgd_on_a_process_set(rank, size):
+    members = [0, 1]
+    ps = hvd.add_process_set(members) if size > 2 else hvd.global_process_set
+    try:
+        model = Quad()
+        if rank not in members:
+            expect(ValueError, lambda: hvd.LocalSGD(torch.optim.SGD(model.parameters(), lr=LR),
+                                                    sync_every=2, process_set=ps),
+                   "not in", "build it only on the ranks of the process set")
+            everyone = hvd.allgather_object(None)
+        else:
+            opt = hvd.LocalSGD(torch.optim.SGD(model.parameters(), lr=LR), sync_every=2,
+                               process_set=ps, name="local_sgd.ps")
+            for _ in range(2):
+                local_step(model, opt, rank)
+            ref = []
+            for r in members:
+                p = initial()
+                for _ in range(2):
+                    NpSGD(len(SHAPES), LR).step(p, np_grads(p, r))
+                ref.append(p)
+            mean = [(a + b) / np.float32(2) for a, b in zip(*ref)]
+            check_rank_params("averaged over the set", params_of(model), mean)
+            everyone = hvd.allgather_object(params_of(model))
+        check("the set's ranks are equal", all_equal([everyone[r] for r in members]))
+    finally:
+        if size > 2:
+            hvd.remove_process_set(ps)
+
+
 # ---------------------------------------------------------------- DiLoCo
 
 def np_split(diloco):
