@@ -8,6 +8,9 @@ offline). A Horovod-style script: change the import and it is the same.
         --momentum-correction --warmup-steps 40      # Deep Gradient Compression
     hvdrun -np 4 python examples/pytorch_digits.py --compression powersgd --powersgd-rank 2
     mpiexec -n 2 python examples/pytorch_digits.py --check     # verify every step
+    hvdrun -np 4 python examples/pytorch_digits.py --local-sgd 4           # average every 4 steps
+    hvdrun -np 4 python examples/pytorch_digits.py --diloco 20 --outer-momentum 0.5   # DiLoCo
+    hvdrun -np 4 python examples/pytorch_digits.py --diloco 20 --fragments 3 --compression fp16
 
 With --check, after every step each rank verifies that (1) the parameters are
 bitwise identical on all ranks and (2) without compression, they match a
@@ -51,6 +54,18 @@ def parse_args(argv=None):
     p.add_argument("--powersgd-rank", type=int, default=2)
     p.add_argument("--start-iter", type=int, default=10,
                    help="powersgd: steps reduced dense before the low-rank ones")
+    p.add_argument("--local-sgd", type=int, default=0, metavar="H",
+                   help="local SGD: each rank steps alone, parameters averaged every H steps")
+    p.add_argument("--diloco", type=int, default=0, metavar="H",
+                   help="DiLoCo: each rank steps alone; every H steps an outer Nesterov step "
+                        "on the averaged outer gradient")
+    p.add_argument("--fragments", type=int, default=1,
+                   help="DiLoCo: fragments syncing on staggered steps (Streaming DiLoCo)")
+    p.add_argument("--overlap-steps", type=int, default=None,
+                   help="DiLoCo: inner steps a fragment's reduction overlaps (default 1 with "
+                        "--fragments > 1, else 0)")
+    p.add_argument("--outer-lr", type=float, default=0.7)
+    p.add_argument("--outer-momentum", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--check", action="store_true",
                    help="verify identical parameters and the single-process reference every step")
@@ -60,6 +75,16 @@ def parse_args(argv=None):
     if args.check and args.op != "average":
         p.error("--check compares with single-process SGD on the combined batch, which is what "
                 "--op average computes; it does not apply to --op adasum")
+    local = args.local_sgd or args.diloco
+    if args.local_sgd and args.diloco:
+        p.error("--local-sgd and --diloco are two ways to sync less often: pick one")
+    if local and (args.check or args.op != "average"):
+        p.error("--local-sgd/--diloco let the ranks differ between syncs: --check and "
+                "--op adasum do not apply")
+    if args.fragments != 1 and not args.diloco:
+        p.error("--fragments applies to --diloco")
+    if local and args.compression in ("topk", "powersgd"):
+        p.error("with --local-sgd/--diloco use --compression none, fp16 or bf16")
     return args
 
 
@@ -117,14 +142,27 @@ def train(args):
 
     model = make_model()
     # Averaging gradients over `size` ranks is one step on a `size` times larger
-    # batch: scale the learning rate. Adasum adapts the combined step itself.
-    lr = args.lr * size if args.op == "average" else args.lr
+    # batch: scale the learning rate. Adasum adapts the combined step itself;
+    # with local SGD and DiLoCo each rank steps on its own batch.
+    local = args.local_sgd or args.diloco
+    lr = args.lr * size if args.op == "average" and not local else args.lr
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression_of(args),
-                                         op=hvd.Adasum if args.op == "adasum" else hvd.Average)
+    if not local:
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                             compression=compression_of(args),
+                                             op=hvd.Adasum if args.op == "adasum" else hvd.Average)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    if args.local_sgd:
+        optimizer = hvd.LocalSGD(optimizer, sync_every=args.local_sgd, model=model,
+                                 compression=compression_of(args))
+    elif args.diloco:
+        outer_lr, outer_momentum = args.outer_lr, args.outer_momentum
+        optimizer = hvd.DiLoCo(
+            model, optimizer, sync_every=args.diloco, fragments=args.fragments,
+            overlap_steps=args.overlap_steps, compression=compression_of(args),
+            outer_optimizer=lambda params: torch.optim.SGD(
+                params, lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0))
 
     reference = ref_opt = None
     max_diff = 0.0
@@ -152,6 +190,8 @@ def train(args):
                 max_diff = max(max_diff, check_step(model, reference, ref_opt, x, y, steps,
                                                     args.check_tol, size,
                                                     exact=args.compression == "none"))
+        if local and epoch == args.epochs - 1:
+            optimizer.synchronize()  # one model on every rank to evaluate
         last_epoch_wire = _wire_bytes() - epoch_wire
         train_loss = hvd.allreduce(torch.tensor(loss_sum / max(batches, 1)),
                                    name="metric.train_loss").item()
@@ -163,7 +203,9 @@ def train(args):
     elapsed = time.time() - start
     wire = _wire_bytes() - wire_start
     result = {"ranks": size, "epochs": args.epochs, "compression": repr(compression_of(args)),
-              "op": args.op, "seed": args.seed, "test_accuracy": round(100 * accuracy, 2),
+              "op": args.op, "seed": args.seed, "local_sgd": args.local_sgd,
+              "diloco": args.diloco, "fragments": args.fragments,
+              "test_accuracy": round(100 * accuracy, 2),
               "steps": steps, "seconds": round(elapsed, 2),
               "wire_bytes_per_step": round(wire / max(steps, 1)),
               "wire_bytes_per_step_last_epoch": round(last_epoch_wire / max(steps - epoch_steps, 1))}

@@ -15,6 +15,7 @@ SINGLE_RANK = RankTests("scripts/torch_single_rank.py")
 DIGITS_ACCURACY = RankTests("scripts/torch_digits_accuracy.py")
 ELASTIC = RankTests("scripts/torch_elastic.py")
 CUDA = RankTests("scripts/torch_cuda.py")
+LOCAL_SGD = RankTests("scripts/torch_local_sgd.py")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -129,6 +130,30 @@ def test_synthetic_benchmark_reports_and_reduces(tmp_path):
 def test_elastic_state(case, rank_launch):
     """TorchState / ObjectState sync, commit, restore and run() on 3 ranks."""
     rank_launch(ELASTIC, 3).check(case)
+
+
+@pytest.mark.parametrize("case", LOCAL_SGD.cases)
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_local_sgd_and_diloco(ranks, case, rank_launch):
+    """LocalSGD and DiLoCo (plain, streaming with overlap, fp16) against a
+    NumPy simulation of every rank; state_dict and TorchState; bad arguments."""
+    rank_launch(LOCAL_SGD, ranks).check(case)
+
+
+def test_digits_example_streaming_diloco():
+    """The example's --diloco path (2 fragments, fp16) runs and communicates
+    only at its syncs. (Accuracy: docs/compression.md.)"""
+    import json
+    require("sklearn", import_module=False)
+    params = 64 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10
+    out = _digits(2, "--epochs", "2", "--json", "--diloco", "4", "--fragments", "2",
+                  "--compression", "fp16")
+    result = json.loads(out.strip().splitlines()[-1])
+    # fp16: 2 bytes per parameter, one model's worth every 4 steps, plus the
+    # final synchronize().
+    most = 2 * params * (1 / 4 + 1 / result["steps"]) + 64
+    assert result["wire_bytes_per_step"] <= most, (result, most)
+    assert result["test_accuracy"] > 50, result
 
 
 @pytest.mark.parametrize("case", CUDA.cases)

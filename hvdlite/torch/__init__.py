@@ -36,6 +36,7 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgat
                       grouped_reducescatter_async, join, poll, reducescatter,
                       reducescatter_async, sparse_allreduce_async, start_timeline,
                       stop_timeline, synchronize)
+from .local_sgd import DiLoCo, LocalSGD
 from .optimizer import DistributedOptimizer, OptimizerMisuseError
 from .sync_batch_norm import SyncBatchNorm
 
@@ -86,7 +87,7 @@ __all__ = [
     "synchronize",
     "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
     "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression", "Compressor",
-    "DistributedOptimizer", "OptimizerMisuseError", "broadcast_parameters",
+    "DistributedOptimizer", "OptimizerMisuseError", "LocalSGD", "DiLoCo", "broadcast_parameters",
     "broadcast_optimizer_state", "broadcast_object", "allgather_object", "SyncBatchNorm",
     "start_timeline", "stop_timeline", "HvdliteError", "HorovodInternalError", "elastic",
 ]

@@ -6,8 +6,9 @@
     state.commit()                        # a copy in host memory
     state.restore()                       # back to the last commit
 
-Models (``torch.nn.Module``) and optimizers (``torch.optim.Optimizer``, also
-DistributedOptimizer) given as keyword arguments are kept through their
+Models (``torch.nn.Module``), optimizers (``torch.optim.Optimizer``, also
+DistributedOptimizer) and LocalSGD/DiLoCo wrappers (DiLoCo's anchor and
+outer optimizer) given as keyword arguments are kept through their
 ``state_dict``; other values are Python attributes. Under elastic hvdrun a
 commit also goes to the host's memory, where the job finds it when it
 starts again on other hosts (:mod:`hvdlite.elastic`, docs/elastic.md).
@@ -20,6 +21,7 @@ from hvdlite import basics
 from hvdlite.elastic import HostsUpdatedInterrupt, ObjectState as _ObjectState, run
 
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from .local_sgd import DiLoCo, LocalSGD
 
 
 def _broadcast_object(obj):
@@ -169,11 +171,23 @@ class SamplerStateHandler(StateHandler):
         self.value.load_state_dict(broadcast_object(state, root_rank=0, name="elastic.sampler.state"))
 
 
+class PeriodicSyncStateHandler(StateHandler):
+    """A LocalSGD or DiLoCo wrapper in a TorchState: its state_dict (DiLoCo:
+    anchor, outer and inner optimizer states, step count) is saved and
+    restored, and sync makes it rank 0's, so a restart resumes from the
+    last outer step."""
+
+    def sync(self):
+        self.value.broadcast_state(root_rank=0)
+
+
 # (type, handler class): the first match handles a TorchState keyword argument.
 handler_registry = [
     (torch.nn.Module, ModelStateHandler),
     (torch.optim.Optimizer, OptimizerStateHandler),
     (ElasticSampler, SamplerStateHandler),
+    (LocalSGD, PeriodicSyncStateHandler),
+    (DiLoCo, PeriodicSyncStateHandler),
 ]
 
 
@@ -251,4 +265,5 @@ class TorchState(_ObjectState):
 
 
 __all__ = ["TorchState", "ObjectState", "HostsUpdatedInterrupt", "ElasticSampler", "StateHandler",
-           "ModelStateHandler", "OptimizerStateHandler", "SamplerStateHandler", "handler_registry", "run"]
+           "ModelStateHandler", "OptimizerStateHandler", "SamplerStateHandler", "PeriodicSyncStateHandler", "handler_registry",
+           "run"]
