@@ -31,6 +31,8 @@ RUNS = {
     "top-k 0.1% + warm-up": ["--compression", "topk", "--topk-ratio", "0.001", "--warmup-steps", "66"],
     "top-k 0.1% + DGC": ["--compression", "topk", "--topk-ratio", "0.001", "--momentum-correction",
                          "--warmup-steps", "66", "--clip-norm", "5"],
+    "Compression.dgc(0.001) preset": ["--compression", "dgc", "--topk-ratio", "0.001",
+                                      "--max-norm", "10"],
     "PowerSGD r1": ["--compression", "powersgd", "--powersgd-rank", "1"],
     "PowerSGD r2": ["--compression", "powersgd", "--powersgd-rank", "2"],
     "PowerSGD r4": ["--compression", "powersgd", "--powersgd-rank", "4"],

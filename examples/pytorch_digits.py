@@ -38,8 +38,9 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.02, help="per rank; scaled by the number of ranks")
     p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--compression", choices=["none", "fp16", "bf16", "topk", "powersgd"],
-                   default="none")
+    p.add_argument("--compression", choices=["none", "fp16", "bf16", "topk", "dgc", "powersgd"],
+                   default="none", help="dgc: Compression.dgc(--topk-ratio), DGC's preset "
+                   "(momentum correction, a 4-epoch warm-up, clipping at --max-norm)")
     p.add_argument("--op", choices=["average", "adasum"], default="average",
                    help="how ranks combine: average the gradients, or Adasum of the optimizer "
                         "updates (power-of-2 ranks; the learning rate is not scaled)")
@@ -51,6 +52,8 @@ def parse_args(argv=None):
                    help="top-k: steps over which the density falls from dense to --topk-ratio")
     p.add_argument("--clip-norm", type=float, default=None,
                    help="top-k: largest L2 norm of a tensor's gradient on one rank")
+    p.add_argument("--max-norm", type=float, default=None,
+                   help="dgc: the global clipping norm (each rank clips at max-norm / sqrt(ranks))")
     p.add_argument("--powersgd-rank", type=int, default=2)
     p.add_argument("--start-iter", type=int, default=10,
                    help="powersgd: steps reduced dense before the low-rank ones")
@@ -107,7 +110,10 @@ def make_model():
         torch.nn.Linear(64, 10))
 
 
-def compression_of(args):
+def compression_of(args, steps_per_epoch=None):
+    if args.compression == "dgc":
+        return hvd.Compression.dgc(args.topk_ratio, steps_per_epoch=steps_per_epoch,
+                                   max_norm=args.max_norm)
     if args.compression == "fp16":
         return hvd.Compression.fp16
     if args.compression == "bf16":
@@ -149,18 +155,18 @@ def train(args):
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
     if not local:
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                             compression=compression_of(args),
+                                             compression=compression_of(args, len(train_loader)),
                                              op=hvd.Adasum if args.op == "adasum" else hvd.Average)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     if args.local_sgd:
         optimizer = hvd.LocalSGD(optimizer, sync_every=args.local_sgd, model=model,
-                                 compression=compression_of(args))
+                                 compression=compression_of(args, len(train_loader)))
     elif args.diloco:
         outer_lr, outer_momentum = args.outer_lr, args.outer_momentum
         optimizer = hvd.DiLoCo(
             model, optimizer, sync_every=args.diloco, fragments=args.fragments,
-            overlap_steps=args.overlap_steps, compression=compression_of(args),
+            overlap_steps=args.overlap_steps, compression=compression_of(args, len(train_loader)),
             outer_optimizer=lambda params: torch.optim.SGD(
                 params, lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0))
 
@@ -202,7 +208,7 @@ def train(args):
 
     elapsed = time.time() - start
     wire = _wire_bytes() - wire_start
-    result = {"ranks": size, "epochs": args.epochs, "compression": repr(compression_of(args)),
+    result = {"ranks": size, "epochs": args.epochs, "compression": repr(compression_of(args, len(train_loader))),
               "op": args.op, "seed": args.seed, "local_sgd": args.local_sgd,
               "diloco": args.diloco, "fragments": args.fragments,
               "test_accuracy": round(100 * accuracy, 2),
