@@ -143,7 +143,7 @@ def topk_hook(ratio=0.01, error_feedback=True, momentum_correction=None, warmup_
     return _parameter_hook(compression, named_parameters, f"hvdlite.topk_hook({ratio})")
 
 
-def powersgd_hook(rank=1, start_iter=10, named_parameters=None):
+def powersgd_hook(rank=2, start_iter=10, named_parameters=None):
     """A hook for ``Compression.powersgd(rank, start_iter)`` on each parameter's
     gradient (matrices as rank-``rank`` factors; vectors dense)."""
     compression = PowerSGDCompressor(rank, start_iter)
