@@ -49,6 +49,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -213,6 +214,8 @@ def form(MPI, args, generation, rank):
     pending connects on one port failed with the ofi netmod here)."""
     port = MPI.Open_port()
     new_rank, new_size, before = rendezvous_join(args.rendezvous, generation, rank, port)
+    if generation:
+        record(args, rank, t_rendezvous=time.time())
     intra = MPI.COMM_SELF
     if new_rank != 0:
         intra = intra.Connect(before, root=0).Merge(high=True)
@@ -324,6 +327,8 @@ def worker_gloo(args):
 
     rank, size = args.rank, args.np
     torch.set_num_threads(1)
+    NOTICE["armed"] = args.notice
+    watch(args.rendezvous, rank)
     host, _, port = args.store.rpartition(":")
     store = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=30))
     timeout = datetime.timedelta(seconds=args.timeout)
@@ -339,7 +344,9 @@ def worker_gloo(args):
     def allreduce(g):
         t.fill_(float(rank + 1))
         try:
-            g.allreduce([t]).wait()
+            work = g.allreduce([t])
+            poll(work.is_completed, args.timeout + 1, "allreduce")  # gloo's own timeout comes first
+            work.wait()
         except RuntimeError as e:
             raise Failed("timeout" if "imed out" in str(e) else "gloo-error", str(e).splitlines()[0][:300])
 
@@ -355,7 +362,8 @@ def worker_gloo(args):
     except Failed as e:
         t_detect = time.time()
         how, text = e.how, str(e)
-    record(args, rank, how=how, error=text, t_detect=t_detect, iteration=it)
+    record(args, rank, how=how, error=text, t_detect=t_detect, iteration=it, t_notice=NOTICE["t"])
+    NOTICE["armed"] = False
     new_rank, new_size, _ = rendezvous_join(args.rendezvous, 1, rank, None)
     new = group("gen1", new_rank, new_size)
     t_rebuilt = time.time()
@@ -374,6 +382,87 @@ def worker_gloo(args):
     del pg, new
     record(args, rank, t_finalized=time.time(), finalize_s=time.time() - t0)
     os._exit(0)     # the old group's threads may still wait on the dead peer
+
+
+# ---- the cost of an in-memory commit ----------------------------------------------------
+
+def commit_cost(args):
+    """Times TorchState.save()/commit() on the digits example's state (its
+    MLP, SGD with momentum through DistributedOptimizer, epoch and step),
+    its parts, and a commit that copies the tensors into buffers allocated
+    once (torch._foreach_copy_), on one rank outside elastic hvdrun."""
+    import copy
+    import torch
+    import hvdlite.torch as hvd
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "..", "examples"))
+    from pytorch_digits import make_model
+
+    torch.set_num_threads(1)
+    hvd.init()
+    results = {}
+
+    def median_us(fn, repeat=args.commit_repeat):
+        for _ in range(20):
+            fn()
+        samples = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+        return 1e6 * statistics.median(samples)
+
+    for label, model, momentum in (("digits MLP + SGD momentum", make_model(), 0.9),
+                                   ("Linear(5000, 5000) + SGD momentum", torch.nn.Linear(5000, 5000), 0.9)):
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum)
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        x = torch.randn(32, model[0].in_features if isinstance(model, torch.nn.Sequential) else 5000)
+        for _ in range(2):       # momentum buffers exist
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+        state = hvd.elastic.TorchState(model=model, optimizer=opt, epoch=0, step=0)
+        tensors = list(model.state_dict().values()) + [
+            s for st in opt.state.values() for s in st.values() if torch.is_tensor(s)]
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        repeat = args.commit_repeat if nbytes < (1 << 20) else 20
+        row = {"state_bytes": nbytes, "tensors": len(tensors)}
+        row["state.commit()"] = median_us(state.commit, repeat)
+        row["state.save()"] = median_us(state.save, repeat)
+        row["model.state_dict()"] = median_us(model.state_dict, repeat)
+        row["optimizer.state_dict()"] = median_us(opt.state_dict, repeat)
+        msd, osd = model.state_dict(), opt.state_dict()
+        row["deepcopy(model state_dict)"] = median_us(lambda: copy.deepcopy(msd), repeat)
+        row["deepcopy(optimizer state_dict)"] = median_us(lambda: copy.deepcopy(osd), repeat)
+        row["state.restore()"] = median_us(state.restore, repeat)
+        # The alternative: buffers allocated once, filled with copy_; scalars by value.
+        saved = [torch.empty_like(t) for t in tensors]
+        scalars = {"epoch": 0, "step": 0}
+
+        def commit_copy():
+            torch._foreach_copy_(saved, tensors)
+            scalars["step"] = state.step
+
+        def commit_loop():
+            for d, s_ in zip(saved, tensors):
+                d.copy_(s_)
+
+        def restore_copy():
+            torch._foreach_copy_(tensors, saved)
+        row["preallocated _foreach_copy_ commit"] = median_us(commit_copy, repeat)
+        row["preallocated copy_ loop commit"] = median_us(commit_loop, repeat)
+        row["preallocated _foreach_copy_ restore"] = median_us(restore_copy, repeat)
+        results[label] = row
+    print("commit cost, one rank, medians of %d (the large state: 20), microseconds" % args.commit_repeat)
+    keys = [k for k in next(iter(results.values())) if k not in ("state_bytes", "tensors")]
+    print("| | " + " | ".join("%s (%.2f MB, %d tensors)" % (k, v["state_bytes"] / 2**20, v["tensors"])
+                                for k, v in results.items()) + " |")
+    print("|---|" + "---|" * len(results))
+    for k in keys:
+        print("| %s | %s |" % (k, " | ".join("%.1f" % v[k] for v in results.values())))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    hvd.shutdown()
 
 
 # ---- the driver -------------------------------------------------------------------------
@@ -460,7 +549,7 @@ def run_trial(args, index, rendezvous, store_port):
         t_kill = time.time()
         os.kill(pids[args.victim], sig)
         result["t_kill"] = t_kill
-        deadline = time.time() + args.timeout + 30
+        deadline = time.time() + args.timeout + 15
         survivors = [r for r in range(args.np) if r != args.victim]
         noticed = len(procs) == 1      # one mpiexec for all: hydra's SIGUSR1 is the notice
         while time.time() < deadline:
@@ -475,9 +564,21 @@ def run_trial(args, index, rendezvous, store_port):
             if all(p.poll() is not None for p in procs):
                 break
             time.sleep(0.002 if not noticed else 0.05)
+        rows = load_rows(trial_dir, survivors)
+        stuck = [r for r in survivors if "t_finalized" not in rows.get(r, {})]
+        spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+        for r in stuck:         # where a survivor hangs, for the record
+            if os.path.exists(spy):
+                with open(os.path.join(trial_dir, "stack-%d.txt" % r), "w") as f:
+                    subprocess.run([spy, "dump", "--native", "--pid", str(pids[r])], stdout=f,
+                                   stderr=subprocess.STDOUT, timeout=30)
+            if shutil.which("gdb"):
+                with open(os.path.join(trial_dir, "gdb-%d.txt" % r), "w") as f:
+                    subprocess.run(["gdb", "-p", str(pids[r]), "-batch", "-ex", "thread apply all bt"],
+                                   stdout=f, stderr=subprocess.STDOUT, timeout=60)
+        result["stuck"] = stuck
         if args.signal == "STOP":
             os.kill(pids[args.victim], signal.SIGKILL)
-        rows = load_rows(trial_dir, survivors)
         result["ranks"] = rows
         # What is left: did the processes (mpiexec included) end by themselves?
         end = time.time() + 10
@@ -549,7 +650,10 @@ def fmt(x):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mechanism", choices=["ulfm", "connect", "gloo"], required=True)
+    p.add_argument("--mechanism", choices=["ulfm", "connect", "gloo"])
+    p.add_argument("--commit-cost", action="store_true",
+                   help="instead: time an in-memory commit of the digits example's state")
+    p.add_argument("--commit-repeat", type=int, default=1000)
     p.add_argument("--np", type=int, default=4)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--victim", type=int, default=None, help="the rank signalled (default: the last)")
@@ -576,6 +680,10 @@ def main():
     p.add_argument("--rendezvous", help=argparse.SUPPRESS)
     p.add_argument("--store", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.commit_cost:
+        return commit_cost(args)
+    if args.mechanism is None:
+        p.error("--mechanism or --commit-cost is required")
     if args.victim is None:
         args.victim = args.np - 1
     if args.netmod is None:
