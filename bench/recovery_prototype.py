@@ -4,10 +4,12 @@
     python bench/recovery_prototype.py --mechanism connect --repeat 5
     python bench/recovery_prototype.py --mechanism gloo    --repeat 5
     python bench/recovery_prototype.py --mechanism connect --signal STOP --timeout 2
+    python bench/recovery_prototype.py --mechanism connect --kill-at random --join-deadline 0.5 --engine
     python bench/recovery_prototype.py --mechanism connect --json out.json
+    python bench/recovery_prototype.py --commit-cost
 
-(OMP_NUM_THREADS=1 and, on one host, UCX_TLS=self,sm are set for the ranks
-unless given.)  Each trial starts --np ranks that run allreduces of --count
+(OMP_NUM_THREADS=1, on one host UCX_TLS=self,sm, and for the ofi netmod
+FI_PROVIDER=tcp are set for the ranks unless given.)  Each trial starts --np ranks that run allreduces of --count
 float32 in a loop, SIGKILLs (or SIGSTOPs) the last rank mid-loop, and has
 every survivor record, as wall-clock times after the signal:
 
@@ -20,30 +22,40 @@ every survivor record, as wall-clock times after the signal:
 
 Mechanisms (the rebuild):
 
-- ulfm: MPI's fault-tolerance extensions of the MPICH here (MPIR_CVAR_ENABLE_FT=1,
-  ``mpiexec -disable-auto-cleanup``): Revoke where the library has it, then
-  Comm_shrink;
-- connect: the old communicator is abandoned (a request on it may stay
-  pending); the survivors meet at a rendezvous (a TCP server in this
-  driver, the role hvdrun would play) which names the lowest survivor
-  root; the root opens an MPI port and accepts the others one at a time
-  from MPI_COMM_SELF, merging the intercommunicator each time; a split
-  by old rank orders the result (a new host would join the same way);
+- ulfm: MPI's fault-tolerance extensions of the MPICH here (one
+  ``mpiexec -disable-auto-cleanup`` for all ranks): Revoke where the library
+  has it, then Comm_shrink (neither works in MPICH's ch4 device: see
+  bench/results/2026-11-27-recovery-prototype/README.md);
+- connect: each rank is its own MPI job (``mpiexec -n 1``), on the ofi netmod
+  with libfabric's tcp provider; the world is formed by connect/accept
+  through a rendezvous (a TCP server in this driver, the role hvdrun would
+  play). After a failure the old communicator is abandoned (a request on it
+  may stay pending) and the survivors form the next generation the same way
+  from MPI_COMM_SELF, as a new host would join;
 - gloo: torch.distributed Gloo process groups on a TCPStore in this driver;
   the survivors form a new group under a new store prefix (as torchft).
+
+The notice: when the driver sees a rank's process end (hvdrun hears it from
+the rank's wrapper), it writes 'DEAD <rank>' to every rank's watch socket,
+and a rank waiting on a collective abandons it (--no-notice: the ranks rely
+on errors and --timeout only). --join-deadline: the next generation forms
+with the survivors that joined within that many seconds; --withhold R makes
+survivor R never join (as one stuck inside an MPI call would).
+--engine: after the rebuild each survivor starts hvdlite's engine on the new
+communicator and times it and one allreduce through it.
 
 --kill-at blocked: the victim stops calling allreduce at iteration
 --kill-iter and is signalled 0.1 s later, while every survivor is blocked in
 the allreduce waiting for it; random: the victim is signalled at a random
 moment (0.3-0.6 s after all ranks started), usually mid-transfer.
 
---hosts runs the MPI mechanisms with ``mpiexec -hosts`` (e.g. between the
-netns test hosts of /work/shared/testhosts, with --launch-prefix
-'/tmp/hvd-hosts/bin/on-host 1' and UCX_TLS=tcp,self).
+--hosts runs the MPI mechanisms with ``mpiexec -hosts`` (e.g. between
+network-namespace hosts with sshd, as tests/harness/hosts.py makes them;
+start the driver inside one of them and give --address its IP).
 
 The driver prints a table of medians over --repeat trials (each survivor of
-each trial is one sample; "job" columns take the slowest survivor of each
-trial) and writes every sample with --json.
+each trial is one sample; the "slowest survivor" row takes the slowest of
+each trial) and writes every sample with --json.
 """
 import argparse
 import json
@@ -66,20 +78,26 @@ HERE = os.path.abspath(__file__)
 
 class Rendezvous:
     """Ranks send 'JOIN <generation> <rank> <port or ->'; once every rank
-    expected in that generation has joined, each gets '<new rank> <new size>
-    <port of the member before it>' back (new ranks follow old ranks).  Ranks also send 'WATCH <rank>' and keep that connection:
-    when the driver sees a rank's process end, every watcher reads
-    'DEAD <rank>' (hvdrun's notice of a lost rank)."""
+    expected in that generation has joined, or --join-deadline seconds after
+    the first one did, the ranks that joined form it: each gets '<new rank>
+    <new size> <port of the member before it> <old ranks of the members>'
+    back (new ranks follow old ranks). A rank that joins a generation
+    already formed gets '-1 0 - -' (it is out: a survivor stuck inside MPI
+    must not hold the others up). Ranks also send 'WATCH <rank>' and keep
+    that connection: when the driver sees a rank's process end, every
+    watcher reads 'DEAD <rank>' (hvdrun's notice of a lost rank)."""
 
-    def __init__(self):
+    def __init__(self, deadline=None):
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("0.0.0.0", 0))
         self.sock.listen(64)
         self.port = self.sock.getsockname()[1]
+        self.deadline = deadline
         self.lock = threading.Lock()
         self.expected = {}
         self.joined = {}
+        self.formed = {}          # generation -> old ranks of its members
         self.watchers = []
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -88,6 +106,7 @@ class Rendezvous:
             self.expected[generation] = set(ranks)
             if generation == 0:
                 self.joined.clear()
+                self.formed.clear()
                 for w in self.watchers:
                     w.close()
                 self.watchers = []
@@ -120,25 +139,45 @@ class Rendezvous:
             return
         generation, rank, port = int(line[1]), int(line[2]), line[3]
         with self.lock:
+            if generation in self.formed:
+                conn.sendall(b"-1 0 - -\n")
+                conn.close()
+                return
             joined = self.joined.setdefault(generation, {})
+            first = not joined
             joined[rank] = (port, conn)
             expected = self.expected.get(generation)
             if expected is not None and expected <= set(joined):
-                members = sorted(expected)
-                for new_rank, r in enumerate(members):
-                    c = joined[r][1]
-                    before = joined[members[new_rank - 1]][0] if new_rank else "-"
-                    c.sendall(("%d %d %s\n" % (new_rank, len(members), before)).encode())
-                    c.close()
-                del self.joined[generation]
+                self._form(generation)
+                return
+        if first and generation > 0 and self.deadline is not None:
+            threading.Timer(self.deadline, self._expire, args=(generation,)).start()
+
+    def _expire(self, generation):
+        with self.lock:
+            if generation not in self.formed and self.joined.get(generation):
+                self._form(generation)
+
+    def _form(self, generation):
+        joined = self.joined.pop(generation)
+        members = sorted(joined)
+        self.formed[generation] = members
+        listed = ",".join(str(r) for r in members)
+        for new_rank, r in enumerate(members):
+            c = joined[r][1]
+            before = joined[members[new_rank - 1]][0] if new_rank else "-"
+            c.sendall(("%d %d %s %s\n" % (new_rank, len(members), before, listed)).encode())
+            c.close()
 
 
 def rendezvous_join(address, generation, rank, port):
+    """(new rank, new size, port of the member before, old ranks of the
+    members); new rank -1: this rank is out."""
     host, _, p = address.rpartition(":")
     with socket.create_connection((host, int(p)), timeout=60) as s:
         s.sendall(("JOIN %d %d %s\n" % (generation, rank, port or "-")).encode())
-        new_rank, new_size, root_port = s.makefile("r").readline().split(None, 2)
-    return int(new_rank), int(new_size), root_port.strip()
+        new_rank, new_size, before, members = s.makefile("r").readline().split()
+    return int(new_rank), int(new_size), before, [int(r) for r in members.split(",") if r != "-"]
 
 
 def watch(address, rank):
@@ -213,9 +252,12 @@ def form(MPI, args, generation, rank):
     it together (rooted at k-1), so each port sees one connect (several
     pending connects on one port failed with the ofi netmod here)."""
     port = MPI.Open_port()
-    new_rank, new_size, before = rendezvous_join(args.rendezvous, generation, rank, port)
+    new_rank, new_size, before, members = rendezvous_join(args.rendezvous, generation, rank, port)
     if generation:
-        record(args, rank, t_rendezvous=time.time())
+        record(args, rank, t_rendezvous=time.time(), members=members)
+    if new_rank < 0:
+        record(args, rank, evicted=True, t_evicted=time.time())
+        os._exit(3)     # hvdrun would start this rank again as a new one
     intra = MPI.COMM_SELF
     if new_rank != 0:
         intra = intra.Connect(before, root=0).Merge(high=True)
@@ -275,6 +317,9 @@ def worker_mpi(args):
         how, text = e.how, str(e)
     record(args, rank, how=how, error=text, t_detect=t_detect, iteration=it, t_notice=NOTICE["t"])
     NOTICE["armed"] = False
+    if rank == args.withhold:
+        while True:     # as a survivor stuck inside MPI_Test: never joins
+            time.sleep(1)
     rebuild_notes = []
     if args.mechanism == "ulfm":
         try:
@@ -305,7 +350,9 @@ def worker_mpi(args):
         ok = False
         rebuild_notes.append("allreduce on the new communicator: %s" % e)
     t_next = time.time()
-    expected = sum(r + 1 for r in range(size) if r != args.victim)
+    members = load_rows(args.dir, [rank]).get(rank, {}).get("members") or \
+        [r for r in range(size) if r != args.victim]
+    expected = sum(r + 1 for r in members)
     correct = ok and bool(np.all(recv == expected))
     times = []
     for _ in range(5):
@@ -314,6 +361,20 @@ def worker_mpi(args):
         times.append(time.perf_counter() - t0)
     record(args, rank, t_next=t_next, correct=correct, new_size=new.Get_size(), notes=rebuild_notes,
            step_ms_after=1e3 * statistics.median(times))
+    if args.engine:
+        # What the engine's own rebuild would cost: hvdlite's engine started
+        # on the new communicator (topology, settings, process set 0 and its
+        # wire, the setup agreement), then one allreduce through it.
+        sys.path.insert(0, os.path.join(os.path.dirname(HERE), ".."))
+        import hvdlite
+        t0 = time.time()
+        hvdlite.init(comm=new)
+        t1 = time.time()
+        out = hvdlite.allreduce(send, op=hvdlite.Sum, name="after.rebuild")
+        t2 = time.time()
+        record(args, rank, engine_init_s=t1 - t0, engine_first_allreduce_s=t2 - t1,
+               engine_correct=bool(np.all(out == expected)), t_engine_step=t2)
+        hvdlite.shutdown()
     new.Free()
     t0 = time.time()
     MPI.Finalize()
@@ -364,12 +425,15 @@ def worker_gloo(args):
         how, text = e.how, str(e)
     record(args, rank, how=how, error=text, t_detect=t_detect, iteration=it, t_notice=NOTICE["t"])
     NOTICE["armed"] = False
-    new_rank, new_size, _ = rendezvous_join(args.rendezvous, 1, rank, None)
+    new_rank, new_size, _, members = rendezvous_join(args.rendezvous, 1, rank, None)
+    if new_rank < 0:
+        record(args, rank, evicted=True)
+        os._exit(3)
     new = group("gen1", new_rank, new_size)
     t_rebuilt = time.time()
     allreduce(new)
     t_next = time.time()
-    expected = sum(r + 1 for r in range(size) if r != args.victim)
+    expected = sum(r + 1 for r in members)
     correct = bool(torch.all(t == expected))
     times = []
     for _ in range(5):
@@ -484,7 +548,8 @@ def rank_env(args):
 
 
 def start_ranks(args, trial_dir, rendezvous, store_port):
-    common = (["--no-notice"] if not args.notice else []) + ["--mechanism", args.mechanism, "--dir", trial_dir, "--victim", str(args.victim),
+    common = (["--no-notice"] if not args.notice else []) + (["--engine"] if args.engine else []) + [
+              "--withhold", str(args.withhold),"--mechanism", args.mechanism, "--dir", trial_dir, "--victim", str(args.victim),
               "--kill-at", args.kill_at, "--kill-iter", str(args.kill_iter), "--timeout", str(args.timeout),
               "--count", str(args.count), "--np", str(args.np),
               "--rendezvous", "%s:%d" % (args.address, rendezvous.port)]
@@ -559,13 +624,16 @@ def run_trial(args, index, rendezvous, store_port):
                 noticed = True
                 continue
             rows = load_rows(trial_dir, survivors)
-            if all("t_finalized" in rows.get(r, {}) for r in survivors):
+            going_on = rendezvous.formed.get(1, survivors)   # without the ranks left out
+            if all("t_finalized" in rows.get(r, {}) for r in going_on):
                 break
             if all(p.poll() is not None for p in procs):
                 break
             time.sleep(0.002 if not noticed else 0.05)
         rows = load_rows(trial_dir, survivors)
         stuck = [r for r in survivors if "t_finalized" not in rows.get(r, {})]
+        result["members"] = rendezvous.formed.get(1)
+        result["left_out"] = [r for r in survivors if r not in rendezvous.formed.get(1, survivors)]
         spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
         for r in stuck:         # where a survivor hangs, for the record
             if os.path.exists(spy):
@@ -632,8 +700,11 @@ def summarize(args, trials):
             if not row.get("correct"):
                 problems.append("trial %d rank %s: wrong result after the rebuild" % (t["trial"], r))
         for key in per:
-            if len(per[key]) == args.np - 1:
+            if len(per[key]) == len(t.get("members") or range(args.np - 1)):
                 job[key].append(max(per[key]))
+        for r in t.get("left_out") or []:
+            problems.append("trial %d: rank %d left out of the new group (not joined within "
+                            "--join-deadline)" % (t["trial"], r))
         if t.get("left_running"):
             problems.append("trial %d: launcher still running 10 s after the survivors finished "
                             "(killed)" % t["trial"])
@@ -671,6 +742,15 @@ def main():
                         "segfaults on ucx here; ucx otherwise)")
     p.add_argument("--no-notice", dest="notice", action="store_false",
                    help="MPI mechanisms: ignore mpiexec's SIGUSR1 (detect by MPI errors and --timeout only)")
+    p.add_argument("--join-deadline", type=float, default=None,
+                   help="seconds after the first survivor's join the new group forms with the ranks "
+                        "that joined by then (default: wait for every survivor)")
+    p.add_argument("--withhold", type=int, default=-1,
+                   help="this survivor never joins the rebuild (as one stuck inside MPI would); "
+                        "with --join-deadline the others go on without it")
+    p.add_argument("--engine", action="store_true",
+                   help="MPI mechanisms: after the rebuild, start hvdlite's engine on the new "
+                        "communicator and time it and its first allreduce")
     p.add_argument("--enable-ft", action="store_true", help="ulfm: set MPIR_CVAR_ENABLE_FT=1")
     p.add_argument("--json")
     # the ranks' side
@@ -691,7 +771,7 @@ def main():
     if args.worker:
         return worker_gloo(args) if args.mechanism == "gloo" else worker_mpi(args)
 
-    rendezvous = Rendezvous()
+    rendezvous = Rendezvous(args.join_deadline)
     trials = []
     for i in range(args.repeat):
         store = store_port = None
