@@ -1,3 +1,5 @@
+"""Median time of one MPI_Allreduce of 8 B, 64 KB, 1 MB and 16 MB (float32) between the ranks of
+an mpiexec job; rank 0 prints them with the netmod settings (MPICH_CH4_NETMOD, FI_PROVIDER, UCX_TLS)."""
 from mpi4py import MPI
 import numpy as np, time, statistics, os
 w = MPI.COMM_WORLD
