@@ -270,6 +270,25 @@ def form(MPI, args, generation, rank):
     return comm
 
 
+def run_until_failure(args, rank, allreduce, started):
+    """Allreduces (the victim dies at its step) until one fails; records the
+    failure and returns True, or False when none came."""
+    it = 0
+    try:
+        while it < 100000:
+            victim_step(args, rank, it, started)
+            allreduce()
+            it += 1
+        record(args, rank, error="no failure seen")
+        return False
+    except Failed as e:
+        t_detect = time.time()
+        how, text = e.how, str(e)
+    record(args, rank, how=how, error=text, t_detect=t_detect, iteration=it, t_notice=NOTICE["t"])
+    NOTICE["armed"] = False
+    return True
+
+
 def worker_mpi(args):
     from mpi4py import MPI
     import numpy as np
@@ -303,20 +322,8 @@ def worker_mpi(args):
             raise Failed("mpi-error", "%s (class %d)" % (e.Get_error_string(), e.Get_error_class()))
 
     comm.Barrier()
-    it = 0
-    started = time.time()
-    try:
-        while it < 100000:
-            victim_step(args, rank, it, started)
-            allreduce(comm)
-            it += 1
-        record(args, rank, error="no failure seen")
+    if not run_until_failure(args, rank, lambda: allreduce(comm), time.time()):
         return
-    except Failed as e:
-        t_detect = time.time()
-        how, text = e.how, str(e)
-    record(args, rank, how=how, error=text, t_detect=t_detect, iteration=it, t_notice=NOTICE["t"])
-    NOTICE["armed"] = False
     if rank == args.withhold:
         while True:     # as a survivor stuck inside MPI_Test: never joins
             time.sleep(1)
@@ -412,19 +419,8 @@ def worker_gloo(args):
             raise Failed("timeout" if "imed out" in str(e) else "gloo-error", str(e).splitlines()[0][:300])
 
     allreduce(pg)
-    it = 0
-    try:
-        while it < 100000:
-            victim_step(args, rank, it, None)
-            allreduce(pg)
-            it += 1
-        record(args, rank, error="no failure seen")
+    if not run_until_failure(args, rank, lambda: allreduce(pg), None):
         return
-    except Failed as e:
-        t_detect = time.time()
-        how, text = e.how, str(e)
-    record(args, rank, how=how, error=text, t_detect=t_detect, iteration=it, t_notice=NOTICE["t"])
-    NOTICE["armed"] = False
     new_rank, new_size, _, members = rendezvous_join(args.rendezvous, 1, rank, None)
     if new_rank < 0:
         record(args, rank, evicted=True)

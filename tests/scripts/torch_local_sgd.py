@@ -192,13 +192,18 @@ def run_diloco_against_reference(rank, size, H, fragments, overlap, steps, compr
         for r in range(size):
             NpSGD(len(SHAPES), LR).step(ref[r], np_grads(ref[r], r))
         finished = []
-        for f in sorted(f for f, (due, _) in pending.items() if due <= t):
+
+        def outer_step(f):
+            """The outer step of fragment f's pending gradient; every rank takes the anchor."""
             _, g = pending.pop(f)
             outer.step(anchor, g, which=frags[f])
             for r in range(size):
                 for i in frags[f]:
                     ref[r][i] = anchor[i].copy()
             finished.append(f)
+
+        for f in sorted(f for f, (due, _) in pending.items() if due <= t):
+            outer_step(f)
         for f in range(fragments):
             if t > offsets[f] and (t - offsets[f]) % H == 0:
                 g = [None] * len(SHAPES)
@@ -209,12 +214,7 @@ def run_diloco_against_reference(rank, size, H, fragments, overlap, steps, compr
                     g[i] = sum(deltas) / np.float32(size)
                 pending[f] = (t + overlap, g)
                 if overlap == 0:
-                    _, g = pending.pop(f)
-                    outer.step(anchor, g, which=frags[f])
-                    for r in range(size):
-                        for i in frags[f]:
-                            ref[r][i] = anchor[i].copy()
-                    finished.append(f)
+                    outer_step(f)
         synced_at += [(t, f) for f in finished]
         mine = params_of(model)
         for i, (g, w) in enumerate(zip(mine, ref[rank])):
