@@ -37,7 +37,7 @@ class FlightDumps:
 
     def __init__(self):
         self.headers = {}       # rank -> latest header
-        self.events = {}        # rank -> {seq: event, with "wall" added}
+        self.events = {}        # rank -> {seq: event, with "wall_ns" added}
         self.expected = {}      # rank -> event lines still to come of its latest dump
 
     def add(self, rank, fields):
@@ -50,7 +50,7 @@ class FlightDumps:
         if header is None or "seq" not in fields:
             return
         # The event's steady-clock time as wall time, so hosts merge.
-        fields["wall"] = (header["wall_ns"] - (header["mono_ns"] - fields.get("t_ns", 0))) / 1e9
+        fields["wall_ns"] = header["wall_ns"] - (header["mono_ns"] - fields.get("t_ns", 0))
         self.events[rank][fields["seq"]] = fields
         self.expected[rank] = max(0, self.expected.get(rank, 0) - 1)
 
@@ -98,7 +98,7 @@ class FlightDumps:
         summary = self.summary_lines(declared)
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, REPORT_NAME)
-        merged = sorted(((e["wall"], rank, seq, e) for rank, evs in self.events.items()
+        merged = sorted(((e["wall_ns"], rank, seq, e) for rank, evs in self.events.items()
                          for seq, e in evs.items()), key=lambda x: x[:3])
         with open(path, "w") as f:
             f.write("# hvdrun flight recorder report, %s\n" % time.strftime("%Y-%m-%d %H:%M:%S"))

@@ -102,6 +102,7 @@ class Job:
         self.proc = None
         self.flight = FlightDumps()
         self.dump_from = None       # ranks asked for a dump, before the job stops
+        self.lost = None            # (rank, how) of a rank that ended without saying why
 
     # ---- preparation ------------------------------------------------------------
     def _ssh_options(self):
@@ -199,10 +200,9 @@ class Job:
     def _write_flight_report(self):
         if not self.flight:
             return
-        declared = []
-        if self.first_failure is not None:
-            rank, _, _, how, _ = self.first_failure
-            declared.append((rank, how))
+        # Lost: a rank that ended without saying why (a rank that reported its
+        # own error is named by hvdrun's last line instead).
+        declared = [self.lost] if self.lost else []
         directory = (self.opts.output_filename or self.opts.rank_env.get("HVDLITE_FLIGHT_RECORDER_DIR")
                      or os.environ.get("HVDLITE_FLIGHT_RECORDER_DIR")
                      or tempfile.mkdtemp(prefix="hvdrun-flight-"))
@@ -352,6 +352,7 @@ class Job:
                 # It could not say why, and the others wait for it: they say
                 # where they were (flight recorder) before hvdrun stops them.
                 self.dump_from = running
+                self.lost = (rank, how)
                 self._ask_dumps()
                 self._stop_soon(DUMP_GRACE_S, "rank %s failed" % rank)
             elif wait_for_output and rank not in self.exits:

@@ -16,6 +16,8 @@ from harness.hosts import wait_until_gone
 from harness.ranks import TESTS, mpiexec, rank_env
 
 REPO = os.path.dirname(TESTS)
+sys.path.insert(0, REPO)
+from launcher.flight_report import FlightDumps, parse_flight_line  # noqa: E402  (this checkout's)
 SCRIPT = os.path.join(TESTS, "scripts", "flight_recorder.py")
 HOST = socket.gethostname()
 
@@ -87,7 +89,7 @@ def test_killed_rank_named_by_every_survivor(tmp_path):
         # Its own log (stderr, one line) says it as well.
         assert re.search(r"\[%d\]<stderr>: \[hvdlite\] flight recorder, rank %d \(SIGUSR1\): .*allreduce of 'step\.\d+'"
                          r".*lost rank %d: its process \d+ is gone" % (r, r, victim), proc.stderr), out[-4000:]
-    walls = [e["wall"] for e in events]
+    walls = [e["wall_ns"] for e in events]
     assert walls == sorted(walls) and {e["rank"] for e in events} == {0, 1}
     assert "@hvdlite-flight@" not in proc.stdout + proc.stderr, "dump lines leaked into the job's output"
 
@@ -104,3 +106,28 @@ def test_sigusr1_dumps_and_the_job_goes_on(tmp_path):
     assert any(ln.startswith("rank 0 (host") and "'late'" in ln for ln in summary), summary
     assert "no rank was declared lost" in summary, summary
     assert [e["name"] for e in events if e["kind"] == "enqueued"][-1] == "late"
+
+
+def test_report_merges_ranks_by_wall_time(tmp_path):
+    """hvdrun's side without ranks: dump lines as the rank wrapper relays them,
+    two ranks whose steady clocks differ, merged by wall time."""
+    def line(rank, obj):
+        return ("[%d]<stderr>: @hvdlite-flight@ " % rank).encode() + json.dumps(obj).encode()
+
+    dumps = FlightDumps()
+    assert parse_flight_line(b"[0]<stderr>: ordinary output") is None
+    for rank, mono in ((0, 1000), (1, 50000)):     # the same wall time, other steady clocks
+        header = {"flight_recorder": "header", "rank": rank, "host": "h", "reason": "SIGUSR1", "events": 2,
+                  "mono_ns": mono + 100, "wall_ns": 10 ** 18, "lost": [{"rank": 2, "why": "gone"}],
+                  "in": {"phase": "negotiation", "op": "allreduce", "tensor": "x", "tensors": 1},
+                  "last_decisions": ["w (cache)"]}
+        dumps.add(*parse_flight_line(line(rank, header)))
+        assert not dumps.complete([rank])
+        for seq, dt in ((1, 10 + rank), (2, 30 - rank)):
+            dumps.add(*parse_flight_line(line(rank, {"seq": seq, "t_ns": mono + dt, "kind": "enqueued"})))
+    assert dumps.complete([0, 1])
+    path, summary = dumps.write(str(tmp_path), declared=[(2, "was killed by SIGKILL")])
+    assert summary[0] == "lost rank 2, declared by hvdrun: was killed by SIGKILL; rank 0: gone; rank 1: gone"
+    assert summary[1] == "rank 0 (host h, dump: SIGUSR1): waiting in negotiation for allreduce of 'x'; last decided: w (cache)"
+    _, events = report(tmp_path)
+    assert [(e["rank"], e["seq"]) for e in events] == [(0, 1), (1, 1), (1, 2), (0, 2)]

@@ -134,6 +134,7 @@ std::string FlightRecorder::EventJson(const FlightEvent& e) {
 FlightSummary FlightRecorder::Summarize(const std::vector<FlightEvent>& events) {
   FlightSummary s;
   const FlightEvent* open = nullptr;           // a collective started and not finished
+  int32_t open_left = 0;                       // its tensors not finished yet (one end per bucket)
   std::vector<const FlightEvent*> waiting;     // submitted, not yet decided
   std::vector<const FlightEvent*> decisions;
   for (const FlightEvent& e : events) {
@@ -151,9 +152,11 @@ FlightSummary FlightRecorder::Summarize(const std::vector<FlightEvent>& events) 
       }
       case FlightEventKind::kCollectiveStart:
         open = &e;
+        open_left = std::max(e.count, 1);
         break;
       case FlightEventKind::kCollectiveEnd:
-        open = nullptr;
+        open_left -= std::max(e.count, 1);
+        if (e.flag || open_left <= 0) open = nullptr;
         break;
       case FlightEventKind::kPeerLost: {
         const bool seen = std::any_of(s.lost.begin(), s.lost.end(),

@@ -21,7 +21,7 @@ enum class FlightEventKind : uint8_t {
   kEnqueued = 0,         // a framework thread submitted a tensor
   kDecided = 1,          // negotiation made it ready (flag: 1 from the response cache)
   kCollectiveStart = 2,  // a bucket of `count` tensors went on a transport (detail: which)
-  kCollectiveEnd = 3,    // ... and finished (flag: 1 failed; detail: the error)
+  kCollectiveEnd = 3,    // `count` of its tensors finished (one per fused buffer; flag: 1 failed, detail: the error)
   kError = 4,            // a tensor failed without a collective (detail: why)
   kPeerLost = 5,         // `peer` left, or was found gone (detail: why)
   kStopped = 6,          // the engine stopped (detail: the reason every handle got)

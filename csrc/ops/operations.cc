@@ -98,7 +98,7 @@ Status OperationRunner::RunAllreduces(ProcessSet& set, const std::vector<TensorE
   const bool adasum = q.reduce_op == ReduceOp::kAdasum;
   RecordStart(group, adasum ? "ADASUM" : set.transport().Activity(OpType::kAllreduce, q.dtype, q.reduce_op), set.id());
   Status s = adasum ? adasum_.Run(set, group) : allreduces_.Run(set.transport(), group);
-  RecordEnd(group, s, set.id());
+  if (!s.ok()) RecordEnd(group, s, set.id());  // each bucket that finished recorded its end (CompleteAllreduces)
   return s;
 }
 

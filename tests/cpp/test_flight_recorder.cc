@@ -111,7 +111,13 @@ void TestSummary() {
         "%s %s %s", s.in_phase.c_str(), s.in_tensor.c_str(), s.in_transport.c_str());
   CHECK(s.lost.size() == 1 && s.lost[0].rank == 2, "%zu lost", s.lost.size());
 
-  f.Record(FlightNote(FlightEventKind::kCollectiveEnd));
+  // Two fused buffers of one tensor each: in flight until both ended.
+  FlightNote end(FlightEventKind::kCollectiveEnd);
+  end.count = 1;
+  f.Record(end);
+  s = FlightRecorder::Summarize(f.Snapshot());
+  CHECK(s.in_phase == "collective", "after one of two buffers: %s", s.in_phase.c_str());
+  f.Record(end);
   s = FlightRecorder::Summarize(f.Snapshot());
   CHECK(s.in_phase == "negotiation" && s.in_tensor == "c", "after the end: %s", s.in_phase.c_str());
 }
