@@ -20,6 +20,8 @@ namespace {
 // How long Shutdown() lets the engine finish its last round before it stops
 // waiting on peers (one of them may be gone).
 constexpr double kShutdownGraceSeconds = 30.0;
+// Pending tensors a stop records in the flight recorder (each takes a slot).
+constexpr size_t kPendingRecorded = 16;
 
 bool IsMember(const std::vector<int32_t>& ranks, int rank) {
   return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
@@ -301,7 +303,18 @@ void Engine::Stop(const Status& reason) {
   for (auto& set : sets_.All()) {
     for (auto& entry : set->queue().Close(reason)) {
       entry.work->Fail(reason);
-      ++failed;
+      // The first few are what this rank was waiting in (their submission
+      // may have left the ring long ago).
+      if (++failed <= kPendingRecorded) {
+        FlightNote n(FlightEventKind::kError);
+        n.name = &entry.request.name;
+        n.op = static_cast<int>(entry.request.op);
+        n.dtype = static_cast<int>(entry.request.dtype);
+        n.process_set = set->id();
+        n.flag = kFlightPendingAtStop;
+        n.detail = "pending when the engine stopped";
+        flight_.Record(n);
+      }
     }
   }
   FlightNote note(FlightEventKind::kStopped);

@@ -103,7 +103,7 @@ void Engine::RecordRound(ProcessSet& set, const ResponseList& responses) {
   }
   if (!responses.stall_error.empty()) {
     for (int r : MissingRanks(responses.stall_error)) {
-      if (r < 0 || r >= members) continue;
+      if (r == me || r < 0 || r >= members) continue;
       FlightNote n(FlightEventKind::kPeerLost);
       n.peer = set.ranks()[r];
       n.process_set = set.id();

@@ -158,6 +158,16 @@ FlightSummary FlightRecorder::Summarize(const std::vector<FlightEvent>& events) 
         open_left -= std::max(e.count, 1);
         if (e.flag || open_left <= 0) open = nullptr;
         break;
+      case FlightEventKind::kError: {
+        // Still waiting when the engine stopped: where this rank was, even
+        // when its submission has left the ring.
+        if (e.flag != kFlightPendingAtStop) break;
+        const bool seen = std::any_of(waiting.begin(), waiting.end(), [&](const FlightEvent* w) {
+          return w->process_set == e.process_set && std::strcmp(w->name, e.name) == 0;
+        });
+        if (!seen) waiting.push_back(&e);
+        break;
+      }
       case FlightEventKind::kPeerLost: {
         const bool seen = std::any_of(s.lost.begin(), s.lost.end(),
                                       [&](const FlightSummary::Lost& l) { return l.rank == e.peer && l.why == e.detail; });

@@ -22,12 +22,14 @@ enum class FlightEventKind : uint8_t {
   kDecided = 1,          // negotiation made it ready (flag: 1 from the response cache)
   kCollectiveStart = 2,  // a bucket of `count` tensors went on a transport (detail: which)
   kCollectiveEnd = 3,    // `count` of its tensors finished (one per fused buffer; flag: 1 failed, detail: the error)
-  kError = 4,            // a tensor failed without a collective (detail: why)
+  kError = 4,            // a tensor failed without a collective (detail: why; flag: kFlightPendingAtStop)
   kPeerLost = 5,         // `peer` left, or was found gone (detail: why)
   kStopped = 6,          // the engine stopped (detail: the reason every handle got)
   kDump = 7,             // a dump was asked for (detail: by what)
 };
 const char* FlightEventKindName(FlightEventKind kind);
+// kError's flag for a tensor still waiting when the engine stopped.
+constexpr uint8_t kFlightPendingAtStop = 2;
 
 // One slot. Strings are cut to fit: a name keeps its end when cut (the part
 // that tells tensors apart, "...layer3.weight").

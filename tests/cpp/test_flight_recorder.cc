@@ -122,6 +122,22 @@ void TestSummary() {
   CHECK(s.in_phase == "negotiation" && s.in_tensor == "c", "after the end: %s", s.in_phase.c_str());
 }
 
+void TestPendingAtStop() {
+  // The submission has left the ring; the stop's record still says where the rank waited.
+  FlightRecorder f(4);
+  const std::string name = "stalled";
+  FlightNote pending(FlightEventKind::kError);
+  pending.name = &name;
+  pending.op = static_cast<int>(OpType::kAllreduce);
+  pending.process_set = 0;
+  pending.flag = kFlightPendingAtStop;
+  f.Record(pending);
+  f.Record(FlightNote(FlightEventKind::kStopped));
+  const FlightSummary s = FlightRecorder::Summarize(f.Snapshot());
+  CHECK(s.in_phase == "negotiation" && s.in_tensor == "stalled" && s.in_op == "allreduce", "%s %s",
+        s.in_phase.c_str(), s.in_tensor.c_str());
+}
+
 void TestRecordCost() {
   FlightRecorder f(512);
   const std::string name = "model.layer3.weight";
@@ -141,5 +157,6 @@ int main() {
                    {"long_name_keeps_its_end", TestLongNameKeepsItsEnd},
                    {"json", TestJson},
                    {"summary", TestSummary},
+                   {"pending_at_stop", TestPendingAtStop},
                    {"record_cost", TestRecordCost}});
 }
