@@ -1,4 +1,6 @@
-"""Engine-wide controls: counters, compression state, timeline."""
+"""Engine-wide controls: counters, compression state, timeline, flight recorder."""
+import json
+
 from . import _binding
 from ._binding import ffi, lib
 
@@ -43,3 +45,28 @@ def start_timeline(file_path, mark_cycles=False):
 
 def stop_timeline():
     _binding.check(lib.hvd_stop_timeline())
+
+
+def flight_recorder(summary=False):
+    """The engine's flight recorder: its most recent events, oldest first, as
+    dicts (``kind``: ``enqueued``, ``decided``, ``collective_start``,
+    ``collective_end``, ``error``, ``peer_lost``, ``stopped``, ``dump``; with
+    ``seq``, ``t_ns`` on the steady clock, and ``name``, ``op``, ``dtype``,
+    ``bytes``, ... where they apply). Works after the engine stopped too, which
+    is when it is most useful. ``summary=True`` returns the dump's header
+    instead: where this rank is (``in``), the ranks it lost (``lost``) and its
+    last negotiation decisions. Size: ``HVDLITE_FLIGHT_RECORDER_EVENTS``
+    (docs/reliability.md, "Flight recorder")."""
+    size = 1 << 16
+    while True:
+        buf = ffi.new("char[]", size)
+        n = lib.hvd_flight_recorder_json(buf, size)
+        _binding.check(n)
+        if n < size:
+            break
+        size = n + 4096     # events recorded meanwhile
+    lines = ffi.string(buf).decode("utf-8", "replace").splitlines()
+    header = json.loads(lines[0])
+    if summary:
+        return header
+    return [json.loads(line) for line in lines[1:] if line]

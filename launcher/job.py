@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 
+from .flight_report import FlightDumps, parse_flight_line
 from .mpi_command import LaunchSpec, build_command, interface_env
 from .mpi_detect import MpiNotFound, detect_mpi
 from .output import AbortDetector, Echo, LineSplitter, RankFiles, is_rank_line, parse_report
@@ -45,6 +46,10 @@ EXIT_RESTART = 75
 # After the first rank of an elastic job leaves for a restart, the others get
 # this long to leave on their own before hvdrun stops them.
 RESTART_GRACE_S = 1.0
+# After a rank died without saying why (killed, or exited with an error and
+# no report), the others get this long to dump their flight recorders
+# (SIGUSR1, forwarded by the MPI launcher) before hvdrun stops them.
+DUMP_GRACE_S = 1.5
 
 
 def log(msg):
@@ -95,6 +100,9 @@ class Job:
         self.stop_due_reason = None
         self.killed_at = None
         self.proc = None
+        self.flight = FlightDumps()
+        self.dump_from = None       # ranks asked for a dump, before the job stops
+        self.lost = None            # (rank, how) of a rank that ended without saying why
 
     # ---- preparation ------------------------------------------------------------
     def _ssh_options(self):
@@ -171,6 +179,8 @@ class Job:
             return EXIT_LAUNCH_ERROR
         old_handlers = {s: signal.signal(s, self._on_signal)
                         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        # SIGUSR1 to hvdrun: every rank dumps its flight recorder; the job goes on.
+        old_handlers[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda *_: self._ask_dumps())
         try:
             self._pump(files)
         finally:
@@ -178,7 +188,32 @@ class Job:
                 signal.signal(s, h)
             if files:
                 files.close()
+        self._write_flight_report()
         return self._exit_code()
+
+    def _ask_dumps(self):
+        try:
+            self.proc.send_signal(signal.SIGUSR1)   # hydra and mpirun pass it to every rank
+        except ProcessLookupError:
+            pass
+
+    def _write_flight_report(self):
+        if not self.flight:
+            return
+        # Lost: a rank that ended without saying why (a rank that reported its
+        # own error is named by hvdrun's last line instead).
+        declared = [self.lost] if self.lost else []
+        directory = (self.opts.output_filename or self.opts.rank_env.get("HVDLITE_FLIGHT_RECORDER_DIR")
+                     or os.environ.get("HVDLITE_FLIGHT_RECORDER_DIR")
+                     or tempfile.mkdtemp(prefix="hvdrun-flight-"))
+        try:
+            path, summary = self.flight.write(directory, declared)
+        except OSError as e:
+            log("cannot write the flight recorder report in %s: %s" % (directory, e.strerror))
+            return
+        log("flight recorder report: %s" % path)
+        for line in summary:
+            log("flight recorder: %s" % line)
 
     def _on_signal(self, sig, _frame):
         if self.user_signal is None:
@@ -227,6 +262,8 @@ class Job:
                     sel.unregister(key.fileobj)
                     del streams[key.fileobj]
             now = time.monotonic()
+            if self.dump_from is not None and self.stop_due is not None and self.flight.complete(self.dump_from):
+                self.stop_due = now     # every survivor has dumped: no need to wait longer
             if self.stop_due is not None and now >= self.stop_due:
                 self._begin_stop(self.stop_due_reason)
             if self.stop_at is None and len(self.started) < self.np and \
@@ -249,6 +286,10 @@ class Job:
                     self._kill_group()
 
     def _line(self, line, echo, files):
+        flight = parse_flight_line(line)
+        if flight is not None:
+            self.flight.add(*flight)    # goes to the report, not to the job's output
+            return
         report = parse_report(line)
         if report is not None:
             self._report(report)
@@ -285,7 +326,7 @@ class Job:
             elif code != 0:
                 sig = report.get("signal")
                 self._failed(rank, host, code, ("was killed by %s" % _signal_name(sig)) if sig
-                             else ("exited with code %d" % code))
+                             else ("exited with code %d" % code), ask_dumps=True)
         elif report.get("event") == "failing":
             # The rank said it is failing; it may now hang in MPI_Finalize.
             reason = report.get("reason") or "no reason given"
@@ -301,13 +342,20 @@ class Job:
                 return
             self._failed(rank, host, report.get("code") or 1, "failed: %s" % reason)
 
-    def _failed(self, rank, host, code, how, wait_for_output=False):
+    def _failed(self, rank, host, code, how, wait_for_output=False, ask_dumps=False):
         # Only the first failure counts: the ones that follow are usually ranks
         # that lost their peer, or ranks hvdrun itself is stopping.
         if self.first_failure is None and self.stop_at is None:
             running = set(range(self.np)) - set(self.exits) - {rank}
             self.first_failure = (rank, host, code, how, len(running))
-            if wait_for_output and rank not in self.exits:
+            if ask_dumps and running:
+                # It could not say why, and the others wait for it: they say
+                # where they were (flight recorder) before hvdrun stops them.
+                self.dump_from = running
+                self.lost = (rank, how)
+                self._ask_dumps()
+                self._stop_soon(DUMP_GRACE_S, "rank %s failed" % rank)
+            elif wait_for_output and rank not in self.exits:
                 self._stop_soon(OUTPUT_GRACE_S, "rank %s failed" % rank)
             else:
                 self._begin_stop("rank %s failed" % rank)

@@ -42,6 +42,11 @@ MAX_WRITE = 4096            # PIPE_BUF on Linux: writes up to this size are atom
 PARTIAL_FLUSH_S = 1.0       # a line without newline is shown after this long (prompts, progress)
 DRAIN_AFTER_EXIT_S = 0.5    # grandchildren may hold the pipes open after the rank exits
 KILL_AFTER_S = 5.0          # after forwarding a stop signal, SIGKILL the rank this long later
+# A rank killed by a signal it was not sent by hvdrun: the wrapper stays this
+# long after reporting it (or until hvdrun stops the job), because the MPI
+# launcher stops every other rank the moment this process ends, and hvdrun
+# first asks them for their flight recorders (launcher/job.py, DUMP_GRACE_S).
+LINGER_AFTER_KILL_S = 2.0
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _PR_SET_PDEATHSIG = 1
 
@@ -245,6 +250,10 @@ def main(argv=None):
     sig = -code if code < 0 else None
     exit_code = 128 + sig if sig else code
     report("exit", rank=rank, host=host, code=exit_code, signal=sig)
+    if sig and state["stop_sig"] is None:
+        until = time.monotonic() + LINGER_AFTER_KILL_S
+        while state["stop_sig"] is None and time.monotonic() < until:
+            time.sleep(0.05)
     return exit_code
 
 

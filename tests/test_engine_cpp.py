@@ -15,6 +15,6 @@ from harness.cpp_build import build_and_run
                                      "test_reduce_kernels", "test_bucket_planner",
                                      "test_request_validation", "test_shm_stores",
                                      "test_affinity_trial", "test_allreduce_pipeline",
-                                     "test_rank_agreement"])
+                                     "test_rank_agreement", "test_flight_recorder"])
 def test_engine_unit(program, tmp_path):
     print(build_and_run(program, tmp_path))

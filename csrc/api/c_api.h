@@ -204,6 +204,12 @@ int hvd_set_compute_threads(int32_t threads);
 /* Timeline: "%r" in the path becomes the rank; without it only rank 0 writes. */
 int hvd_start_timeline(const char* path, int mark_cycles);
 int hvd_stop_timeline(void);
+/* Flight recorder: the engine's recent events as JSON lines (a header line,
+   then one line per event, oldest first), also after the engine stopped.
+   Writes at most length - 1 bytes and a NUL; returns the full text's length
+   (call again with a larger buffer when it is >= length), or the negated
+   ErrorKind. */
+int64_t hvd_flight_recorder_json(char* buffer, int64_t length);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,6 @@
-// C API: the engine's counters, compute-thread hint and timeline.
+// C API: the engine's counters, compute-thread hint, timeline and flight recorder.
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,19 @@ int hvd_stop_timeline(void) {
   if (!engine) return -api::LastErrorKind();
   engine->StopTimeline();
   return 0;
+}
+
+int64_t hvd_flight_recorder_json(char* buffer, int64_t length) {
+  // The engine that ran the handles: a failed or shut-down one still has its record.
+  auto engine = api::EngineOfHandles();
+  if (!engine) return api::SetError(hvdlite::ErrorKind::kNotInitialized, "hvdlite is not initialised; call hvdlite.init() first");
+  const std::string text = engine->FlightRecorderText("hvdlite.flight_recorder()");
+  if (buffer != nullptr && length > 0) {
+    const size_t n = std::min<size_t>(text.size(), static_cast<size_t>(length - 1));
+    std::memcpy(buffer, text.data(), n);
+    buffer[n] = 0;
+  }
+  return static_cast<int64_t>(text.size());
 }
 
 }  // extern "C"

@@ -20,6 +20,8 @@ namespace {
 // How long Shutdown() lets the engine finish its last round before it stops
 // waiting on peers (one of them may be gone).
 constexpr double kShutdownGraceSeconds = 30.0;
+// Pending tensors a stop records in the flight recorder (each takes a slot).
+constexpr size_t kPendingRecorded = 16;
 
 bool IsMember(const std::vector<int32_t>& ranks, int rank) {
   return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
@@ -55,7 +57,10 @@ Engine::Engine(MPI_Comm user_comm, EngineOptions options)
     : user_comm_(user_comm),
       options_(std::move(options)),
       runner_(options_, &stats_, &timeline_, &device_jobs_),
-      cycle_time_ms_(options_.cycle_time_ms) {}
+      cycle_time_ms_(options_.cycle_time_ms),
+      flight_(options_.flight_recorder_events) {
+  runner_.SetFlightRecorder(&flight_);
+}
 
 Status Engine::StartTimeline(const std::string& path, bool mark_cycles) {
   mark_cycles_ = mark_cycles;
@@ -193,6 +198,7 @@ bool Engine::RunCycle(ProcessSet& set, bool is_global, bool* idle) {
     Stop(s);
     return false;
   }
+  if (flight_.enabled()) RecordRound(set, responses);
   *idle = responses.idle;
   if (!responses.stall_error.empty()) {
     Stop(Status::Error(ErrorKind::kStall, responses.stall_error));
@@ -293,8 +299,33 @@ Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {
 }
 
 void Engine::Stop(const Status& reason) {
+  size_t failed = 0;
   for (auto& set : sets_.All()) {
-    for (auto& entry : set->queue().Close(reason)) entry.work->Fail(reason);
+    for (auto& entry : set->queue().Close(reason)) {
+      entry.work->Fail(reason);
+      // The first few are what this rank was waiting in (their submission
+      // may have left the ring long ago).
+      if (++failed <= kPendingRecorded) {
+        FlightNote n(FlightEventKind::kError);
+        n.name = &entry.request.name;
+        n.op = static_cast<int>(entry.request.op);
+        n.dtype = static_cast<int>(entry.request.dtype);
+        n.process_set = set->id();
+        n.flag = kFlightPendingAtStop;
+        n.detail = "pending when the engine stopped";
+        flight_.Record(n);
+      }
+    }
+  }
+  FlightNote note(FlightEventKind::kStopped);
+  note.detail = reason.message().c_str();
+  note.count = static_cast<int32_t>(failed);
+  note.flag = static_cast<uint8_t>(reason.kind());
+  flight_.Record(note);
+  // A failure leaves its record; a shutdown that failed no tensor is the
+  // normal end of a job.
+  if (flight_.enabled() && (reason.kind() != ErrorKind::kShutdown || failed > 0)) {
+    DumpFlightRecorder("the engine stopped: " + reason.message());
   }
   {
     std::lock_guard<std::mutex> lock(state_mutex_);
@@ -327,6 +358,7 @@ void Engine::Shutdown(const std::string& reason) {
   }
   if (thread_.joinable()) thread_.join();
   timeline_.Stop();
+  dump_signal_.Stop();
 }
 
 Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
@@ -370,6 +402,15 @@ Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
   entry.work = std::make_shared<Work>(entry.request.op, entry.request.name);
   entry.enqueued = std::chrono::steady_clock::now();
   auto work = entry.work;
+  if (flight_.enabled()) {
+    FlightNote note(FlightEventKind::kEnqueued);
+    note.name = &entry.request.name;
+    note.op = static_cast<int>(entry.request.op);
+    note.dtype = static_cast<int>(entry.request.dtype);
+    note.bytes = NumElements(entry.request.shape) * static_cast<int64_t>(DataTypeSize(entry.request.dtype));
+    note.process_set = set->id();
+    flight_.Record(note);
+  }
   s = set->queue().Add(std::move(entry));
   if (!s.ok()) return s;
   *handle = handles_.Add(std::move(work));

@@ -17,8 +17,10 @@
 
 #include "tuning/autotuner.h"
 #include "tuning/engine_affinity.h"
+#include "engine/dump_signal.h"
 #include "engine/engine_options.h"
 #include "engine/engine_stats.h"
+#include "engine/flight_recorder.h"
 #include "engine/handle_table.h"
 #include "ops/operations.h"
 #include "process_set/process_set.h"
@@ -73,6 +75,16 @@ class Engine {
   // privilege; engine_priority.h).
   void SetComputeThreads(int threads);
 
+  // The flight recorder's dump (engine_flight.cc): a header line (where this
+  // rank was, whom it lost, its last decisions) and one JSON line per event.
+  // Any thread, also while the engine thread is stuck; `reason` says why.
+  std::string FlightRecorderText(const std::string& reason);
+  // Writes that dump: one summary line on stderr, the JSON lines on stderr
+  // marked for hvdrun when it reads them (HVDLITE_RANK_REPORTS), and to a
+  // file under HVDLITE_FLIGHT_RECORDER_DIR when set.
+  void DumpFlightRecorder(const std::string& reason);
+  FlightRecorder& flight() { return flight_; }
+
  private:
   Engine(MPI_Comm user_comm, EngineOptions options);
 
@@ -91,6 +103,10 @@ class Engine {
   Status EndAutotuneSample(ProcessSet& global);
   Status ChangeProcessSets(ProcessSet& global, const Response& response);
   void Stop(const Status& reason);
+  // The flight recorder's view of a negotiated round.
+  void RecordRound(ProcessSet& set, const ResponseList& responses);
+  // Local peers whose process is gone or stopped, as the dump finds them.
+  std::vector<FlightSummary::Lost> ProbePeers();
   void SetPriority(pthread_t thread, EnginePriority priority);
 
   MPI_Comm user_comm_;
@@ -124,6 +140,10 @@ class Engine {
   std::string shutdown_reason_;
 
   HandleTable handles_;
+  FlightRecorder flight_;
+  std::vector<int> pids_;  // every rank's process id (Setup), for ProbePeers
+  // Last: its thread dumps the members above, so it stops first.
+  DumpSignal dump_signal_;
 };
 
 }  // namespace hvdlite

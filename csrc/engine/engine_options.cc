@@ -15,6 +15,8 @@ namespace hvdlite {
 
 namespace {
 
+constexpr int64_t kMaxFlightRecorderEvents = int64_t{1} << 20;
+
 // Returns the variable that is set (HVDLITE_ first), or nullptr.
 const char* Lookup(const std::string& suffix, std::string* used_name) {
   for (const char* prefix : {"HVDLITE_", "HOROVOD_"}) {
@@ -163,6 +165,12 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
            .ok()) {
     return s;
   }
+  if (!(s = ReadInt("FLIGHT_RECORDER_EVENTS", 0, &o.flight_recorder_events)).ok()) return s;
+  if (o.flight_recorder_events > kMaxFlightRecorderEvents) {  // allocated at init, all of it
+    const std::string value = std::to_string(o.flight_recorder_events);
+    return BadValue("HVDLITE_FLIGHT_RECORDER_EVENTS", value.c_str(), "an integer from 0 to 1048576");
+  }
+  if (const char* dir = Lookup("FLIGHT_RECORDER_DIR", &name)) o.flight_recorder_dir = dir;
   if (!(s = ReadBool("AUTOTUNE", &o.autotune.enabled)).ok()) return s;
   if (const char* path = Lookup("AUTOTUNE_LOG", &name)) o.autotune.log_path = path;
   if (!(s = ReadInt("AUTOTUNE_WARMUP_SAMPLES", 0, &o.autotune.warmup_samples)).ok()) return s;

@@ -61,6 +61,10 @@ struct EngineOptions {
   WaitPolicy wait;
   EnginePriority priority = EnginePriority::kAuto;
   EngineAffinityMode affinity = EngineAffinityMode::kAuto;
+  // The flight recorder (flight_recorder.h): events kept, 0 off (about 220
+  // bytes each); and where a dump also goes as a file (empty: stderr only).
+  int64_t flight_recorder_events = 512;
+  std::string flight_recorder_dir;
 
   // Reads the environment; a malformed value is an error naming the variable.
   static Status FromEnvironment(EngineOptions* out);

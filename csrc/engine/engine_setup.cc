@@ -2,6 +2,8 @@
 // started, and its setup on that thread (communicator, topology, the global
 // process set, the timeline and autotune), agreed by every rank so that no
 // rank is left waiting in init() for one whose setup failed.
+#include <unistd.h>
+
 #include <string>
 #include <vector>
 
@@ -44,6 +46,11 @@ Status Engine::Start(MPI_Comm comm, std::unique_ptr<Engine>* out) {
     engine->thread_.join();
     return s;
   }
+  // SIGUSR1 dumps the flight recorder from here on (dump_signal.h).
+  if (engine->flight_.enabled()) {
+    Engine* e = engine.get();
+    engine->dump_signal_.Start([e] { e->DumpFlightRecorder("SIGUSR1"); });
+  }
   *out = std::move(engine);
   return Status::OK();
 }
@@ -55,6 +62,15 @@ Status Engine::Setup() {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   Status found = DiscoverTopology(comm_, &topology_);
   if (found.ok()) found = ShareSettingsOfRoot(comm_, topology_.rank, &options_);
+  if (found.ok()) {
+    // Each rank's process id: a dump tells a peer whose process is gone
+    // from one that is slow (ProbePeers).
+    const int pid = static_cast<int>(getpid());
+    pids_.assign(topology_.size, 0);
+    if (MPI_Allgather(&pid, 1, MPI_INT, pids_.data(), 1, MPI_INT, comm_) != MPI_SUCCESS) {
+      found = Status::Error(ErrorKind::kMpi, "MPI_Allgather of the ranks' process ids failed");
+    }
+  }
   if (!found.ok()) return found;
   runner_.UseOptions(options_);
 

@@ -111,6 +111,7 @@ Status Controller::AgreeOnCached(const RequestList& mine, ResponseList* out, boo
   for (int slot = 0; slot < slots; ++slot) {
     if (!(bits[1 + slot / 64] & (uint64_t{1} << (slot % 64)))) continue;
     out->responses.push_back(cache_.response(slot));
+    out->responses.back().from_cache = true;
     cache_.Touch(slot, tick_);
     cached_waiting_.erase(slot);
     stats_->Add(stats_->cache_hits, 1);

@@ -85,6 +85,9 @@ struct Response {
   // False when decided while some rank had joined: such a response depends
   // on who joined and must not enter the response cache.
   bool cacheable = true;
+  // Agreed through the response cache's bits this round, not by the
+  // coordinator (not serialized: each rank knows; the flight recorder shows it).
+  bool from_cache = false;
 
   const std::string& name() const { return request.name; }
   OpType op() const { return request.op; }

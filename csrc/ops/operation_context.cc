@@ -32,6 +32,14 @@ void OperationContext::CompleteAllreduces(const std::vector<TensorEntry*>& entri
     stats->Add(stats->tensors_fused, n);
     stats->Add(stats->fused_buffers, 1);
   }
+  if (flight && flight->enabled()) {  // before the handles complete: a caller reading the record sees the end
+    FlightNote note(FlightEventKind::kCollectiveEnd);
+    note.name = &entries[0]->request.name;
+    note.op = static_cast<int>(OpType::kAllreduce);
+    note.count = static_cast<int32_t>(n);
+    note.bytes = wire_bytes;
+    flight->Record(note);
+  }
   for (auto* e : entries) {
     if (timeline && timeline->active()) {
       timeline->End(TimelineRow(e->request), OperationPhase(e->request),

@@ -11,6 +11,7 @@
 #include "compressors/compressor.h"
 #include "engine/engine_options.h"
 #include "engine/engine_stats.h"
+#include "engine/flight_recorder.h"
 #include "allreduce/fusion_buffer.h"
 #include "negotiation/message.h"
 #include "common/status.h"
@@ -35,6 +36,7 @@ struct OperationContext {
   EngineOptions options;
   EngineStats* stats;
   Timeline* timeline;
+  FlightRecorder* flight = nullptr;  // the engine's; none in unit tests
   FusionBuffer buffers;
   CompressorCache compressors;
   // Float32 scratch for widened or rescaled copies, reused across rounds.

@@ -16,6 +16,34 @@ void OperationRunner::Agreed(const TensorEntry& e, const Response& r, bool negot
   ctx_.timeline->Begin(row, activity::kQueue);
 }
 
+void OperationRunner::RecordStart(const std::vector<TensorEntry*>& entries, const char* transport,
+                                  int32_t set) const {
+  if (ctx_.flight == nullptr || !ctx_.flight->enabled()) return;
+  const Request& q = entries[0]->request;
+  FlightNote n(FlightEventKind::kCollectiveStart);
+  n.name = &q.name;  // the bucket's first tensor; count says how many it fused
+  n.op = static_cast<int>(q.op);
+  n.dtype = static_cast<int>(q.dtype);
+  n.bytes = BytesIn(entries);
+  n.count = static_cast<int32_t>(entries.size());
+  n.process_set = set;
+  n.detail = transport;
+  ctx_.flight->Record(n);
+}
+
+void OperationRunner::RecordEnd(const std::vector<TensorEntry*>& entries, const Status& s, int32_t set) const {
+  if (ctx_.flight == nullptr || !ctx_.flight->enabled()) return;
+  const Request& q = entries[0]->request;
+  FlightNote n(FlightEventKind::kCollectiveEnd);
+  n.name = &q.name;
+  n.op = static_cast<int>(q.op);
+  n.count = static_cast<int32_t>(entries.size());
+  n.process_set = set;
+  n.flag = s.ok() ? 0 : 1;
+  n.detail = s.ok() ? nullptr : s.message().c_str();
+  ctx_.flight->Record(n);
+}
+
 Status OperationRunner::Take(ProcessSet& set, const std::vector<Response>& responses,
                              std::vector<TensorEntry>* taken) {
   taken->assign(responses.size(), TensorEntry());
@@ -51,6 +79,29 @@ Status OperationRunner::Take(ProcessSet& set, const std::vector<Response>& respo
   return Status::OK();
 }
 
+void OperationRunner::Refuse(ProcessSet& set, TensorEntry& e, const Response& r) {
+  ctx_.Phase({&e}, activity::kQueue, false);
+  ctx_.Phase({&e}, kErrorPhase, false);
+  e.work->Fail(Status::Error(ErrorKind::kMismatch, r.error));
+  if (ctx_.flight) {
+    FlightNote n(FlightEventKind::kError);
+    n.name = &r.name();
+    n.op = static_cast<int>(r.op());
+    n.process_set = set.id();
+    n.detail = r.error.c_str();
+    ctx_.flight->Record(n);
+  }
+}
+
+Status OperationRunner::RunAllreduces(ProcessSet& set, const std::vector<TensorEntry*>& group) {
+  const Request& q = group[0]->request;
+  const bool adasum = q.reduce_op == ReduceOp::kAdasum;
+  RecordStart(group, adasum ? "ADASUM" : set.transport().Activity(OpType::kAllreduce, q.dtype, q.reduce_op), set.id());
+  Status s = adasum ? adasum_.Run(set, group) : allreduces_.Run(set.transport(), group);
+  if (!s.ok()) RecordEnd(group, s, set.id());  // each bucket that finished recorded its end (CompleteAllreduces)
+  return s;
+}
+
 Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& responses) {
   std::vector<TensorEntry> taken;
   Status fatal = Take(set, responses, &taken);  // on failure, fails what it took (below)
@@ -61,9 +112,7 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
     TensorEntry& e = taken[i];
     const Response& r = responses[i];
     if (r.kind == Response::Kind::kError) {
-      ctx_.Phase({&e}, activity::kQueue, false);
-      ctx_.Phase({&e}, kErrorPhase, false);
-      e.work->Fail(Status::Error(ErrorKind::kMismatch, r.error));
+      Refuse(set, e, r);
       continue;
     }
     if (e.request.device && r.op() != OpType::kAllreduce) {
@@ -84,7 +133,9 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
       continue;
     }
     ctx_.Phase({&e}, activity::kQueue, false);
+    RecordStart({&e}, set.transport().Activity(r.op(), e.request.dtype, e.request.reduce_op), set.id());
     Status s = RunOne(set, r, e);
+    RecordEnd({&e}, s, set.id());
     ctx_.Phase({&e}, OperationPhase(e.request), false);
     ctx_.stats->Add(ctx_.stats->tensors, 1);
     if (s.ok()) {
@@ -105,8 +156,7 @@ Status OperationRunner::RunAll(ProcessSet& set, const std::vector<Response>& res
       HandOver(set, agreed, group.second);
       continue;
     }
-    fatal = group.second[0]->request.reduce_op == ReduceOp::kAdasum ? adasum_.Run(set, group.second)
-                                                                    : allreduces_.Run(set.transport(), group.second);
+    fatal = RunAllreduces(set, group.second);
   }
   if (!fatal.ok()) {
     for (auto& e : taken) {

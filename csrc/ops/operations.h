@@ -30,6 +30,8 @@ class OperationRunner {
   void SetFusionThreshold(int64_t bytes) { ctx_.options.fusion_threshold_bytes = bytes; }
   // The settings agreed at init (rank 0's shared ones) replace the local ones.
   void UseOptions(const EngineOptions& options) { ctx_.options = options; }
+  // Where collectives starting and finishing are recorded (flight_recorder.h).
+  void SetFlightRecorder(FlightRecorder* flight) { ctx_.flight = flight; }
   // Drops error-feedback residuals (hvdlite.reset_compression_state()).
   void ResetCompression() { ctx_.compressors.Reset(); }
 
@@ -37,6 +39,10 @@ class OperationRunner {
   // Each response's entry: from this rank's queue, or (a joined rank)
   // zero-filled stand-ins for a tensor it never submitted.
   Status Take(ProcessSet& set, const std::vector<Response>& responses, std::vector<TensorEntry>* taken);
+  // A tensor the coordinator refused (its ranks' requests do not match).
+  void Refuse(ProcessSet& set, TensorEntry& entry, const Response& response);
+  // One group of host allreduces that can share a buffer (Adasum or the pipeline).
+  Status RunAllreduces(ProcessSet& set, const std::vector<TensorEntry*>& group);
   // The collectives other than allreduce, one tensor each.
   Status RunOne(ProcessSet& set, const Response& response, TensorEntry& entry);
   // Device tensors go to the device executor: an allreduce group in jobs of
@@ -46,6 +52,9 @@ class OperationRunner {
   // joined and never submitted the tensor) and enters the operation's span,
   // waiting in QUEUE for its turn.
   void Agreed(const TensorEntry& entry, const Response& response, bool negotiated);
+  // The flight recorder's start and end of one collective over `entries`.
+  void RecordStart(const std::vector<TensorEntry*>& entries, const char* transport, int32_t set) const;
+  void RecordEnd(const std::vector<TensorEntry*>& entries, const Status& s, int32_t set) const;
 
   OperationContext ctx_;
   AllreducePipeline allreduces_;
