@@ -6,6 +6,8 @@ values; checks compare with rank 0's values or the committed copy.
 A rank-side test module (see tests/harness/rank_plugin.py); tests/test_torch_adapter.py
 runs it at 3 ranks.
 """
+import os
+
 import pytest
 
 from harness.checks import check, expect, require
@@ -225,6 +227,75 @@ def test_diloco_state_restores_bitwise(rank):
     state.restore()
     check("restore: parameters, anchor, inner and outer optimizer states and step count are the commit's",
           equal(everything(), committed))
+
+
+def test_hosts_change_and_background_commits_under_elastic(rank, size, monkeypatch):
+    """As under elastic hvdrun (the environment it sets, a hosts-version
+    service on rank 0): commits are written by the background writer, the
+    file on the host holds the last commit, and after the hosts version moves
+    every rank raises HostsUpdatedInterrupt at the same commit."""
+    import glob
+    import pickle
+    import shutil
+    import tempfile
+    import time
+    from hvdlite.elastic import worker
+    try:
+        from launcher.elastic import HostsVersionService
+    except ImportError:
+        from hvdlite.launcher.elastic import HostsVersionService
+    service = HostsVersionService() if rank == 0 else None
+    driver, root = hvd.broadcast_object((service.serve_on("127.0.0.1"), tempfile.mkdtemp())
+                                        if rank == 0 else None, 0)
+    monkeypatch.setenv("HVDLITE_ELASTIC", "1")
+    monkeypatch.setenv("HVDLITE_ELASTIC_RUN_ID", hvd.broadcast_object("test-%d" % os.getpid(), 0))
+    monkeypatch.setenv("HVDLITE_ELASTIC_DRIVER", driver)
+    monkeypatch.setenv("HVDLITE_ELASTIC_COMMIT_DIR", root)
+    monkeypatch.setenv("HVDLITE_ELASTIC_HOSTS_POLL_MS", "10")
+    try:
+        model = make_model(seed=0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        state = hvd.elastic.TorchState(model, opt, epoch=0)
+        state.sync()
+        for step in range(5):
+            train_step(model, opt, 1.0 + step)
+            state.epoch = step
+            state.commit()
+        params = [p.detach().clone() for p in model.parameters()]
+        if hvd.local_rank() == 0:
+            worker.flush_commits()
+            files = glob.glob(os.path.join(root, "*", "*", "commit-*.pkl"))
+            check("one commit file on the host", len(files) == 1, files)
+            with open(files[0], "rb") as f:
+                commit = pickle.load(f)
+            check("the file holds the last commit",
+                  commit["seq"] == state._commit_seq and commit["payload"]["attributes"]["epoch"] == 4 and
+                  all(bitwise(commit["payload"]["handlers"]["model"][k], v.detach())
+                      for k, v in model.state_dict().items()), commit["seq"])
+        check("the commits did not change the parameters",
+              all(bitwise(p.detach(), q) for p, q in zip(model.parameters(), params)))
+        if rank == 0:
+            service.bump()
+        raised_at = None
+        for n in range(500):
+            time.sleep(0.01)
+            try:
+                state.commit()
+            except hvd.elastic.HostsUpdatedInterrupt:
+                raised_at = n
+                break
+        everyone = hvd.allgather_object(raised_at)
+        check("every rank raised HostsUpdatedInterrupt at the same commit",
+              everyone[0] is not None and len(set(everyone)) == 1, everyone)
+    finally:
+        if worker._agreement is not None:
+            worker._agreement.drain()
+            worker._agreement = None
+        worker.flush_commits()
+        hvd.barrier()
+        if rank == 0:
+            service.close()
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def test_object_state_reset_callbacks_and_run(rank):
