@@ -7,15 +7,20 @@ For two torch states, the digits MLP of examples/pytorch_elastic_digits.py
 (SGD with momentum) and a 100 MB one (Linear(5000, 5000), plain SGD), it
 times on rank 0, over --repeat commits (median):
 
-- save: the copy in process memory (``state.save()``, a deep copy of the
-  state dicts; what every commit does, elastic or not);
-- persist: the host's local rank 0 pickles the saved copy and writes it to
-  /dev/shm (elastic jobs only);
-- host check: rank 0 asks hvdrun whether the hosts changed and broadcasts
-  the answer (elastic jobs only);
-- commit: all of it, as the training loop sees it.
+- save: the copy in process memory (``state.save()``: the state dicts'
+  tensors copied into buffers allocated at the first save; what every
+  commit does, elastic or not);
+- persist: what the commit waits for of the write to /dev/shm: the host's
+  local rank 0 hands the saved copy to the background writer (elastic jobs
+  only);
+- write: the background write itself (pickle, write, rename), timed here by
+  waiting for it; the commit does not wait for it;
+- host check: each rank reads the broadcast of rank 0's "hosts changed"
+  flag started at the previous check, and starts the next (elastic jobs
+  only; rank 0's thread asks hvdrun);
+- commit: save + persist + host check, as the training loop sees it.
 
-Run outside elastic hvdrun, persist and host check do nothing.
+Run outside elastic hvdrun, persist, write and host check do nothing.
 """
 import argparse
 import json
@@ -76,25 +81,30 @@ def main():
     rows = []
     for name, state in states():
         state.sync()
-        parts = {"save": [], "persist": [], "host check": [], "commit": []}
+        parts = {"save": [], "persist": [], "write": [], "host check": [], "commit": []}
         written = 0
         for _ in range(args.repeat):
             parts["save"].append(timed(state.save))
             parts["persist"].append(timed(lambda: worker.persist(state)))
+            worker.flush_commits()
+            parts["write"].append(timed(lambda: worker.persist(state, wait=True)))
             parts["host check"].append(timed(worker.hosts_changed))
             parts["commit"].append(timed(state.commit))
-            written = max(written, worker.persist(state))
+            worker.flush_commits()
+            written = max(written, worker.persist(state, wait=True))
         rows.append({"state": name, "state_mb": round(state_bytes(state) / 2**20, 1),
                      "written_mb": round(written / 2**20, 1),
-                     **{k + "_ms": round(statistics.median(v), 2) for k, v in parts.items()}})
+                     **{k + "_ms": round(statistics.median(v), 4) for k, v in parts.items()}})
     if hvd.rank() == 0:
         print("elastic job: %s; %d ranks, %d per host; medians of %d"
               % ("yes" if elastic else "no (persist and host check do nothing)", hvd.size(),
                  hvd.local_size(), args.repeat))
-        print("%-12s %9s %9s %9s %11s %9s" % ("state", "MB", "save ms", "persist ms", "check ms", "commit ms"))
+        print("%-12s %7s %9s %10s %9s %9s %9s" % ("state", "MB", "save ms", "persist ms", "write ms",
+                                                 "check ms", "commit ms"))
         for r in rows:
-            print("%-12s %9.1f %9.2f %9.2f %11.2f %9.2f" % (r["state"], r["state_mb"], r["save_ms"],
-                                                           r["persist_ms"], r["host check_ms"], r["commit_ms"]))
+            print("%-12s %7.1f %9.3f %10.3f %9.3f %9.3f %9.3f"
+                  % (r["state"], r["state_mb"], r["save_ms"], r["persist_ms"], r["write_ms"],
+                     r["host check_ms"], r["commit_ms"]))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"elastic": elastic, "ranks": hvd.size(), "rows": rows}, f, indent=1)

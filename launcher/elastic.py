@@ -11,8 +11,9 @@ ordinary MPI job on the hosts it has then:
   EXIT_RESTART; hvdrun blacklists the host of the rank that died, finds the
   hosts it still has, and starts the next generation on them;
 * when the discovery script lists new hosts (or stops listing one), hvdrun
-  raises the hosts version; rank 0 reads it at each commit, every rank raises
-  HostsUpdatedInterrupt, leaves with EXIT_RESTART, and the next generation runs
+  raises the hosts version; a thread of rank 0 reads it (every
+  HVDLITE_ELASTIC_HOSTS_POLL_MS), every rank raises HostsUpdatedInterrupt
+  at the same commit, leaves with EXIT_RESTART, and the next generation runs
   on the new hosts;
 * at the start of a generation, ``hvd.elastic.run`` has the ranks agree on the
   newest commit any host holds and broadcasts it from a holder, so new hosts
@@ -130,8 +131,8 @@ def plan_hosts(hosts, max_np):
 class HostsVersionService:
     """Answers ranks' question "has the set of hosts changed?" with a
     number: the version of the hosts hvdrun would use now.  A tiny TCP
-    server on the address the hosts reach this machine at; rank 0 asks at
-    every commit (one line each way)."""
+    server on the address the hosts reach this machine at; a thread of
+    rank 0 asks every HVDLITE_ELASTIC_HOSTS_POLL_MS (one line each way)."""
 
     def __init__(self):
         self.version = 0

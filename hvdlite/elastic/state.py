@@ -6,8 +6,9 @@ A state holds what a training loop needs to continue after an interruption
 attributes such as ``state.epoch`` and ``state.batch``):
 
 - ``commit()`` saves a copy in host memory (``save()``); under elastic hvdrun
-  the host's local rank 0 also writes it to the host's shared memory, where
-  the next generation of the job finds it; then it checks for host updates;
+  the host's local rank 0 also has it written to the host's shared memory
+  by a background thread, where the next generation of the job finds it;
+  then it checks for host updates (a flag, see ``check_host_updates``);
 - ``restore()`` puts the last committed copy back;
 - ``sync()`` makes every rank's state equal to rank 0's and saves it;
 - ``check_host_updates()`` raises HostsUpdatedInterrupt on every rank when
@@ -17,7 +18,10 @@ attributes such as ``state.epoch`` and ``state.batch``):
 
 Subclasses say what a commit holds: ``_commit_payload()`` returns the saved
 copy as picklable objects, ``_load_commit_payload(p)`` makes ``p`` the saved
-copy (``restore()`` then applies it).
+copy (``restore()`` then applies it); ``_persist_ticket()`` hands the saved
+copy to the background writer (by default the payload as it is now: states
+whose save replaces its objects rather than writing into them need nothing
+more).
 """
 
 class HostsUpdatedInterrupt(RuntimeError):
@@ -28,6 +32,17 @@ class HostsUpdatedInterrupt(RuntimeError):
     def __init__(self, skip_sync=False):
         super().__init__("the job's hosts changed")
         self.skip_sync = skip_sync
+
+
+class _PayloadTicket:
+    def __init__(self, seq, payload):
+        self.seq, self.payload = seq, payload
+
+    def acquire(self):
+        return self.seq, self.payload
+
+    def release(self):
+        pass
 
 
 class State:
@@ -62,24 +77,33 @@ class State:
     def commit(self):
         """Saves the current state as the one ``restore()`` returns to (and,
         under elastic hvdrun, the one a restarted job resumes from), then
-        checks for host updates. A copy in host memory: commit every few
-        batches rather than every batch when the state is large."""
+        checks for host updates. A copy in host memory; writing it to the
+        host's shared memory (elastic hvdrun) happens in the background."""
         from . import worker
-        self.save()
         self._commit_seq += 1
+        self.save()
         worker.persist(self)
         self.check_host_updates()
 
     def check_host_updates(self):
         """Raises HostsUpdatedInterrupt on every rank when hvdrun's elastic
-        driver found other hosts than the job runs on. Outside an elastic
-        job this returns at once and communicates nothing."""
+        driver found other hosts than the job runs on. Rank 0 learns it from
+        a background thread; the ranks agree through a broadcast started at
+        one check and read at the next, so every rank raises at the same
+        check, one check after rank 0 saw the change. Outside an elastic job
+        this returns at once and communicates nothing."""
         from . import worker
         if worker.hosts_changed():
             raise HostsUpdatedInterrupt(skip_sync=False)
 
     def _commit_payload(self):
         raise NotImplementedError
+
+    def _persist_ticket(self):
+        """The saved copy for the background writer: an object with
+        ``acquire()`` -> (seq, payload) or None (not now, ask again) and
+        ``release()``."""
+        return _PayloadTicket(self._commit_seq, self._commit_payload())
 
     def _load_commit_payload(self, payload):
         raise NotImplementedError

@@ -6,23 +6,30 @@ address of hvdrun's hosts-version service.  This module
 
 * keeps each commit where a rank started again on the same host finds it:
   one file per host, ``$HVDLITE_ELASTIC_COMMIT_DIR`` (default /dev/shm)
-  ``/hvdlite-elastic-<run id>/<hostname>/commit-<seq>.pkl``, written by the
-  host's local rank 0 and renamed into place (a reader never sees half a
-  commit);
+  ``/hvdlite-elastic-<run id>/<hostname>/commit-<seq>.pkl``, written by a
+  background thread of the host's local rank 0 and renamed into place (a
+  reader never sees half a commit). The commit does not wait for it: when
+  a write is still running, the next one writes the newest commit after it
+  (commits in between are skipped); leaving for a restart and the end of
+  training wait for the newest;
 * at the start of a generation has the ranks agree on the newest commit any
   host holds and broadcasts it from the lowest rank that holds it;
-* asks hvdrun at each commit whether the hosts changed (rank 0 asks, every
-  rank learns the answer by broadcast);
+* learns whether the hosts changed: a thread of rank 0 asks hvdrun every
+  HVDLITE_ELASTIC_HOSTS_POLL_MS (default 200) ms; at each commit rank 0
+  starts a broadcast of what it knows, which the next commit reads (done
+  by then: no wait), so every rank gets the same answer at the same commit;
 * leaves with EXIT_RESTART when the hosts changed or a peer was lost.
 
 Outside an elastic hvdrun job none of this runs: ``context()`` is None.
 """
+import atexit
 import glob
 import os
 import pickle
 import shutil
 import socket
 import sys
+import threading
 import time
 
 import numpy as np
@@ -94,14 +101,112 @@ class CommitStore:
             return f.read()
 
 
-def persist(state):
+class Persister:
+    """Writes commits to a CommitStore from a background thread: the newest
+    one submitted, one at a time."""
+
+    def __init__(self, store):
+        self.store = store
+        self.written = 0            # bytes of the last write
+        self._cond = threading.Condition()
+        self._ticket = None         # the newest commit not yet taken
+        self._busy = False
+        self._error = None
+        self._thread = None
+
+    def submit(self, ticket):
+        with self._cond:
+            self._raise_error()
+            self._ticket = ticket
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hvdlite-elastic-persist",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def flush(self, timeout=None):
+        """Waits until the newest submitted commit is written; False when
+        ``timeout`` (seconds) passed first. Raises the writer's error."""
+        with self._cond:
+            done = self._cond.wait_for(lambda: self._ticket is None and not self._busy, timeout)
+            self._raise_error()
+            return done
+
+    def _raise_error(self):
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError("hvdlite elastic: writing a commit to %s failed: %s"
+                               % (self.store.dir, error)) from error
+
+    def _run(self):
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._ticket is not None)
+                ticket, self._ticket = self._ticket, None
+                self._busy = True
+            try:
+                taken = ticket.acquire()
+                while taken is None:        # a save is writing into it: it ends soon
+                    time.sleep(0.0002)
+                    taken = ticket.acquire()
+                try:
+                    self.written = self.store.write(*taken)
+                finally:
+                    ticket.release()
+            except BaseException as e:      # noqa: BLE001 - raised by the next commit
+                self._error = e
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+
+_persister = None
+
+
+def _the_persister(ctx):
+    global _persister
+    if _persister is None or _persister.store.dir != ctx.host_dir:
+        if _persister is None:
+            atexit.register(_flush_at_exit)
+        else:
+            _persister.flush()
+        _persister = Persister(CommitStore(ctx))
+    return _persister
+
+
+def _flush_at_exit():
+    # The writer is a daemon thread: an exit would cut its write short
+    # (harmless: the file is renamed into place only when complete), and
+    # the newest commit would not be there.
+    try:
+        flush_commits(timeout=60.0)
+    except RuntimeError as e:
+        sys.stderr.write("%s\n" % e)
+
+
+def persist(state, wait=False):
     """Called by ``state.commit()`` after ``save()``: the host's local rank 0
-    writes the commit to host memory.  Returns its size in bytes (0 when this
-    rank writes nothing)."""
+    hands the commit to the background writer. With ``wait``, waits until it
+    is written and returns its size in bytes; otherwise returns 0 (as a rank
+    that writes nothing does)."""
     ctx = context()
     if ctx is None or basics.local_rank() != 0:
         return 0
-    return CommitStore(ctx).write(state._commit_seq, state._commit_payload())
+    persister = _the_persister(ctx)
+    persister.submit(state._persist_ticket())
+    if wait:
+        persister.flush()
+        return persister.written
+    return 0
+
+
+def flush_commits(timeout=None):
+    """Waits until the newest commit handed to the background writer is
+    written (no-op where there is none)."""
+    if _persister is not None:
+        return _persister.flush(timeout)
+    return True
 
 
 # ---- hosts updates -------------------------------------------------------------------
@@ -119,15 +224,79 @@ def _ask_hosts_version(ctx):
         return ctx.hosts_version
 
 
+class HostsWatch:
+    """Rank 0's thread asking hvdrun for its hosts version every ``poll_s``
+    seconds; ``changed`` becomes True (and stays) when it moved."""
+
+    def __init__(self, ctx, poll_s):
+        self.ctx = ctx
+        self.poll_s = poll_s
+        self.changed = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hvdlite-elastic-hosts", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            if _ask_hosts_version(self.ctx) != self.ctx.hosts_version:
+                self.changed = True
+                return
+            self._stop.wait(self.poll_s)
+
+    def stop(self):
+        self._stop.set()
+
+
+class HostsAgreement:
+    """Every rank's answer to "did the hosts change?", the same on every
+    rank at the same call: each call reads the broadcast the previous call
+    started (rank 0's flag then; finished by now, as ranks ran a training
+    step in between) and starts the next one."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        poll_ms = float(os.environ.get("HVDLITE_ELASTIC_HOSTS_POLL_MS", "200"))
+        if poll_ms <= 0:
+            raise ValueError("HVDLITE_ELASTIC_HOSTS_POLL_MS must be > 0, not %r"
+                             % os.environ["HVDLITE_ELASTIC_HOSTS_POLL_MS"])
+        self.watch = HostsWatch(ctx, poll_ms / 1e3) if basics.rank() == 0 else None
+        self._handle = None
+
+    def changed(self):
+        decided = False
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            decided = bool(ops.synchronize(handle)[0])
+        if basics.size() == 1:
+            return decided or self.watch.changed
+        if not decided:
+            flag = 1 if self.watch is not None and self.watch.changed else 0
+            self._handle = ops.broadcast_async(np.array([flag], dtype=np.int64), root_rank=0,
+                                               name="elastic.hosts_changed")
+        return decided
+
+    def drain(self):
+        """Finishes the broadcast in flight (all ranks call it together)."""
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            ops.synchronize(handle)
+        if self.watch is not None:
+            self.watch.stop()
+
+
+_agreement = None
+
+
 def hosts_changed():
-    """True on every rank when hvdrun's hosts version moved since this
-    generation started (rank 0 asks; a broadcast tells the others)."""
+    """True on every rank, at the same call, when hvdrun's hosts version
+    moved since this generation started (see HostsAgreement)."""
+    global _agreement
     ctx = context()
     if ctx is None or not ctx.driver:
         return False
-    version = _ask_hosts_version(ctx) if basics.rank() == 0 else 0
-    agreed = ops.broadcast(np.array([version], dtype=np.int64), root_rank=0, name="elastic.hosts_version")
-    return int(agreed[0]) != ctx.hosts_version
+    if _agreement is None or _agreement.ctx.run_id != ctx.run_id:
+        _agreement = HostsAgreement(ctx)
+    return _agreement.changed()
 
 
 # ---- start of a generation -----------------------------------------------------------
@@ -183,7 +352,12 @@ def resume(state, ctx):
 def finish(ctx):
     """The training function returned on every rank: the commits are no
     longer needed."""
+    global _agreement
+    if _agreement is not None:
+        _agreement.drain()
+        _agreement = None
     ops.barrier()
+    flush_commits()
     if basics.local_rank() == 0:
         shutil.rmtree(ctx.host_dir, ignore_errors=True)
         try:
@@ -200,6 +374,11 @@ def leave(why):
         who = "rank %d" % basics.rank()
     except Exception:       # the engine may be gone already
         who = "a rank"
+    try:
+        if not flush_commits(timeout=60.0):
+            sys.stderr.write("hvdlite elastic: %s: the newest commit was not written within 60 s\n" % who)
+    except RuntimeError as e:
+        sys.stderr.write("%s\n" % e)
     sys.stderr.write("hvdlite elastic: %s leaves for a restart: %s\n" % (who, why))
     for stream in (sys.stdout, sys.stderr):
         try:

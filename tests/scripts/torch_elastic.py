@@ -6,6 +6,8 @@ values; checks compare with rank 0's values or the committed copy.
 A rank-side test module (see tests/harness/rank_plugin.py); tests/test_torch_adapter.py
 runs it at 3 ranks.
 """
+import os
+
 import pytest
 
 from harness.checks import check, expect, require
@@ -91,6 +93,209 @@ def test_assigning_a_model_tracks_and_saves_it(tracked):
             p.add_(1.0)
     state.restore()
     check("restore gives the new model's values when assigned", same([p.detach() for p in other.parameters()], saved))
+
+
+def bitwise(a, b):
+    """Equal bit for bit (torch.equal would take -0.0 for 0.0)."""
+    return a.shape == b.shape and a.dtype == b.dtype and \
+        torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def optimizer_tensors(opt):
+    return {(i, k): v.clone() for i, p in enumerate(p for g in opt.param_groups for p in g["params"])
+            for k, v in opt.state.get(p, {}).items() if torch.is_tensor(v)}
+
+
+def same_tensors(a, b):
+    return a.keys() == b.keys() and all(bitwise(a[k], b[k]) for k in a)
+
+
+@pytest.fixture
+def fresh(rank):
+    """(model, optimizer, TorchState) synced, the optimizer without state yet
+    (SGD momentum creates it at the first step)."""
+    model = make_model(seed=rank)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    state = hvd.elastic.TorchState(model, opt, epoch=0)
+    state.sync()
+    return model, opt, state
+
+
+def test_restore_after_several_commits_is_the_last_bitwise(rank, fresh):
+    model, opt, state = fresh
+    for step in range(4):
+        train_step(model, opt, 1.0 + step)
+        state.epoch = step
+        state.commit()
+        params = [p.detach().clone() for p in model.parameters()]
+        momenta = optimizer_tensors(opt)
+    for step in range(3):
+        train_step(model, opt, 5.0)
+    state.epoch = 99
+    state.restore()
+    check("restore: parameters are the last commit's, bitwise",
+          all(bitwise(p.detach(), q) for p, q in zip(model.parameters(), params)))
+    check("restore: momentum buffers are the last commit's, bitwise", same_tensors(optimizer_tensors(opt), momenta))
+    check("restore: epoch is the last commit's", state.epoch == 3, state.epoch)
+
+
+def test_restore_twice_after_training_in_between(rank, fresh):
+    """The restored optimizer state does not share the commit's buffers:
+    training after a restore does not change what the next restore gives."""
+    model, opt, state = fresh
+    train_step(model, opt, 1.0)
+    state.commit()
+    momenta = optimizer_tensors(opt)
+    for _ in range(2):
+        train_step(model, opt, 3.0)
+        state.restore()
+        check("restore: momentum buffers are the commit's", same_tensors(optimizer_tensors(opt), momenta))
+
+
+def test_restore_brings_back_the_learning_rate(rank, fresh):
+    model, opt, state = fresh
+    train_step(model, opt, 1.0)
+    state.commit()
+    for group in opt.param_groups:
+        group["lr"] = 0.5
+    train_step(model, opt, 1.0)
+    state.restore()
+    check("restore: the committed lr", all(g["lr"] == 0.01 for g in opt.param_groups),
+          [g["lr"] for g in opt.param_groups])
+
+
+def test_state_that_grows_after_the_first_commit(rank, fresh):
+    """Committed before the optimizer had state, then with it: each restore
+    gives what its commit held (none, then the momentum of step 1)."""
+    model, opt, state = fresh
+    params0 = [p.detach().clone() for p in model.parameters()]
+    state.commit()                          # no optimizer state yet
+    train_step(model, opt, 1.0)             # momentum buffers appear
+    state.restore()
+    check("restore of a commit without optimizer state drops it", not optimizer_tensors(opt))
+    check("restore: the parameters before step 1",
+          all(bitwise(p.detach(), q) for p, q in zip(model.parameters(), params0)))
+    train_step(model, opt, 1.0)
+    state.commit()                          # now with momentum: buffers allocated again
+    params1, momenta1 = [p.detach().clone() for p in model.parameters()], optimizer_tensors(opt)
+    train_step(model, opt, 2.0)
+    state.restore()
+    check("restore: momentum buffers created after the first commit",
+          momenta1 and same_tensors(optimizer_tensors(opt), momenta1))
+    check("restore: parameters of the second commit",
+          all(bitwise(p.detach(), q) for p, q in zip(model.parameters(), params1)))
+
+
+def test_restore_after_parameters_replaced(rank, fresh):
+    """Parameters given new storage (``p.data = ...``) after the commit get
+    the committed values."""
+    model, opt, state = fresh
+    train_step(model, opt, 1.0)
+    state.commit()
+    params = [p.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.data = torch.randn_like(p)
+    state.restore()
+    check("restore into replaced parameters",
+          all(bitwise(p.detach(), q) for p, q in zip(model.parameters(), params)))
+
+
+def test_diloco_state_restores_bitwise(rank):
+    model = make_model(seed=0)
+    inner = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    diloco = hvd.DiLoCo(model, inner, sync_every=2)
+    state = hvd.elastic.TorchState(model, inner, diloco=diloco, epoch=0)
+    state.sync()
+
+    def everything():
+        return ([p.detach().clone() for p in model.parameters()], [a.clone() for a in diloco.anchor],
+                optimizer_tensors(inner), [optimizer_tensors(o) for o in diloco.outer_optimizers],
+                diloco.local_step)
+
+    def equal(a, b):
+        return (all(bitwise(x, y) for x, y in zip(a[0], b[0])) and all(bitwise(x, y) for x, y in zip(a[1], b[1]))
+                and same_tensors(a[2], b[2]) and len(a[3]) == len(b[3])
+                and all(same_tensors(x, y) for x, y in zip(a[3], b[3])) and a[4] == b[4])
+
+    for step in range(5):                   # two outer steps, one inner step after them
+        train_step(model, diloco, 1.0 + step)
+        state.commit()
+    committed = everything()
+    for step in range(3):                   # an outer step moves the anchor
+        train_step(model, diloco, 7.0)
+    check("training moved the anchor", not all(bitwise(x, y) for x, y in zip(diloco.anchor, committed[1])))
+    state.restore()
+    check("restore: parameters, anchor, inner and outer optimizer states and step count are the commit's",
+          equal(everything(), committed))
+
+
+def test_hosts_change_and_background_commits_under_elastic(rank, size, monkeypatch):
+    """As under elastic hvdrun (the environment it sets, a hosts-version
+    service on rank 0): commits are written by the background writer, the
+    file on the host holds the last commit, and after the hosts version moves
+    every rank raises HostsUpdatedInterrupt at the same commit."""
+    import glob
+    import pickle
+    import shutil
+    import tempfile
+    import time
+    from hvdlite.elastic import worker
+    try:
+        from launcher.elastic import HostsVersionService
+    except ImportError:
+        from hvdlite.launcher.elastic import HostsVersionService
+    service = HostsVersionService() if rank == 0 else None
+    driver, root = hvd.broadcast_object((service.serve_on("127.0.0.1"), tempfile.mkdtemp())
+                                        if rank == 0 else None, 0)
+    monkeypatch.setenv("HVDLITE_ELASTIC", "1")
+    monkeypatch.setenv("HVDLITE_ELASTIC_RUN_ID", hvd.broadcast_object("test-%d" % os.getpid(), 0))
+    monkeypatch.setenv("HVDLITE_ELASTIC_DRIVER", driver)
+    monkeypatch.setenv("HVDLITE_ELASTIC_COMMIT_DIR", root)
+    monkeypatch.setenv("HVDLITE_ELASTIC_HOSTS_POLL_MS", "10")
+    try:
+        model = make_model(seed=0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        state = hvd.elastic.TorchState(model, opt, epoch=0)
+        state.sync()
+        for step in range(5):
+            train_step(model, opt, 1.0 + step)
+            state.epoch = step
+            state.commit()
+        params = [p.detach().clone() for p in model.parameters()]
+        if hvd.local_rank() == 0:
+            worker.flush_commits()
+            files = glob.glob(os.path.join(root, "*", "*", "commit-*.pkl"))
+            check("one commit file on the host", len(files) == 1, files)
+            with open(files[0], "rb") as f:
+                commit = pickle.load(f)
+            check("the file holds the last commit",
+                  commit["seq"] == state._commit_seq and commit["payload"]["attributes"]["epoch"] == 4 and
+                  all(bitwise(commit["payload"]["handlers"]["model"][k], v.detach())
+                      for k, v in model.state_dict().items()), commit["seq"])
+        check("the commits did not change the parameters",
+              all(bitwise(p.detach(), q) for p, q in zip(model.parameters(), params)))
+        if rank == 0:
+            service.bump()
+        raised_at = None
+        for n in range(500):
+            time.sleep(0.01)
+            try:
+                state.commit()
+            except hvd.elastic.HostsUpdatedInterrupt:
+                raised_at = n
+                break
+        everyone = hvd.allgather_object(raised_at)
+        check("every rank raised HostsUpdatedInterrupt at the same commit",
+              everyone[0] is not None and len(set(everyone)) == 1, everyone)
+    finally:
+        if worker._agreement is not None:
+            worker._agreement.drain()
+            worker._agreement = None
+        worker.flush_commits()
+        hvd.barrier()
+        if rank == 0:
+            service.close()
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def test_object_state_reset_callbacks_and_run(rank):
