@@ -140,6 +140,27 @@ def test_local_sgd_sync_buffers_and_end_of_training(rank, size):
     tf_common.assert_same_on_all_ranks(tf_common.weights(model), "weights after fit")
 
 
+def test_local_sgd_and_diloco_on_a_process_set(rank, size):
+    """A set of rank 0 alone: its averages are its own weights; other ranks are refused."""
+    ps = hvd.add_process_set([0])
+    model = linear_model("keras3")     # on every rank: Keras names layers by count
+    try:
+        if rank != 0:
+            for make in (hvd.callbacks.LocalSGDCallback, hvd.callbacks.DiLoCoCallback):
+                expect_raises(ValueError, lambda: make(sync_every=2, process_set=ps), "not in",
+                              "build it only on the ranks of the process set")
+        else:
+            fit(model, rank, 3, [hvd.callbacks.LocalSGDCallback(2, process_set=ps,
+                                                                name="local_sgd.ps")])
+            ref = initial()
+            for _ in range(3):
+                ref = np_step(ref, rank)
+            close(model.get_weights(), ref, "local SGD over a one-rank set")
+        hvd.barrier()
+    finally:
+        hvd.remove_process_set(ps)
+
+
 # ---------------------------------------------------------------- DiLoCo
 
 def np_outer(anchor, grads, bufs, which):
