@@ -18,6 +18,7 @@ GRAPH = RankTests("scripts/tf_graph.py")
 KERAS_FIT = RankTests("scripts/tf_keras_fit.py")
 KERAS2 = RankTests("scripts/tf_keras2.py")
 KERAS2_GRAPH = RankTests("scripts/tf_keras2_graph.py")
+KERAS_LOCAL_SGD = RankTests("scripts/tf_keras_local_sgd.py")
 V1_OPTIMIZER = RankTests("scripts/tf_v1_optimizer.py")
 V1_EAGER_OFF = [c for c in V1_OPTIMIZER.cases if c.startswith("test_eager_off")]
 ELASTIC = RankTests("scripts/tf_elastic.py")
@@ -105,6 +106,14 @@ def test_tf_keras_keras2(case, rank_launch):
     momentum correction, load_model, KerasState, mixed precision; Keras 3 never imported."""
     require("tf_keras", import_module=False)
     rank_launch(KERAS2, 2, env=LEGACY_KERAS).check(case)
+
+
+@pytest.mark.parametrize("case", KERAS_LOCAL_SGD.cases)
+def test_keras_local_sgd_and_diloco(case, rank_launch):
+    """LocalSGDCallback and DiLoCoCallback in model.fit (Keras 3 and tf_keras models) against
+    a NumPy simulation of every rank: averages every H batches, DiLoCo's outer Nesterov step,
+    streaming fragments with overlap, fp16 outer gradients, KerasState; bad arguments."""
+    rank_launch(KERAS_LOCAL_SGD, 2).check(case)
 
 
 @pytest.mark.parametrize("case", KERAS2_GRAPH.cases)

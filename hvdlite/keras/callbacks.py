@@ -1,4 +1,5 @@
 """``hvdlite.keras.callbacks``: the callbacks of :mod:`hvdlite.tensorflow.keras.callbacks`."""
 from ..tensorflow.keras.callbacks import (  # noqa: F401
-    BestModelCheckpoint, BroadcastGlobalVariablesCallback, Callback, LearningRateScheduleCallback,
-    LearningRateWarmupCallback, MetricAverageCallback, prepare_model_for_training)
+    BestModelCheckpoint, BroadcastGlobalVariablesCallback, Callback, DiLoCoCallback,
+    LearningRateScheduleCallback, LearningRateWarmupCallback, LocalSGDCallback,
+    MetricAverageCallback, prepare_model_for_training)

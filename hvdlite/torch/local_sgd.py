@@ -19,6 +19,7 @@ import torch
 
 from hvdlite import exceptions
 from hvdlite.compression import Compression, Compressor
+from hvdlite.local_sgd import split_fragments
 from hvdlite.process_sets import global_process_set
 
 from . import mpi_ops
@@ -181,17 +182,7 @@ def default_outer_optimizer(params):
 
 def _split_fragments(params, n):
     """``params`` in model order cut into ``n`` contiguous runs of about equal size."""
-    total = sum(p.numel() for p in params)
-    cuts, acc, f = [], 0, 1
-    for i, p in enumerate(params):
-        acc += p.numel()
-        left = len(params) - i - 1       # parameters after this one
-        need = n - f                     # fragments still to start
-        if need > 0 and (acc >= total * f / n or left == need) and left >= need:
-            cuts.append(i + 1)
-            f += 1
-    bounds = [0] + cuts + [len(params)]
-    return [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
+    return split_fragments([p.numel() for p in params], n)
 
 
 class DiLoCo(_Periodic):

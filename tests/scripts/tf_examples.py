@@ -1,4 +1,5 @@
-"""The three TensorFlow examples, short settings, and what they report.
+"""The three TensorFlow examples, short settings (keras_digits also with
+--diloco), and what they report.
 
 A rank-side test module (see tests/harness/rank_plugin.py); tests/test_tensorflow_adapter.py
 runs it at 2 ranks. The examples initialise hvdlite themselves.
@@ -22,6 +23,20 @@ def test_keras_digits():
     result = load("keras_digits").main(["--epochs", "5", "--json"])
     print(f"EXAMPLES keras_digits {result['test_accuracy']}%")
     assert result["test_accuracy"] >= 90.0, result
+
+
+def test_keras_digits_streaming_diloco():
+    """--diloco with 2 fragments and fp16 communicates only at its syncs."""
+    result = load("keras_digits").main(["--epochs", "2", "--json", "--diloco", "4",
+                                        "--fragments", "2", "--compression", "fp16"])
+    params = 64 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10
+    # fp16: 2 bytes per parameter, one model's worth every 4 steps, plus the
+    # synchronize() at the end of fit().
+    most = 2 * params * (1 / 4 + 1 / result["steps"]) + 64
+    print(f"EXAMPLES keras_digits --diloco 4 --fragments 2 {result['test_accuracy']}% "
+          f"{result['wire_bytes_per_step']} B/step")
+    assert 0 < result["wire_bytes_per_step"] <= most, (result, most)
+    assert result["test_accuracy"] > 50, result
 
 
 def test_tensorflow2_digits_matches_one_process():

@@ -5,7 +5,8 @@ and averaged), Horovod's custom-loop semantics against NumPy (local
 variables, aggregation counter, IndexedSlices, Sum, predivide, a user
 compressor), argument errors, config round trips, callbacks (local variables,
 metric averaging, learning-rate schedules, momentum correction), load_model,
-KerasState with its callbacks, mixed precision with an overflow on one rank.
+KerasState with its callbacks, mixed precision with an overflow on one rank,
+DiLoCoCallback and LocalSGDCallback.
 Keras 3 is never imported (the last case checks).
 
 A rank-side test module (see tests/harness/rank_plugin.py); tests/test_tensorflow_adapter.py
@@ -447,6 +448,32 @@ def test_keras_digits_example(rank, size):
     spec.loader.exec_module(keras_digits)
     result = keras_digits.main(["--epochs", "4", "--json"])
     assert result["test_accuracy"] >= 90.0, result
+
+
+def test_diloco_and_local_sgd_callbacks(rank, size):
+    """DiLoCoCallback and LocalSGDCallback are tf_keras callbacks here: streaming DiLoCo in fit
+    ends with equal weights equal to the anchor; KerasState restores the anchor and step."""
+    assert isinstance(hvd.callbacks.DiLoCoCallback(), tf_keras.callbacks.Callback)
+    model = mlp(seed=1 + rank)
+    model.compile(optimizer=SGD(0.1, momentum=0.9), loss=loss)
+    diloco = hvd.callbacks.DiLoCoCallback(sync_every=4, fragments=2, outer_momentum=0.5,
+                                          compression=hvd.Compression.bf16)
+    state = hvd.elastic.KerasState(model, diloco=diloco)
+    xs, ys = x_train[rank::size][:6 * 16], y_train[rank::size][:6 * 16]
+    model.fit(xs, ys, batch_size=16, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), diloco])
+    mine = tf_common.weights(model)
+    tf_common.assert_same_on_all_ranks(mine, "weights after fit")
+    assert all(np.array_equal(w, a) for w, a in zip(mine, diloco.anchor)), "weights != anchor"
+    state.commit()
+    model.fit(xs, ys, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[diloco])
+    assert diloco.local_step == 12
+    state.restore()
+    assert diloco.local_step == 6 and all(np.array_equal(w, a) for w, a in
+                                          zip(tf_common.weights(model), diloco.anchor))
+    local = hvd.callbacks.LocalSGDCallback(sync_every=4)
+    model.fit(xs, ys, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[local])
+    tf_common.assert_same_on_all_ranks(tf_common.weights(model), "local SGD weights after fit")
 
 
 def test_keras3_never_imported():

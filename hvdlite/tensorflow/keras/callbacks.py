@@ -1,10 +1,9 @@
 """Keras callbacks for data-parallel training (Horovod's names and semantics),
 for Keras 3 and Keras 2 (tf_keras) models alike.
 
-Each callback is a subclass of the Callback of the Keras that ``tf.keras``
-stands for (tf_keras with ``TF_USE_LEGACY_KERAS=1``, Keras 3 otherwise) and
-also answers what the other Keras asks of its callbacks, so it serves a
-model of either.
+Each callback is a subclass of :class:`callback_base.Callback`, which
+serves a model of either Keras. ``LocalSGDCallback`` and ``DiLoCoCallback``
+(communicate less often) are :mod:`.local_sgd`'s.
 """
 import warnings
 
@@ -14,29 +13,7 @@ from ... import basics, exceptions
 from ...process_sets import global_process_set
 from .. import functions
 from .. import keras_flavor as flavor
-
-_KerasCallback = flavor.module().callbacks.Callback
-
-
-def _overridden(callback, *names):
-    return any(not getattr(getattr(callback, n), "_is_default", False) for n in names)
-
-
-class Callback(_KerasCallback):
-    """Base of hvdlite's callbacks (see module doc)."""
-
-    _supports_tf_logs = False  # tf_keras: hand us NumPy logs
-
-    # tf_keras' CallbackList asks every callback which batch hooks it has.
-    def _implements_train_batch_hooks(self):
-        return _overridden(self, "on_batch_begin", "on_batch_end", "on_train_batch_begin",
-                           "on_train_batch_end")
-
-    def _implements_test_batch_hooks(self):
-        return _overridden(self, "on_test_batch_begin", "on_test_batch_end")
-
-    def _implements_predict_batch_hooks(self):
-        return _overridden(self, "on_predict_batch_begin", "on_predict_batch_end")
+from .callback_base import Callback  # noqa: F401  (the base, public here)
 
 
 def prepare_model_for_training(model, verbose=True):
@@ -305,3 +282,6 @@ class BestModelCheckpoint(flavor.module().callbacks.ModelCheckpoint):
                 "BestModelCheckpoint: set filepath (BestModelCheckpoint(filepath=...) or "
                 "callback.filepath = ...) before training")
         super().on_train_begin(logs)
+
+
+from .local_sgd import DiLoCoCallback, LocalSGDCallback  # noqa: E402,F401

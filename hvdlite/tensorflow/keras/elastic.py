@@ -17,14 +17,61 @@ is lost or added (docs/elastic.md).
 from ...exceptions import InvalidArgumentError
 from ..elastic import HostsUpdatedInterrupt, ObjectState, TensorFlowKerasState, run
 from .callbacks import Callback
+from .local_sgd import _PeriodicCallback
 
 
 class KerasState(TensorFlowKerasState):
     """State of a Keras model, its optimizer (default: the compiled one) and
-    Python attributes (``batch=0, epoch=0``, ...)."""
+    Python attributes (``batch=0, epoch=0``, ...).
+
+    A LocalSGDCallback or DiLoCoCallback given as a keyword argument
+    (``KerasState(model, diloco=callback, epoch=0)``) is kept through its
+    ``state_dict`` (DiLoCo: anchor, outer momentum, step count): commit
+    saves it with the model, restore puts it back, sync makes it rank 0's,
+    so a restart resumes from the last outer step. It stays reachable as
+    ``state.diloco``."""
 
     def __init__(self, model, optimizer=None, **kwargs):
+        self._periodic = {k: v for k, v in kwargs.items() if isinstance(v, _PeriodicCallback)}
+        for key, callback in self._periodic.items():
+            del kwargs[key]
+            if getattr(callback, "model", None) is None:
+                callback.set_model(model)
+            elif callback.model is not model:
+                raise InvalidArgumentError(
+                    f"KerasState: {key}= is a callback of another model; give the state the "
+                    "model the callback trains")
+        self._periodic_saved = {}
+        self._save_periodic()
         super().__init__(model, optimizer=optimizer, **kwargs)
+        for key, callback in self._periodic.items():
+            setattr(self, key, callback)
+
+    def _save_periodic(self):
+        self._periodic_saved = {k: cb.state_dict() for k, cb in self._periodic.items()}
+
+    def save(self):
+        super().save()
+        self._save_periodic()
+
+    def restore(self):
+        super().restore()
+        for key, callback in self._periodic.items():
+            if key in self._periodic_saved:
+                callback.load_state_dict(self._periodic_saved[key])
+
+    def sync(self):
+        super().sync()
+        for callback in self._periodic.values():
+            callback.broadcast_state(root_rank=0)
+        self._save_periodic()
+
+    def _commit_payload(self):
+        return dict(super()._commit_payload(), periodic=dict(self._periodic_saved))
+
+    def _load_commit_payload(self, payload):
+        super()._load_commit_payload(payload)
+        self._periodic_saved = dict(payload.get("periodic", {}))
 
 
 class CommitStateCallback(Callback):

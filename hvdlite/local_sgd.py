@@ -1,0 +1,125 @@
+"""What local SGD and DiLoCo share across front ends, without torch or
+TensorFlow: argument checks, Streaming DiLoCo's fragments and their
+staggered schedule, and the outer optimizer's update on NumPy arrays.
+:mod:`hvdlite.torch.local_sgd` and
+:mod:`hvdlite.tensorflow.keras.local_sgd` build on it, so a model synced
+by either follows the same schedule (docs/compression.md, "Communicate less
+often")."""
+import numpy as np
+
+from . import exceptions
+from .compression import Compressor
+
+
+def bad(message):
+    return exceptions.InvalidArgumentError(message)
+
+
+def _is_int(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def check_sync_every(sync_every, what):
+    if not _is_int(sync_every) or sync_every < 1:
+        raise bad(f"{what}: sync_every must be an int >= 1 (the number of local optimizer "
+                  f"steps between two syncs), not {sync_every!r}")
+    return int(sync_every)
+
+
+def check_compression(compression, what):
+    if not isinstance(compression, Compressor) and not (
+            isinstance(compression, type) and issubclass(compression, Compressor)):
+        raise bad(f"{what}: compression must be one of hvdlite's Compression "
+                  f"(Compression.none, .fp16, .bf16, .topk(...), .powersgd(...)), "
+                  f"not {compression!r}")
+    return compression
+
+
+def check_name(name, what):
+    if not isinstance(name, str) or not name:
+        raise bad(f"{what}: name must be a non-empty string (it prefixes the reductions' "
+                  "names, which must be the same on every rank)")
+    return name
+
+
+def check_fragments(fragments, sync_every, what):
+    if not _is_int(fragments) or fragments < 1:
+        raise bad(f"{what}: fragments must be an int >= 1, not {fragments!r}")
+    if fragments > sync_every:
+        raise bad(f"{what}: fragments={fragments} > sync_every={sync_every}: the "
+                  "fragments' staggered sync steps would collide; use fragments <= "
+                  "sync_every")
+    return int(fragments)
+
+
+def check_fragments_fit(fragments, n_tensors, what):
+    if fragments > n_tensors:
+        raise bad(f"{what}: fragments={fragments} but the model has only {n_tensors} "
+                  f"trainable parameter tensors; use fragments <= {n_tensors}")
+
+
+def check_overlap(overlap_steps, fragments, sync_every, what):
+    if overlap_steps is None:
+        overlap_steps = 1 if fragments > 1 else 0
+    if not _is_int(overlap_steps) or not 0 <= overlap_steps < sync_every:
+        raise bad(f"{what}: overlap_steps must be an int in [0, sync_every) = "
+                  f"[0, {sync_every}) (a fragment's sync must finish before its next "
+                  f"one starts), not {overlap_steps!r}")
+    return int(overlap_steps)
+
+
+def split_fragments(sizes, n):
+    """Tensors of ``sizes`` elements, in model order, cut into ``n``
+    contiguous runs of about equal size: the index lists of the runs."""
+    total = sum(sizes)
+    cuts, acc, f = [], 0, 1
+    for i, size in enumerate(sizes):
+        acc += size
+        left = len(sizes) - i - 1       # tensors after this one
+        need = n - f                    # fragments still to start
+        if need > 0 and (acc >= total * f / n or left == need) and left >= need:
+            cuts.append(i + 1)
+            f += 1
+    bounds = [0] + cuts + [len(sizes)]
+    return [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
+
+
+def fragment_offsets(fragments, sync_every):
+    """Fragment f syncs after the steps t > f*H//F with (t - f*H//F) % H == 0."""
+    return [f * sync_every // fragments for f in range(fragments)]
+
+
+def fragments_due(offsets, sync_every, step):
+    """The fragments whose sync starts after inner step ``step``."""
+    return [f for f, off in enumerate(offsets)
+            if step > off and (step - off) % sync_every == 0]
+
+
+class OuterSGD:
+    """torch.optim.SGD's update (dampening 0; Nesterov optional) on NumPy
+    arrays, in their dtype: DiLoCo's outer optimizer where the anchor lives
+    in host memory. ``momentum_buffers[i]`` is None until tensor i's first
+    step, as in torch."""
+
+    def __init__(self, n, lr=0.7, momentum=0.9, nesterov=True, what="DiLoCo"):
+        for label, value in (("outer_lr", lr), ("outer_momentum", momentum)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not np.isfinite(value) or value < 0:
+                raise bad(f"{what}: {label} must be a finite number >= 0, not {value!r}")
+        if nesterov and momentum <= 0:
+            raise bad(f"{what}: Nesterov momentum needs outer_momentum > 0; pass "
+                      "outer_nesterov=False for plain SGD")
+        self.lr, self.momentum, self.nesterov = float(lr), float(momentum), bool(nesterov)
+        self.momentum_buffers = [None] * n
+
+    def step(self, params, grads, which):
+        """``params[i] -= lr * update(grads[i])`` in place for i in ``which``."""
+        for i, g in zip(which, grads):
+            p = params[i]
+            if self.momentum:
+                m = p.dtype.type(self.momentum)
+                buf = self.momentum_buffers[i]
+                buf = g.astype(p.dtype, copy=True) if buf is None else m * buf + g
+                self.momentum_buffers[i] = buf
+                g = g + m * buf if self.nesterov else buf
+            p -= p.dtype.type(self.lr) * g
