@@ -44,8 +44,9 @@ ALLREDUCE = os.path.join(BENCH, "allreduce.py")
 TRAIN = os.path.join(BENCH, "train_step.py")
 BREAKDOWN = os.path.join(BENCH, "breakdown.py")
 ACCURACY = os.path.join(BENCH, "compression_accuracy.py")
+DILOCO = os.path.join(BENCH, "diloco.py")
 CASES = ["allreduce", "train_step", "ddp", "kernels", "network", "hosts", "hosts_train", "scaling",
-         "negotiation", "sweep", "autotune", "compression"]
+         "negotiation", "sweep", "autotune", "compression", "diloco"]
 TINY_CASES = ["allreduce", "train_step", "sweep"]
 
 FULL = dict(
@@ -67,8 +68,14 @@ FULL = dict(
     autotune_sweep="1MB:0.5,1MB:1,1MB:5,4MB:0.5,4MB:1,4MB:5,16MB:0.5,16MB:1,16MB:5,64MB:0.5,64MB:1,64MB:5",
     autotune_rounds=4, autotune_steps=3, autotune_steps_per_sample=3, autotune_layout="",
     accuracy_np=4, accuracy_epochs=12, accuracy_seeds="42,1,2",
+    diloco_np=4, diloco_model="", diloco_steps=300, diloco_eval_every=25,
+    diloco_runs="sync,dgc,powersgd,diloco50,streaming50", diloco_layouts="4x1",
+    diloco_rates="1gbit,100mbit", diloco_conv_runs="sync,diloco10,diloco50,diloco100",
+    diloco_conv_steps=600, diloco_conv_model="",
     job_timeout=2400,
 )
+# The language model of the diloco case cut to a smoke test's size.
+TINY_LM = "--d-model 32 --layers 1 --heads 2 --seq-len 16 --data-mb 0.2 --eval-windows 8"
 TINY = dict(
     scale=0.01, r50_iters=2, small_iters=4,
     layers=2, width=128, batch=8, train_rounds=2, train_steps=2, warmup=1,
@@ -86,6 +93,9 @@ TINY = dict(
     autotune_sweep="1MB:1,64MB:1", autotune_rounds=1, autotune_steps=1, autotune_steps_per_sample=1,
     autotune_layout="",
     accuracy_np=2, accuracy_epochs=1, accuracy_seeds="42",
+    diloco_np=2, diloco_model=TINY_LM, diloco_steps=20, diloco_eval_every=5,
+    diloco_runs="sync,dgc,powersgd,diloco5,streaming5", diloco_layouts="", diloco_rates="1gbit",
+    diloco_conv_runs="sync,diloco5,diloco10", diloco_conv_steps=20, diloco_conv_model=TINY_LM,
     job_timeout=300,
 )
 
@@ -477,10 +487,37 @@ def case_compression(R, P, args, tiny):
                                               "--seeds", P["accuracy_seeds"]])
 
 
+def diloco_job(R, np, runs, steps, model, P, **kw):
+    return R.job(np, DILOCO, ["--runs", runs, "--steps", str(steps), "--eval-every",
+                              str(P["diloco_eval_every"]), "--model=" + model], **kw)
+
+
+def case_diloco(R, P, args, tiny):
+    """The byte-level LM (examples/pytorch_lm.py) to equal samples: synchronous, top-k +
+    DGC's preset, PowerSGD, DiLoCo and Streaming DiLoCo between emulated hosts at each
+    rate of diloco_rates; and DiLoCo at several H against synchronous on this host (the
+    convergence sub-case). Every ratio is to the synchronous run of the same job."""
+    out = {"convergence": diloco_job(R, P["diloco_np"], P["diloco_conv_runs"], P["diloco_conv_steps"],
+                                     P["diloco_conv_model"], P)}
+    progress("      diloco: convergence on one host done (load %s)" % load_average())
+    if not P["diloco_layouts"]:
+        return out
+    out["hosts"] = {}
+    for rate in P["diloco_rates"].split(","):
+        shaped = argparse.Namespace(**dict(vars(args), rate=rate))
+        out["hosts"][rate] = over_layouts(
+            shaped, P["diloco_layouts"], "diloco at %s" % rate,
+            lambda n_hosts, per_host, hv, env, wrap: diloco_job(
+                R, n_hosts * per_host, P["diloco_runs"], P["diloco_steps"], P["diloco_model"], P,
+                env=env, hvdrun_args=hv, wrap=wrap))
+    return out
+
+
 RUNNERS = {"allreduce": case_allreduce, "train_step": case_train, "kernels": case_kernels,
            "network": case_network, "scaling": case_scaling, "negotiation": case_negotiation,
            "sweep": case_sweep, "hosts": case_hosts, "hosts_train": case_hosts_train, "ddp": case_ddp,
-           "autotune": case_autotune, "compression": case_compression}
+           "autotune": case_autotune, "compression": case_compression,
+           "diloco": case_diloco}
 TITLES = {"allreduce": "cases 1+3: ResNet-50 set and 100 x 4 KB allreduce",
           "train_step": "case 2: train step 6 x Linear(2048, 2048)",
           "kernels": "case 4: compression kernels", "network": "case 5: emulated network",
@@ -490,7 +527,8 @@ TITLES = {"allreduce": "cases 1+3: ResNet-50 set and 100 x 4 KB allreduce",
           "hosts_train": "case 9: train step between emulated hosts (none, fp16, bf16, top-k, DGC, PowerSGD)",
           "ddp": "case 11: DDP on hvdlite's backend, on gloo, the Horovod API, Horovod (one host, emulated hosts)",
           "autotune": "case 8: autotune against a sweep",
-          "compression": "case 10: accuracy against bytes, every compressor (digits)"}
+          "compression": "case 10: accuracy against bytes, every compressor (digits)",
+          "diloco": "case 12: DiLoCo against compression (byte-level LM, emulated hosts, convergence)"}
 
 
 # ---- meta ----------------------------------------------------------------------------
