@@ -3,6 +3,7 @@
     python -m hvdlite.bench                        # everything (16-25 minutes on 2 vCPUs, the emulated-host cases included)
     python -m hvdlite.bench --cases allreduce,train_step
     python -m hvdlite.bench --cases hosts,autotune       # between emulated hosts; autotune vs a sweep
+    python -m hvdlite.bench --cases diloco               # DiLoCo vs compression, an LM (named only: 1-2 hours)
     python -m hvdlite.bench --tiny --out-dir /tmp/b   # seconds: the smoke test's run
     python -m hvdlite.bench --report bench/results/2026-11-23-5.json   # the report of a JSON
 
@@ -48,6 +49,8 @@ DILOCO = os.path.join(BENCH, "diloco.py")
 CASES = ["allreduce", "train_step", "ddp", "kernels", "network", "hosts", "hosts_train", "scaling",
          "negotiation", "sweep", "autotune", "compression", "diloco"]
 TINY_CASES = ["allreduce", "train_step", "sweep"]
+# Cases that train to convergence (an hour or more): run only when named.
+LONG_CASES = ["diloco"]
 
 FULL = dict(
     scale=1.0, r50_iters=15, small_iters=60,
@@ -106,7 +109,8 @@ def parse_args(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="cases: " + ", ".join(CASES))
     ap.add_argument("--cases", default=None,
-                    help="comma list (default: all; with --tiny: %s)" % ",".join(TINY_CASES))
+                    help="comma list (default: all but %s; with --tiny: %s)"
+                    % (",".join(LONG_CASES), ",".join(TINY_CASES)))
     ap.add_argument("--tiny", action="store_true",
                     help="few iterations, small sizes, no network case (a smoke run)")
     ap.add_argument("--np", type=int, default=2, help="ranks of the main cases (default 2)")
@@ -603,7 +607,8 @@ def main(argv=None):
         if k not in P:
             raise SystemExit("unknown setting %s (one of %s)" % (k, ", ".join(sorted(P))))
         P[k] = type(P[k])(v) if not isinstance(P[k], list) else [int(x) for x in v.split(",")]
-    cases = args.cases.split(",") if args.cases else (TINY_CASES if tiny else CASES)
+    cases = args.cases.split(",") if args.cases else (
+        TINY_CASES if tiny else [c for c in CASES if c not in LONG_CASES])
     for c in cases:
         if c not in RUNNERS:
             raise SystemExit("unknown case %s (one of %s)" % (c, ", ".join(CASES)))

@@ -241,7 +241,7 @@ def train(args):
         if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
             curve.append(evaluator.point(step + 1, time.time() - start - evaluator.seconds,
                                          _wire_bytes() - wire_start - evaluator.wire))
-    if args.local_sgd or args.diloco:
+    if (args.local_sgd or args.diloco) and not in_sync_after(args):
         optimizer.synchronize()  # one model on every rank (not counted in the peak of a step)
     elapsed = time.time() - start - evaluator.seconds
     wire = _wire_bytes() - wire_start - evaluator.wire
@@ -265,6 +265,15 @@ def train(args):
         sys.stdout.flush()
     report(args, result, rank)
     return result
+
+
+def in_sync_after(args):
+    """Whether the last step's sync left one model on every rank: a further
+    synchronize() would send the model again and, under DiLoCo, take one more
+    outer step on a zero outer gradient (its momentum would move the anchor)."""
+    h = args.local_sgd or args.diloco
+    whole = args.local_sgd or (args.fragments == 1 and not args.overlap_steps)
+    return bool(h) and whole and args.steps % h == 0
 
 
 class Evaluator:
