@@ -71,6 +71,12 @@ def plot_diloco(path, case):
             sent = [p for p in curve if p[2] > 0]   # nothing sent yet: no place on a log axis
             ax_b.plot([p[2] for p in sent], [p[3] for p in sent], **kw)
             ax_t.plot([p[1] for p in curve], [p[3] for p in curve], **kw)
+        # A first evaluation before any sync (DiLoCo's anchor is still the initial
+        # model) would squash the rest: the axis starts at the runs' later points.
+        later = [p[3] for r in job["runs"].values() for p in r["curve"][1:]]
+        if later:
+            for ax in (ax_b, ax_t):
+                ax.set_ylim(top=max(later) + 0.05 * (max(later) - min(later) or 1))
         ax_b.set_xscale("log")
         ax_b.set_xlabel("bytes one rank put on the wire (log)", fontsize=8)
         ax_t.set_xlabel("seconds of training (evaluations excluded)", fontsize=8)

@@ -501,9 +501,11 @@ def case_diloco(R, P, args, tiny):
     DGC's preset, PowerSGD, DiLoCo and Streaming DiLoCo between emulated hosts at each
     rate of diloco_rates; and DiLoCo at several H against synchronous on this host (the
     convergence sub-case). Every ratio is to the synchronous run of the same job."""
-    out = {"convergence": diloco_job(R, P["diloco_np"], P["diloco_conv_runs"], P["diloco_conv_steps"],
-                                     P["diloco_conv_model"], P)}
-    progress("      diloco: convergence on one host done (load %s)" % load_average())
+    out = {}
+    if P["diloco_conv_runs"]:   # --set diloco_conv_runs= leaves it out
+        out["convergence"] = diloco_job(R, P["diloco_np"], P["diloco_conv_runs"], P["diloco_conv_steps"],
+                                        P["diloco_conv_model"], P)
+        progress("      diloco: convergence on one host done (load %s)" % load_average())
     if not P["diloco_layouts"]:
         return out
     out["hosts"] = {}
