@@ -10,7 +10,7 @@ numbers consistent. This module assembles the document and writes the parts
 that span cases (summary, method, advice, caveats); each benchmark's section,
 plots and progress headline live beside it (allreduce_report.py,
 train_step_report.py, hosts_report.py, kernels.py,
-compression_accuracy_report.py), on report_format.py and
+compression_accuracy_report.py, ddp_report.py, diloco_report.py), on report_format.py and
 report_plots.py.
 """
 import os
@@ -20,6 +20,7 @@ from . import compression_accuracy_report, kernels
 from .allreduce_report import (allreduce_headline, allreduce_section, scaling_section, small_section,
                                sweep_grid, sweep_headline, sweep_section)
 from .ddp_report import ddp_headline, ddp_section
+from .diloco_report import diloco_headline, diloco_section
 from .hosts_report import (hosts_headline, hosts_section, hosts_train_headline, hosts_train_section,
                            network_headline, network_numbers, network_section)
 from .report_format import (IDLE_MODE, NORMAL_MODE, R50_RAW, TARGETS, best_of, fmt_bytes, met, ms, ok,
@@ -32,7 +33,7 @@ from .train_step_report import autotune_headline, autotune_section, train_headli
 HEADLINES = {"allreduce": allreduce_headline, "train_step": train_headline, "kernels": kernels.headline,
              "network": network_headline, "autotune": autotune_headline, "hosts": hosts_headline,
              "compression": compression_accuracy_report.headline, "hosts_train": hosts_train_headline,
-             "sweep": sweep_headline, "ddp": ddp_headline}
+             "sweep": sweep_headline, "ddp": ddp_headline, "diloco": diloco_headline}
 
 
 def headline(case, res):
@@ -114,6 +115,8 @@ def write(data, doc_path, img_dir, json_path):
         L.append(autotune_section(cases["autotune"]))
     if "compression" in cases:
         L.append(compression_accuracy_report.compression_section(cases["compression"], img))
+    if "diloco" in cases:
+        L.append(diloco_section(cases["diloco"], img))
     if "scaling" in cases or "negotiation" in cases:
         L.append(scaling_section(cases.get("scaling"), cases.get("negotiation"), img))
     if "sweep" in cases:

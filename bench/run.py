@@ -3,6 +3,7 @@
     python -m hvdlite.bench                        # everything (16-25 minutes on 2 vCPUs, the emulated-host cases included)
     python -m hvdlite.bench --cases allreduce,train_step
     python -m hvdlite.bench --cases hosts,autotune       # between emulated hosts; autotune vs a sweep
+    python -m hvdlite.bench --cases diloco               # DiLoCo vs compression, an LM (named only: 1-2 hours)
     python -m hvdlite.bench --tiny --out-dir /tmp/b   # seconds: the smoke test's run
     python -m hvdlite.bench --report bench/results/2026-11-23-5.json   # the report of a JSON
 
@@ -44,9 +45,12 @@ ALLREDUCE = os.path.join(BENCH, "allreduce.py")
 TRAIN = os.path.join(BENCH, "train_step.py")
 BREAKDOWN = os.path.join(BENCH, "breakdown.py")
 ACCURACY = os.path.join(BENCH, "compression_accuracy.py")
+DILOCO = os.path.join(BENCH, "diloco.py")
 CASES = ["allreduce", "train_step", "ddp", "kernels", "network", "hosts", "hosts_train", "scaling",
-         "negotiation", "sweep", "autotune", "compression"]
+         "negotiation", "sweep", "autotune", "compression", "diloco"]
 TINY_CASES = ["allreduce", "train_step", "sweep"]
+# Cases that train to convergence (an hour or more): run only when named.
+LONG_CASES = ["diloco"]
 
 FULL = dict(
     scale=1.0, r50_iters=15, small_iters=60,
@@ -67,8 +71,14 @@ FULL = dict(
     autotune_sweep="1MB:0.5,1MB:1,1MB:5,4MB:0.5,4MB:1,4MB:5,16MB:0.5,16MB:1,16MB:5,64MB:0.5,64MB:1,64MB:5",
     autotune_rounds=4, autotune_steps=3, autotune_steps_per_sample=3, autotune_layout="",
     accuracy_np=4, accuracy_epochs=12, accuracy_seeds="42,1,2",
+    diloco_np=4, diloco_model="", diloco_steps=300, diloco_eval_every=25,
+    diloco_runs="sync,dgc,powersgd,diloco50,streaming50", diloco_layouts="4x1",
+    diloco_rates="1gbit,100mbit", diloco_conv_runs="sync,diloco10,diloco50,diloco100",
+    diloco_conv_steps=600, diloco_conv_model="",
     job_timeout=2400,
 )
+# The language model of the diloco case cut to a smoke test's size.
+TINY_LM = "--d-model 32 --layers 1 --heads 2 --seq-len 16 --data-mb 0.2 --eval-windows 8"
 TINY = dict(
     scale=0.01, r50_iters=2, small_iters=4,
     layers=2, width=128, batch=8, train_rounds=2, train_steps=2, warmup=1,
@@ -86,6 +96,9 @@ TINY = dict(
     autotune_sweep="1MB:1,64MB:1", autotune_rounds=1, autotune_steps=1, autotune_steps_per_sample=1,
     autotune_layout="",
     accuracy_np=2, accuracy_epochs=1, accuracy_seeds="42",
+    diloco_np=2, diloco_model=TINY_LM, diloco_steps=20, diloco_eval_every=5,
+    diloco_runs="sync,dgc,powersgd,diloco5,streaming5", diloco_layouts="", diloco_rates="1gbit",
+    diloco_conv_runs="sync,diloco5,diloco10", diloco_conv_steps=20, diloco_conv_model=TINY_LM,
     job_timeout=300,
 )
 
@@ -96,7 +109,8 @@ def parse_args(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="cases: " + ", ".join(CASES))
     ap.add_argument("--cases", default=None,
-                    help="comma list (default: all; with --tiny: %s)" % ",".join(TINY_CASES))
+                    help="comma list (default: all but %s; with --tiny: %s)"
+                    % (",".join(LONG_CASES), ",".join(TINY_CASES)))
     ap.add_argument("--tiny", action="store_true",
                     help="few iterations, small sizes, no network case (a smoke run)")
     ap.add_argument("--np", type=int, default=2, help="ranks of the main cases (default 2)")
@@ -477,10 +491,39 @@ def case_compression(R, P, args, tiny):
                                               "--seeds", P["accuracy_seeds"]])
 
 
+def diloco_job(R, np, runs, steps, model, P, **kw):
+    return R.job(np, DILOCO, ["--runs", runs, "--steps", str(steps), "--eval-every",
+                              str(P["diloco_eval_every"]), "--model=" + model], **kw)
+
+
+def case_diloco(R, P, args, tiny):
+    """The byte-level LM (examples/pytorch_lm.py) to equal samples: synchronous, top-k +
+    DGC's preset, PowerSGD, DiLoCo and Streaming DiLoCo between emulated hosts at each
+    rate of diloco_rates; and DiLoCo at several H against synchronous on this host (the
+    convergence sub-case). Every ratio is to the synchronous run of the same job."""
+    out = {}
+    if P["diloco_conv_runs"]:   # --set diloco_conv_runs= leaves it out
+        out["convergence"] = diloco_job(R, P["diloco_np"], P["diloco_conv_runs"], P["diloco_conv_steps"],
+                                        P["diloco_conv_model"], P)
+        progress("      diloco: convergence on one host done (load %s)" % load_average())
+    if not P["diloco_layouts"]:
+        return out
+    out["hosts"] = {}
+    for rate in P["diloco_rates"].split(","):
+        shaped = argparse.Namespace(**dict(vars(args), rate=rate))
+        out["hosts"][rate] = over_layouts(
+            shaped, P["diloco_layouts"], "diloco at %s" % rate,
+            lambda n_hosts, per_host, hv, env, wrap: diloco_job(
+                R, n_hosts * per_host, P["diloco_runs"], P["diloco_steps"], P["diloco_model"], P,
+                env=env, hvdrun_args=hv, wrap=wrap))
+    return out
+
+
 RUNNERS = {"allreduce": case_allreduce, "train_step": case_train, "kernels": case_kernels,
            "network": case_network, "scaling": case_scaling, "negotiation": case_negotiation,
            "sweep": case_sweep, "hosts": case_hosts, "hosts_train": case_hosts_train, "ddp": case_ddp,
-           "autotune": case_autotune, "compression": case_compression}
+           "autotune": case_autotune, "compression": case_compression,
+           "diloco": case_diloco}
 TITLES = {"allreduce": "cases 1+3: ResNet-50 set and 100 x 4 KB allreduce",
           "train_step": "case 2: train step 6 x Linear(2048, 2048)",
           "kernels": "case 4: compression kernels", "network": "case 5: emulated network",
@@ -490,7 +533,8 @@ TITLES = {"allreduce": "cases 1+3: ResNet-50 set and 100 x 4 KB allreduce",
           "hosts_train": "case 9: train step between emulated hosts (none, fp16, bf16, top-k, DGC, PowerSGD)",
           "ddp": "case 11: DDP on hvdlite's backend, on gloo, the Horovod API, Horovod (one host, emulated hosts)",
           "autotune": "case 8: autotune against a sweep",
-          "compression": "case 10: accuracy against bytes, every compressor (digits)"}
+          "compression": "case 10: accuracy against bytes, every compressor (digits)",
+          "diloco": "case 12: DiLoCo against compression (byte-level LM, emulated hosts, convergence)"}
 
 
 # ---- meta ----------------------------------------------------------------------------
@@ -565,7 +609,8 @@ def main(argv=None):
         if k not in P:
             raise SystemExit("unknown setting %s (one of %s)" % (k, ", ".join(sorted(P))))
         P[k] = type(P[k])(v) if not isinstance(P[k], list) else [int(x) for x in v.split(",")]
-    cases = args.cases.split(",") if args.cases else (TINY_CASES if tiny else CASES)
+    cases = args.cases.split(",") if args.cases else (
+        TINY_CASES if tiny else [c for c in CASES if c not in LONG_CASES])
     for c in cases:
         if c not in RUNNERS:
             raise SystemExit("unknown case %s (one of %s)" % (c, ", ".join(CASES)))

@@ -253,6 +253,43 @@ def test_tiny_compression_accuracy_case(tmp_path):
     _check_png(str(tmp_path / "img" / "bench_compression_accuracy.png"))
 
 
+def test_tiny_diloco_case(tmp_path):
+    """Case 12 in a tiny run: the language-model example (cut to a 1-layer
+    d_model 32 model) synchronous, with DiLoCo at two H on one host, and every
+    method between two emulated hosts at 1 Gbit/s; ratios to the synchronous
+    run of the same job; the report's tables and plot."""
+    from harness.checks import REQUIRE_ALL
+    require("hvdlite._engine", import_module=False)
+    require("torch", import_module=False)
+    require("matplotlib", import_module=False)
+    p = _run(["--tiny", "--cases", "diloco", "--set", "diloco_layouts=2x1", "--out-dir", str(tmp_path)],
+             timeout=400)
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(glob.glob(str(tmp_path / "results" / "*.json"))[0]) as f:
+        case = json.load(f)["cases"]["diloco"]
+    runs = case["convergence"]["runs"]
+    assert list(runs) == ["sync", "diloco5", "diloco10"], list(runs)
+    assert runs["sync"]["val_loss_ratio"] == 1.0 and runs["sync"]["bytes_ratio"] == 1.0
+    for name, h in (("diloco5", 5), ("diloco10", 10)):   # one model per H steps
+        assert runs[name]["bytes_ratio"] == round(1 / h, 4), runs[name]
+        assert runs[name]["val_loss"] < runs[name]["first_train_loss"], runs[name]
+        assert runs[name]["curve"][-1][0] == 20 and len(runs[name]["curve"]) == 4
+    doc = (tmp_path / "benchmarks.md").read_text()
+    assert "## Case 12: DiLoCo against compression" in doc and "| DiLoCo H=10 |" in doc
+    _check_png(str(tmp_path / "img" / "bench_diloco.png"))
+    hosts = case["hosts"]["1gbit"]
+    if "skipped" in hosts:  # no network namespaces here (not root): CI has them
+        assert not REQUIRE_ALL, hosts["skipped"]
+        return
+    links = hosts["layouts"]["2x1"]["runs"]
+    assert list(links) == ["sync", "dgc", "powersgd", "diloco5", "streaming5"], list(links)
+    sync = links["sync"]
+    assert sync["peak_wire_bytes_per_step"] == 4 * 29920 and sync["seconds_to_sync_loss"] is not None
+    assert links["streaming5"]["peak_wire_bytes_per_step"] < sync["peak_wire_bytes_per_step"]
+    assert links["dgc"]["wire_bytes"] < sync["wire_bytes"]
+    assert "**Between emulated hosts, 1gbit 2x1**" in doc
+
+
 REPORT_WITHOUT_RAW = """
 import sys
 sys.path.insert(0, "bench")

@@ -156,6 +156,46 @@ def test_digits_example_streaming_diloco():
     assert result["test_accuracy"] > 50, result
 
 
+# The language-model example cut to seconds: 2 ranks, a 1-layer d_model 32 model.
+LM_TINY = ["--d-model", "32", "--layers", "1", "--heads", "2", "--seq-len", "16", "--batch-size", "4",
+           "--data-mb", "0.2", "--eval-windows", "8", "--lr", "3e-3", "--steps", "40", "--eval-every", "10",
+           "--curve", "--checksum", "--json"]
+
+
+def _lm(*args):
+    import json
+    proc = run_ranks("../examples/pytorch_lm.py", 2, args=LM_TINY + list(args), expect_ok=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    sums = dict(re.findall(r"^CHECKSUM rank (\d+): (\w+)$", proc.stdout, re.M))
+    result = json.loads([l for l in proc.stdout.splitlines() if l.startswith("{")][-1])
+    return result, sums
+
+
+def test_lm_example_sync_and_diloco():
+    """examples/pytorch_lm.py synchronous and with DiLoCo H=5 on 2 ranks: the
+    loss falls, every rank ends with the same parameters, and DiLoCo puts
+    1/H of synchronous's bytes on the wire (one model every H steps against
+    one gradient every step)."""
+    h = 5
+    results = {}
+    for mode, extra in (("sync", []), ("diloco", ["--diloco", str(h)])):
+        r, sums = _lm(*extra)
+        assert set(sums) == {"0", "1"} and len(set(sums.values())) == 1, (mode, sums)
+        assert r["train_loss_last_tenth"] < r["first_train_loss"] - 1.0, (mode, r)
+        curve = r["curve"]
+        assert len(curve) == 4 and curve[-1][3] < curve[0][3], (mode, curve)
+        assert r["val_loss"] < 5.0 < r["first_train_loss"], (mode, r)   # ln 256 = 5.55
+        results[mode] = r
+    sync, diloco = results["sync"], results["diloco"]
+    model_bytes = 4 * sync["params"]
+    assert sync["wire_bytes"] == sync["steps"] * model_bytes, sync
+    # 40 steps: the 8th sync is the last step's, after which no synchronize() is needed.
+    assert diloco["wire_bytes"] == (diloco["steps"] // h) * model_bytes, diloco
+    ratio = diloco["wire_bytes_per_step"] / sync["wire_bytes_per_step"]
+    assert abs(ratio - 1 / h) < 1e-3, ratio
+
+
 @pytest.mark.parametrize("case", CUDA.cases)
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_cuda_tensors(ranks, case, rank_launch):
