@@ -35,6 +35,17 @@ def check_compression(compression, what):
     return compression
 
 
+def check_process_set(process_set, what):
+    """The process set to sync over (None: every rank); this rank must be in it."""
+    from .process_sets import global_process_set
+    if process_set is None:
+        process_set = global_process_set
+    if not process_set.included():
+        raise bad(f"{what}: this rank is not in {process_set!r}; build it only on the ranks "
+                  "of the process set")
+    return process_set
+
+
 def check_name(name, what):
     if not isinstance(name, str) or not name:
         raise bad(f"{what}: name must be a non-empty string (it prefixes the reductions' "
@@ -93,6 +104,45 @@ def fragments_due(offsets, sync_every, step):
     """The fragments whose sync starts after inner step ``step``."""
     return [f for f, off in enumerate(offsets)
             if step > off and (step - off) % sync_every == 0]
+
+
+class FragmentSyncs:
+    """The sync schedule DiLoCo's front doors share. The front door keeps
+    ``offsets``, ``sync_every``, ``overlap_steps``, ``fragments``,
+    ``local_step`` and ``_pending`` (fragment -> (finish after this step,
+    ...)) and gives ``_ensure_anchor()``, ``_start(f)`` (take fragment f's
+    outer gradient and start its reduction) and ``_finish(f)`` (wait for it,
+    the outer step, weights := anchor)."""
+
+    def fragments_due(self, step):
+        """The fragments whose sync starts after inner step ``step``."""
+        return fragments_due(self.offsets, self.sync_every, step)
+
+    def _syncs_after_step(self):
+        """After inner step ``local_step``: the syncs whose overlap is over
+        finish, the syncs due start (and finish at once without overlap)."""
+        for f in sorted(f for f, pend in self._pending.items() if pend[0] <= self.local_step):
+            self._finish(f)
+        for f in self.fragments_due(self.local_step):
+            self._start(f)
+            if self.overlap_steps == 0:
+                self._finish(f)
+
+    def synchronize(self):
+        """Finishes the syncs in flight, then an outer step for every fragment
+        now: afterwards every rank's weights are the same new anchor. Every
+        rank calls it, at the end of training."""
+        self._ensure_anchor()
+        self.wait()
+        for f in range(self.fragments):
+            self._start(f)
+        for f in range(self.fragments):
+            self._finish(f)
+
+    def wait(self):
+        """Finishes the syncs in flight (their outer steps are applied)."""
+        for f in sorted(self._pending):
+            self._finish(f)
 
 
 class OuterSGD:

@@ -17,25 +17,17 @@ See docs/compression.md ("Communicate less often").
 """
 import torch
 
-from hvdlite import exceptions
-from hvdlite.compression import Compression, Compressor
-from hvdlite.local_sgd import split_fragments
+from hvdlite.compression import Compression
+from hvdlite.local_sgd import bad as _bad
+from hvdlite.local_sgd import check_compression as _check_compression
+from hvdlite.local_sgd import check_process_set as _check_process_set
+from hvdlite.local_sgd import check_sync_every as _check_sync_every
+from hvdlite.local_sgd import FragmentSyncs, split_fragments
 from hvdlite.process_sets import global_process_set
 
 from . import mpi_ops
 from .functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .mpi_ops import Average
-
-
-def _bad(message):
-    return exceptions.InvalidArgumentError(message)
-
-
-def _check_sync_every(sync_every, what):
-    if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
-        raise _bad(f"{what}: sync_every must be an int >= 1 (the number of local optimizer "
-                   f"steps between two syncs), not {sync_every!r}")
-    return sync_every
 
 
 def _check_optimizer(optimizer, what):
@@ -48,24 +40,6 @@ def _check_optimizer(optimizer, what):
     if isinstance(optimizer, _DistributedOptimizer):
         raise _bad(f"{what}: pass the plain torch optimizer, not a DistributedOptimizer "
                    "(it would reduce gradients at every step); the wrapper does the syncing")
-
-
-def _check_compression(compression, what):
-    if not isinstance(compression, Compressor) and not (
-            isinstance(compression, type) and issubclass(compression, Compressor)):
-        raise _bad(f"{what}: compression must be one of hvdlite's Compression "
-                   f"(Compression.none, .fp16, .bf16, .topk(...), .powersgd(...)), "
-                   f"not {compression!r}")
-    return compression
-
-
-def _check_process_set(process_set, what):
-    if process_set is None:
-        process_set = global_process_set
-    if not process_set.included():
-        raise _bad(f"{what}: this rank is not in {process_set!r}; build it only on the ranks "
-                   "of the process set")
-    return process_set
 
 
 def _float_buffers(model):
@@ -185,7 +159,7 @@ def _split_fragments(params, n):
     return split_fragments([p.numel() for p in params], n)
 
 
-class DiLoCo(_Periodic):
+class DiLoCo(_Periodic, FragmentSyncs):
     """DiLoCo: ``inner_optimizer`` steps on each rank alone; every
     ``sync_every`` (H) steps, each rank's outer gradient ``anchor - params``
     is averaged through the engine, the outer optimizer steps on the anchor
@@ -298,23 +272,13 @@ class DiLoCo(_Periodic):
                 opt.load_state_dict(sd)
             self._outer_state = None
 
-    def fragments_due(self, step):
-        """The fragments whose sync starts after inner step ``step``."""
-        return [f for f, off in enumerate(self.offsets)
-                if step > off and (step - off) % self.sync_every == 0]
-
     # ---------------------------------------------------------------- stepping
     def step(self, closure=None):
         """One inner step, then the syncs due after it."""
         self._ensure_anchor()
         loss = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
         self.local_step += 1
-        for f in [f for f, pend in self._pending.items() if pend[0] <= self.local_step]:
-            self._finish(f)
-        for f in self.fragments_due(self.local_step):
-            self._start(f)
-            if self.overlap_steps == 0:
-                self._finish(f)
+        self._syncs_after_step()
         return loss
 
     def _start(self, f):
@@ -341,23 +305,6 @@ class DiLoCo(_Periodic):
                 self.params[i].copy_(self.anchor[i])
             for b, avg in zip(self.buffers, buffers):
                 b.copy_(avg)
-
-    def synchronize(self):
-        """Finishes the syncs in flight, then an outer step for every fragment
-        now: afterwards every rank's parameters are the same new anchor. Call
-        it at the end of training (every rank calls it)."""
-        self._ensure_anchor()
-        for f in sorted(self._pending):
-            self._finish(f)
-        for f in range(self.fragments):
-            self._start(f)
-        for f in range(self.fragments):
-            self._finish(f)
-
-    def wait(self):
-        """Finishes the syncs in flight (their outer steps are applied)."""
-        for f in sorted(self._pending):
-            self._finish(f)
 
     # ---------------------------------------------------------------- state
     def state_dict(self):

@@ -33,15 +33,6 @@ from .. import keras_flavor as flavor
 from .callback_base import Callback
 
 
-def _check_process_set(process_set, what):
-    if process_set is None:
-        process_set = global_process_set
-    if not process_set.included():
-        raise common.bad(f"{what}: this rank is not in {process_set!r}; build it only on the "
-                         "ranks of the process set")
-    return process_set
-
-
 def _is_float(variable):
     return tf.as_dtype(variable.dtype).is_floating
 
@@ -61,7 +52,7 @@ class _PeriodicCallback(Callback):
         self.sync_every = common.check_sync_every(sync_every, self.what)
         self.sync_buffers = bool(sync_buffers)
         self.compression = common.check_compression(compression, self.what)
-        self.process_set = _check_process_set(process_set, self.what)
+        self.process_set = common.check_process_set(process_set, self.what)
         self.name = common.check_name(name, self.what)
         self.sync_on_train_end = bool(sync_on_train_end)
         self.local_step = 0          # train batches finished so far
@@ -190,7 +181,7 @@ class LocalSGDCallback(_PeriodicCallback):
             self.state_dict(), root_rank, name=f"{self.name}.state", process_set=self.process_set))
 
 
-class DiLoCoCallback(_PeriodicCallback):
+class DiLoCoCallback(_PeriodicCallback, common.FragmentSyncs):
     """DiLoCo in ``model.fit``: each rank's optimizer (the inner one) steps
     alone; after every ``sync_every`` (H) train batches each rank's outer
     gradient ``anchor - weights`` is averaged through the engine, the outer
@@ -272,22 +263,13 @@ class DiLoCoCallback(_PeriodicCallback):
             self.outer.momentum_buffers = [None] * len(params)
         return params
 
-    def fragments_due(self, step):
-        """The fragments whose sync starts after train batch ``step``."""
-        return common.fragments_due(self.offsets, self.sync_every, step)
-
     # ---------------------------------------------------------------- stepping
     def on_train_batch_begin(self, batch, logs=None):
         if self.anchor is None:
             self._ensure_anchor()
 
     def _after_step(self):
-        for f in sorted(f for f, pend in self._pending.items() if pend[0] <= self.local_step):
-            self._finish(f)
-        for f in self.fragments_due(self.local_step):
-            self._start(f)
-            if self.overlap_steps == 0:
-                self._finish(f)
+        self._syncs_after_step()
 
     def _start(self, f):
         params = self._ensure_anchor()
@@ -309,22 +291,6 @@ class DiLoCoCallback(_PeriodicCallback):
             params[i].assign(self.anchor[i])
         for b, avg in zip(self._buffers() if n < len(reduced) else [], reduced[n:]):
             b.assign(avg)
-
-    def synchronize(self):
-        """Finishes the syncs in flight, then an outer step for every fragment
-        now: afterwards every rank's weights are the same new anchor. Every
-        rank calls it (fit() does at its end unless sync_on_train_end=False)."""
-        self._ensure_anchor()
-        self.wait()
-        for f in range(self.fragments):
-            self._start(f)
-        for f in range(self.fragments):
-            self._finish(f)
-
-    def wait(self):
-        """Finishes the syncs in flight (their outer steps are applied)."""
-        for f in sorted(self._pending):
-            self._finish(f)
 
     # ---------------------------------------------------------------- state
     def state_dict(self):
