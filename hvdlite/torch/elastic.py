@@ -44,24 +44,23 @@ class _Leaf:
         self.index = index
 
 
-def _strip(obj, leaves):
-    """``obj`` with every tensor replaced by a _Leaf (the tensors go to
-    ``leaves``, in order); containers are new, Python scalars kept, other
-    objects deep-copied."""
+def _rebuild(obj, leaf, on_leaf):
+    """``obj`` with each part for which ``leaf(part)`` holds replaced by
+    ``on_leaf(part)``; containers are new, Python scalars kept, other objects
+    deep-copied."""
     kind = type(obj)
     if kind in _SCALARS:
         return obj
-    if isinstance(obj, torch.Tensor):
-        leaves.append(obj)
-        return _Leaf(len(leaves) - 1)
+    if leaf(obj):
+        return on_leaf(obj)
     if kind is dict:
-        return {k: _strip(v, leaves) for k, v in obj.items()}
+        return {k: _rebuild(v, leaf, on_leaf) for k, v in obj.items()}
     if kind is list:
-        return [_strip(v, leaves) for v in obj]
+        return [_rebuild(v, leaf, on_leaf) for v in obj]
     if kind is tuple:
-        return tuple(_strip(v, leaves) for v in obj)
+        return tuple(_rebuild(v, leaf, on_leaf) for v in obj)
     if kind is collections.OrderedDict:
-        out = collections.OrderedDict((k, _strip(v, leaves)) for k, v in obj.items())
+        out = collections.OrderedDict((k, _rebuild(v, leaf, on_leaf)) for k, v in obj.items())
         metadata = getattr(obj, "_metadata", None)
         if metadata is not None:
             out._metadata = metadata        # a module's state_dict(): a new one at each call
@@ -69,24 +68,18 @@ def _strip(obj, leaves):
     return copy.deepcopy(obj)
 
 
+def _strip(obj, leaves):
+    """``obj`` with every tensor replaced by a _Leaf (the tensors go to
+    ``leaves``, in order)."""
+    def to_leaf(tensor):
+        leaves.append(tensor)
+        return _Leaf(len(leaves) - 1)
+    return _rebuild(obj, lambda o: isinstance(o, torch.Tensor), to_leaf)
+
+
 def _fill(skeleton, tensors):
     """The state dict ``skeleton`` stands for, with ``tensors`` in its _Leaf places."""
-    kind = type(skeleton)
-    if kind is _Leaf:
-        return tensors[skeleton.index]
-    if kind is dict:
-        return {k: _fill(v, tensors) for k, v in skeleton.items()}
-    if kind is list:
-        return [_fill(v, tensors) for v in skeleton]
-    if kind is tuple:
-        return tuple(_fill(v, tensors) for v in skeleton)
-    if kind is collections.OrderedDict:
-        out = collections.OrderedDict((k, _fill(v, tensors)) for k, v in skeleton.items())
-        metadata = getattr(skeleton, "_metadata", None)
-        if metadata is not None:
-            out._metadata = metadata
-        return out
-    return copy.deepcopy(skeleton) if kind not in _SCALARS else skeleton
+    return _rebuild(skeleton, lambda o: type(o) is _Leaf, lambda o: tensors[o.index])
 
 
 def _leaf_paths(skeleton, path=(), out=None):
