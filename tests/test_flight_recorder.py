@@ -6,13 +6,11 @@ SIGUSR1 that leaves the job running. The ring itself: tests/cpp/test_flight_reco
 import json
 import os
 import re
-import signal
 import socket
-import subprocess
 import sys
 import uuid
 
-from harness.hosts import wait_until_gone
+from harness.hosts import run_tagged
 from harness.ranks import TESTS, mpiexec, rank_env
 
 REPO = os.path.dirname(TESTS)
@@ -33,16 +31,7 @@ def run(mode, ranks, hvdrun_dir=None, env=None, timeout=60):
         cmd = [sys.executable, "-m", "launcher", "-np", str(ranks), "--output-filename", str(hvdrun_dir)] + rank_cmd
     else:
         cmd = [mpiexec(), "-n", str(ranks)] + rank_cmd
-    try:
-        proc = subprocess.run(cmd, env=rank_env(env), capture_output=True, text=True, timeout=timeout, cwd=REPO)
-    finally:
-        left = wait_until_gone(tag, timeout=5)
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    assert not left, f"processes left behind: {left}"
+    proc = run_tagged(cmd, tag, env=rank_env(env), timeout=timeout, cwd=REPO)
     return proc
 
 

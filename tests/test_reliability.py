@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from harness.hosts import hvdrun_argv, wait_until_gone
+from harness.hosts import hvdrun_argv, run_tagged
 from harness.checks import require, unavailable
 from harness.ranks import TESTS, RankTests, mpiexec, rank_env, run_ranks
 
@@ -38,16 +38,7 @@ def launch(script, ranks, args, env=None, timeout=120, hvdrun=False):
         cmd = argv + ["-np", str(ranks)] + rank_cmd
     else:
         cmd = [mpiexec(), "-n", str(ranks)] + rank_cmd
-    try:
-        proc = subprocess.run(cmd, env=rank_env(env), capture_output=True, text=True, timeout=timeout)
-    finally:
-        left = wait_until_gone(tag, timeout=5)
-        for pid in left:
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
-    assert not left, f"processes left behind: {left}"
+    proc = run_tagged(cmd, tag, env=rank_env(env), timeout=timeout)
     return proc, tag, time.time()
 
 

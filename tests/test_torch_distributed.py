@@ -27,7 +27,7 @@ import uuid
 import pytest
 
 from harness.checks import require
-from harness.hosts import hvdrun_argv, wait_until_gone
+from harness.hosts import hvdrun_argv, run_tagged
 from harness.ranks import ROOT, TESTS, RankTests, rank_env, run_ranks
 from test_reliability import FAILURE_LIMIT_S, HOST, launch, parse
 
@@ -346,16 +346,7 @@ def _elastic_job(hvdrun_args, script_args=(), env=None):
                                       tag, str(ELASTIC_STEPS), *script_args]
     env = rank_env(dict(extra, **(env or {}),
                         PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])))
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
-    finally:
-        left = wait_until_gone(tag, timeout=5)
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    assert not left, f"processes left behind: {left}"
+    proc = run_tagged(cmd, tag, env=env, timeout=240, cwd=ROOT)
     events = [json.loads(m.group(2)) for m in map(EVENT.match, proc.stdout.splitlines()) if m]
     return proc, events
 

@@ -510,6 +510,23 @@ def wait_until_gone(tag, timeout=3.0):
         time.sleep(0.05)
 
 
+def run_tagged(cmd, tag, **kwargs):
+    """subprocess.run(cmd, capture_output=True, text=True, **kwargs) of a job
+    whose processes carry ``tag``; afterwards none of them may be left (those
+    still there after 5 s are killed, and the call fails naming them)."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    finally:
+        left = wait_until_gone(tag, timeout=5)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert not left, f"processes left behind: {left}"
+    return proc
+
+
 if __name__ == "__main__":
     # Manual use (root):  python tests/harness/hosts.py [N [CMD...]]
     # runs CMD (default: an interactive shell) on host 1 while N hosts are up,
