@@ -268,9 +268,8 @@ def train(args):
 
 
 def in_sync_after(args):
-    """Whether the last step's sync left one model on every rank: a further
-    synchronize() would send the model again and, under DiLoCo, take one more
-    outer step on a zero outer gradient (its momentum would move the anchor)."""
+    """Whether the last step's sync left one model on every rank (then
+    synchronize() is not needed: it would send LocalSGD's model again)."""
     h = args.local_sgd or args.diloco
     whole = args.local_sgd or (args.fragments == 1 and not args.overlap_steps)
     return bool(h) and whole and args.steps % h == 0

@@ -121,28 +121,37 @@ class FragmentSyncs:
     def _syncs_after_step(self):
         """After inner step ``local_step``: the syncs whose overlap is over
         finish, the syncs due start (and finish at once without overlap)."""
+        self._fresh = set()     # an inner step moved every fragment off its anchor
         for f in sorted(f for f, pend in self._pending.items() if pend[0] <= self.local_step):
-            self._finish(f)
+            self._finish_fresh(f)
         for f in self.fragments_due(self.local_step):
             self._start(f)
             if self.overlap_steps == 0:
-                self._finish(f)
+                self._finish_fresh(f)
+
+    def _finish_fresh(self, f):
+        self._finish(f)
+        self._fresh = getattr(self, "_fresh", set()) | {f}
 
     def synchronize(self):
         """Finishes the syncs in flight, then an outer step for every fragment
-        now: afterwards every rank's weights are the same new anchor. Every
-        rank calls it, at the end of training."""
+        that an inner step moved since its last sync: afterwards every rank's
+        weights are the same new anchor. Every rank calls it, at the end of
+        training. (A fragment synced after the last inner step has nothing to
+        send; an outer step on its zero gradient would still move the anchor
+        by the outer momentum.)"""
         self._ensure_anchor()
         self.wait()
-        for f in range(self.fragments):
+        moved = [f for f in range(self.fragments) if f not in getattr(self, "_fresh", ())]
+        for f in moved:
             self._start(f)
-        for f in range(self.fragments):
-            self._finish(f)
+        for f in moved:
+            self._finish_fresh(f)
 
     def wait(self):
         """Finishes the syncs in flight (their outer steps are applied)."""
         for f in sorted(self._pending):
-            self._finish(f)
+            self._finish_fresh(f)
 
 
 class OuterSGD:

@@ -321,6 +321,7 @@ class DiLoCo(_Periodic, FragmentSyncs):
     def load_state_dict(self, state_dict):
         # Handles of syncs in flight belong to the run being abandoned.
         self._pending.clear()
+        self._fresh = set()
         anchor = state_dict["anchor"]
         if len(anchor) != len(self.params) or any(
                 a.shape != p.shape for a, p in zip(anchor, self.params)):
@@ -339,6 +340,7 @@ class DiLoCo(_Periodic, FragmentSyncs):
         """Makes the anchor, the outer and inner optimizer states and the step
         count ``root_rank``'s (syncs in flight are dropped first)."""
         self._pending.clear()
+        self._fresh = set()
         self._ensure_anchor()
         broadcast_parameters([(f"{self.name}.anchor.{n}", a) for n, a in zip(self.names, self.anchor)],
                              root_rank, process_set=self.process_set)

@@ -251,6 +251,19 @@ def test_diloco_fp16_compressed_outer_gradient(rank, size):
           hvdlite.engine_stats()["wire_bytes_fp16"] > before)
 
 
+def test_diloco_synchronize_after_a_full_sync_keeps_the_anchor(rank, size):
+    model = Quad()
+    diloco = hvd.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=LR), sync_every=2)
+    for _ in range(4):     # synced after steps 2 and 4: nothing moved since
+        local_step(model, diloco, rank)
+    before = [a.detach().numpy().copy() for a in diloco.anchor]
+    diloco.synchronize()
+    check("the anchor did not move (no outer step on a zero gradient)",
+          all(np.array_equal(b, a.detach().numpy()) for b, a in zip(before, diloco.anchor)))
+    check("parameters are the anchor", all(np.array_equal(p, a.detach().numpy())
+                                           for p, a in zip(params_of(model), diloco.anchor)))
+
+
 def test_diloco_synchronize_makes_ranks_equal(rank, size):
     model = Quad()
     diloco = hvd.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=LR), sync_every=4,

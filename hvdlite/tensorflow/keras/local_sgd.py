@@ -307,6 +307,7 @@ class DiLoCoCallback(_PeriodicCallback, common.FragmentSyncs):
     def load_state_dict(self, state_dict):
         # Handles of syncs in flight belong to the run being abandoned.
         self._pending.clear()
+        self._fresh = set()
         anchor = state_dict["anchor"]
         if anchor is not None and getattr(self, "model", None) is not None:
             params = self._layout()
@@ -326,6 +327,7 @@ class DiLoCoCallback(_PeriodicCallback, common.FragmentSyncs):
         """Makes the anchor, outer momentum and step count ``root_rank``'s
         (syncs in flight are dropped first)."""
         self._pending.clear()
+        self._fresh = set()
         self.load_state_dict(functions.broadcast_object(
             self.state_dict(), root_rank, name=f"{self.name}.state", process_set=self.process_set))
 
