@@ -71,7 +71,7 @@ from hvdlite.compression import Compression
 from hvdlite.process_sets import _add_process_set_as_member, global_process_set
 from hvdlite.request import Average, Max, Min, Product, Sum
 
-from . import c10d_p2p, mpi_ops, rendezvous
+from . import c10d_p2p, mpi_ops
 from .c10d_work import OutcomeWork
 
 BACKEND = hvdlite_torch_plugin.BACKEND
@@ -646,7 +646,7 @@ def _launch_error(group_size, group_rank, why):
 
 def _start_engine(group_size, group_rank):
     if not basics.is_initialized():
-        if group_size > 1 and not rendezvous.launched_by_mpi():
+        if group_size > 1 and not hvdlite_torch_plugin.launched_by_mpi():
             raise _launch_error(group_size, group_rank, "this process was not started by an MPI "
                                 "launcher")
         basics.init()

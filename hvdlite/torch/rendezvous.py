@@ -7,8 +7,9 @@ TCPStore on a free port and tells the others where through hvdlite's own
 broadcast. The torch device executor (device.py) and the c10d backend
 (c10d.py) both get their store here.
 
-:func:`install_env_fallback` extends torch's ``env://`` rendezvous (the
-default of ``init_process_group``): in a job MPI launched where RANK,
+``hvdlite_torch_plugin.install_env_fallback`` extends torch's ``env://``
+rendezvous (the default of ``init_process_group``) with :func:`env_from_mpi`:
+in a job MPI launched where RANK,
 WORLD_SIZE, MASTER_ADDR or MASTER_PORT is not set, it takes rank and size
 from MPI and this store instead of failing on the missing variable. Where
 they are all set (torchrun, a script that sets them) torch's own rendezvous
@@ -19,8 +20,6 @@ import socket
 from datetime import timedelta
 
 import torch.distributed as dist
-# (the env:// hand-over is installed from there, with torch's own import)
-from hvdlite_torch_plugin import install_env_fallback, launched_by_mpi  # noqa: F401
 
 from hvdlite import basics
 from hvdlite.objects import broadcast_object
