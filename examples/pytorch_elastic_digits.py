@@ -84,7 +84,8 @@ def main(argv=None):
     def train(state):
         # Here every rank holds the same state: rank 0's at the first start,
         # the newest commit after a restart.
-        event("begin", all_ranks=True, step=state.step, epoch=state.epoch, params_sha256=params_sha256())
+        event("begin", all_ranks=True, pid=os.getpid(), step=state.step, epoch=state.epoch,
+              params_sha256=params_sha256())
         while state.epoch < args.epochs:
             loader = DataLoader(train_set, batch_size=args.batch_size, sampler=state.sampler)
             for batch_idx, (x, y) in enumerate(loader):
@@ -108,7 +109,7 @@ def main(argv=None):
     # Each rank evaluates a disjoint part of the test set.
     accuracy = evaluate(model, DataLoader(Subset(test_set, range(hvd.rank(), len(test_set), hvd.size())),
                                           batch_size=256))
-    event("done", all_ranks=True, steps=state.step, accuracy=round(100 * accuracy, 2),
+    event("done", all_ranks=True, pid=os.getpid(), steps=state.step, accuracy=round(100 * accuracy, 2),
           params_sha256=params_sha256())
     if not args.events and hvd.rank() == 0:
         print(f"test accuracy {100 * accuracy:.2f}% after {state.step} steps on {hvd.size()} ranks")

@@ -5,10 +5,12 @@ docs/elastic.md.
 
 ``run(func)`` wraps a training function ``func(state, ...)``.  In a plain
 job it syncs the state from rank 0 and calls ``func`` once.  Under elastic
-hvdrun (``--min-np``/``--max-np``/``--host-discovery-script``) it first
-resumes from the newest commit any host holds, and when the hosts change or
-a peer is lost, the rank leaves for hvdrun to start the job again on the
-hosts it has (:mod:`hvdlite.elastic.worker`).
+hvdrun (``--min-np``/``--max-np``/``--host-discovery-script``) with restart
+recovery it first resumes from the newest commit any host holds, and when the
+hosts change or a peer is lost, the rank leaves for hvdrun to start the job
+again on the hosts it has (:mod:`hvdlite.elastic.worker`). With in-place
+recovery the rank stays: it restores its last commit, joins the next
+generation and goes on (:mod:`hvdlite.elastic.in_place`).
 """
 import functools
 import re
@@ -29,6 +31,9 @@ def run(func):
         if ctx is None:
             state.sync()
             return func(state, *args, **kwargs)
+        if ctx.in_place:
+            from . import in_place
+            return in_place.run(func, state, ctx, peer_lost, args, kwargs)
         try:
             worker.resume(state, ctx)
             result = func(state, *args, **kwargs)

@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from .. import basics, ops
+from .. import basics, ops, rendezvous
 
 EXIT_RESTART = 75           # the launcher's EXIT_RESTART (launcher/job.py)
 _warned = set()
@@ -45,10 +45,30 @@ class ElasticContext:
         self.run_id = env["HVDLITE_ELASTIC_RUN_ID"]
         self.generation = int(env.get("HVDLITE_ELASTIC_GENERATION", "1"))
         self.hosts_version = int(env.get("HVDLITE_ELASTIC_HOSTS_VERSION", "0"))
+        # In place, the process outlives generations: the one it is in now.
+        self.in_place = rendezvous.in_place()
+        if self.in_place and _in_place_generation is not None:
+            self.generation, self.hosts_version = _in_place_generation
         self.driver = env.get("HVDLITE_ELASTIC_DRIVER")
         root = env.get("HVDLITE_ELASTIC_COMMIT_DIR") or ("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
         self.job_dir = os.path.join(root, "hvdlite-elastic-%s" % self.run_id)
         self.host_dir = os.path.join(self.job_dir, socket.gethostname())
+
+
+_in_place_generation = None     # (number, hosts version) under in-place recovery
+
+
+def start_generation(number, hosts_version):
+    """Under in-place recovery: this process now runs in generation
+    ``number``, formed with hvdrun's hosts version ``hosts_version``. The
+    hosts agreement of the previous generation (its broadcast was on the
+    abandoned engine; rank 0 may be another process now) is dropped."""
+    global _in_place_generation, _agreement
+    _in_place_generation = (number, hosts_version)
+    if _agreement is not None:
+        if _agreement.watch is not None:
+            _agreement.watch.stop()
+        _agreement = None
 
 
 def context():
@@ -191,7 +211,9 @@ def persist(state, wait=False):
     is written and returns its size in bytes; otherwise returns 0 (as a rank
     that writes nothing does)."""
     ctx = context()
-    if ctx is None or basics.local_rank() != 0:
+    # In place, survivors restore from their own memory and newcomers get
+    # the state from a peer: no commit goes to the host's shared memory.
+    if ctx is None or ctx.in_place or basics.local_rank() != 0:
         return 0
     persister = _the_persister(ctx)
     persister.submit(state._persist_ticket())
@@ -247,6 +269,18 @@ class HostsWatch:
         self._stop.set()
 
 
+class PushedHosts:
+    """Rank 0's view of the hosts under in-place recovery: hvdrun pushes its
+    hosts version on the rank's watch connection (no polling)."""
+
+    @property
+    def changed(self):
+        return rendezvous.watch().hosts_changed()
+
+    def stop(self):
+        pass
+
+
 class HostsAgreement:
     """Every rank's answer to "did the hosts change?", the same on every
     rank at the same call: each call reads the broadcast the previous call
@@ -259,7 +293,12 @@ class HostsAgreement:
         if poll_ms <= 0:
             raise ValueError("HVDLITE_ELASTIC_HOSTS_POLL_MS must be > 0, not %r"
                              % os.environ["HVDLITE_ELASTIC_HOSTS_POLL_MS"])
-        self.watch = HostsWatch(ctx, poll_ms / 1e3) if basics.rank() == 0 else None
+        if basics.rank() != 0:
+            self.watch = None
+        elif ctx.in_place:
+            self.watch = PushedHosts()
+        else:
+            self.watch = HostsWatch(ctx, poll_ms / 1e3)
         self._handle = None
 
     def changed(self):
@@ -292,7 +331,7 @@ def hosts_changed():
     moved since this generation started (see HostsAgreement)."""
     global _agreement
     ctx = context()
-    if ctx is None or not ctx.driver:
+    if ctx is None or not (ctx.driver or ctx.in_place):
         return False
     if _agreement is None or _agreement.ctx.run_id != ctx.run_id:
         _agreement = HostsAgreement(ctx)
