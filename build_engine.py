@@ -123,6 +123,7 @@ ENGINE_SOURCES = [
     "compressors/momentum_correction.cc",
     "compressors/norm_clip.cc",
     "compressors/powersgd.cc",
+    "compressors/quantize.cc",
     "compressors/registry.cc",
     "compressors/topk.cc",
     "engine/dump_signal.cc",

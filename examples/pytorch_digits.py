@@ -11,6 +11,7 @@ offline). A Horovod-style script: change the import and it is the same.
     hvdrun -np 4 python examples/pytorch_digits.py --local-sgd 4           # average every 4 steps
     hvdrun -np 4 python examples/pytorch_digits.py --diloco 20 --outer-momentum 0.5   # DiLoCo
     hvdrun -np 4 python examples/pytorch_digits.py --diloco 20 --fragments 3 --compression fp16
+    hvdrun -np 4 python examples/pytorch_digits.py --diloco 20 --compression quantize   # 4-bit outer gradients
 
 With --check, after every step each rank verifies that (1) the parameters are
 bitwise identical on all ranks and (2) without compression, they match a
@@ -38,9 +39,10 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.02, help="per rank; scaled by the number of ranks")
     p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--compression", choices=["none", "fp16", "bf16", "topk", "dgc", "powersgd"],
+    p.add_argument("--compression", choices=["none", "fp16", "bf16", "topk", "dgc", "powersgd", "quantize"],
                    default="none", help="dgc: Compression.dgc(--topk-ratio), DGC's preset "
-                   "(momentum correction, a 4-epoch warm-up, clipping at --max-norm)")
+                   "(momentum correction, a 4-epoch warm-up, clipping at --max-norm); quantize: "
+                   "Compression.quantize(--bits, --block-size, --rounding)")
     p.add_argument("--op", choices=["average", "adasum"], default="average",
                    help="how ranks combine: average the gradients, or Adasum of the optimizer "
                         "updates (power-of-2 ranks; the learning rate is not scaled)")
@@ -57,6 +59,10 @@ def parse_args(argv=None):
     p.add_argument("--powersgd-rank", type=int, default=2)
     p.add_argument("--start-iter", type=int, default=10,
                    help="powersgd: steps reduced dense before the low-rank ones")
+    p.add_argument("--bits", type=int, choices=[4, 8], default=4, help="quantize: bits per value")
+    p.add_argument("--block-size", type=int, default=64, help="quantize: values per scale")
+    p.add_argument("--rounding", choices=["nearest", "stochastic"], default=None,
+                   help="quantize: default nearest with error feedback, stochastic without")
     p.add_argument("--local-sgd", type=int, default=0, metavar="H",
                    help="local SGD: each rank steps alone, parameters averaged every H steps")
     p.add_argument("--diloco", type=int, default=0, metavar="H",
@@ -87,7 +93,7 @@ def parse_args(argv=None):
     if args.fragments != 1 and not args.diloco:
         p.error("--fragments applies to --diloco")
     if local and args.compression in ("topk", "powersgd"):
-        p.error("with --local-sgd/--diloco use --compression none, fp16 or bf16")
+        p.error("with --local-sgd/--diloco use --compression none, fp16, bf16 or quantize")
     return args
 
 
@@ -124,6 +130,9 @@ def compression_of(args, steps_per_epoch=None):
                                     warmup_steps=args.warmup_steps, clip_norm=args.clip_norm)
     if args.compression == "powersgd":
         return hvd.Compression.powersgd(rank=args.powersgd_rank, start_iter=args.start_iter)
+    if args.compression == "quantize":
+        return hvd.Compression.quantize(bits=args.bits, block_size=args.block_size, rounding=args.rounding,
+                                        error_feedback=not args.no_error_feedback)
     return hvd.Compression.none
 
 

@@ -1,7 +1,8 @@
 """Gradient compression, run inside the engine on every reducing collective.
 
 Pass ``compression=Compression.fp16`` (or ``.bf16``, ``Compression.topk(0.01)``,
-``Compression.powersgd(rank=2)``) to ``allreduce``/``grouped_allreduce``/
+``Compression.powersgd(rank=2)``, ``Compression.quantize(bits=4)``) to
+``allreduce``/``grouped_allreduce``/
 ``reducescatter`` or to a ``DistributedOptimizer``. The engine compresses fused
 buffers on the way to the wire and decompresses on the way back; nothing
 happens in Python.
@@ -286,11 +287,79 @@ class PowerSGDCompressor(Compressor):
         return f"Compression.powersgd(rank={self.rank}, start_iter={self.start_iter})"
 
 
+class QuantizeCompressor(Compressor):
+    """Block quantization: each tensor is cut into blocks of ``block_size``
+    values, and each block crosses the wire as one float32 scale (the
+    largest magnitude of its finite values / qmax) and one integer code in
+    [-qmax, qmax] per value (qmax = 7 for ``bits=4``, two codes per byte;
+    127 for ``bits=8``). Codes cannot be summed on the wire: every rank's form
+    is gathered and every rank adds them up in rank order, so all ranks get
+    the same bits. float16 and bfloat16 tensors are quantized too (from
+    float32, and the sum rounded back once).
+
+    ``rounding``: ``"nearest"`` (ties to even) or ``"stochastic"`` (up with
+    probability of the fraction: unbiased), drawn from a hash of ``seed``,
+    the tensor's name, its step count, the position and the value, so the
+    result is reproducible. ``None`` picks nearest with error feedback (which
+    carries the rounding error to the next step anyway) and stochastic
+    without. ``error_feedback``: what rounding lost is kept per tensor in the
+    engine and added to the next step. A NaN or inf value arrives as NaN at
+    its position on every rank (the rest of its block is unharmed), and
+    error feedback keeps nothing for it."""
+
+    kind = "quantize"
+
+    def __init__(self, bits=4, block_size=64, rounding=None, error_feedback=True, seed=0):
+        if isinstance(bits, bool) or not isinstance(bits, int) or bits not in (4, 8):
+            raise exceptions.InvalidArgumentError(
+                f"quantize bits must be 4 or 8, not {bits!r}; e.g. Compression.quantize(bits=4)")
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or \
+                not 2 <= block_size <= _QUANTIZE_MAX_BLOCK:
+            raise exceptions.InvalidArgumentError(
+                f"quantize block_size must be an integer in [2, {_QUANTIZE_MAX_BLOCK}] (values per "
+                f"scale; 64 by default), not {block_size!r}")
+        self.error_feedback = bool(error_feedback)
+        if rounding is None:
+            rounding = "nearest" if self.error_feedback else "stochastic"
+        if rounding not in ("nearest", "stochastic"):
+            raise exceptions.InvalidArgumentError(
+                f"quantize rounding must be 'nearest' or 'stochastic' (None: nearest with "
+                f"error_feedback, stochastic without), not {rounding!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
+            raise exceptions.InvalidArgumentError(
+                f"quantize seed must be an integer in [0, 2**63), not {seed!r}")
+        self.bits, self.block_size, self.rounding, self.seed = bits, block_size, rounding, seed
+
+    def _key(self):
+        return (self.kind, self.bits, self.block_size, self.rounding, self.error_feedback, self.seed)
+
+    def spec(self):
+        return (_engine_code(self.kind), 0.0, 0,
+                _config_id(self.kind, error_feedback=self.error_feedback, bits=self.bits,
+                           block_size=self.block_size, stochastic=self.rounding == "stochastic",
+                           seed=self.seed))
+
+    def wire_bytes(self, count):
+        """The bytes one rank sends for a tensor of ``count`` values: a
+        float32 scale per block, then ``bits`` per value."""
+        blocks = -(-count // self.block_size)
+        return 4 * blocks + (count * self.bits + 7) // 8
+
+    def __repr__(self):
+        return (f"Compression.quantize(bits={self.bits}, block_size={self.block_size}, "
+                f"rounding={self.rounding!r}, error_feedback={self.error_feedback}, seed={self.seed})")
+
+
+_QUANTIZE_MAX_BLOCK = 65536   # csrc/compressors/quantize.h
+
+
 class Compression:
     """Namespace of compressors, as in Horovod: ``Compression.none``,
     ``Compression.fp16``, and hvdlite's ``Compression.bf16``,
     ``Compression.topk(ratio, error_feedback, momentum_correction,
-    warmup_steps, clip_norm)`` and ``Compression.powersgd(rank, start_iter)``."""
+    warmup_steps, clip_norm)``, ``Compression.powersgd(rank, start_iter)``
+    and ``Compression.quantize(bits, block_size, rounding, error_feedback,
+    seed)``."""
 
     none = NoneCompressor()
     fp16 = FP16Compressor()
@@ -306,6 +375,14 @@ class Compression:
         feedback, warm-started factors), dense for each tensor's first
         ``start_iter`` steps."""
         return PowerSGDCompressor(rank, start_iter)
+
+    @staticmethod
+    def quantize(bits=4, block_size=64, rounding=None, error_feedback=True, seed=0):
+        """Block quantization (see :class:`QuantizeCompressor`) at 4 bits, as
+        Streaming DiLoCo sends its outer gradients: per block of 64 values a
+        float32 scale and 4-bit codes, 0.14 of float32's bytes (bits=8: 0.27),
+        gathered from every rank; rounding to nearest with error feedback."""
+        return QuantizeCompressor(bits, block_size, rounding, error_feedback, seed)
 
     @staticmethod
     def dgc(ratio=0.001, steps_per_epoch=None, warmup_epochs=4, max_norm=None, size=None):
@@ -397,11 +474,12 @@ _config_ids = {}
 
 
 def _config_id(kind, ratio=0.0, error_feedback=False, momentum=0.0, warmup_steps=0, clip_norm=0.0,
-               rank=0, start_iter=0):
+               rank=0, start_iter=0, bits=0, block_size=0, stochastic=False, seed=0):
     """The engine's id of a compressor with options (c_api.h's
     hvd_compression_config), registered once per process."""
     key = (kind, float(ratio), bool(error_feedback), float(momentum), int(warmup_steps),
-           float(clip_norm), int(rank), int(start_iter))
+           float(clip_norm), int(rank), int(start_iter), int(bits), int(block_size), bool(stochastic),
+           int(seed))
     cid = _config_ids.get(key)
     if cid is None:
         from ._binding import lib, last_error
@@ -437,6 +515,6 @@ def as_spec(compression):
     if not isinstance(compression, Compressor):
         raise exceptions.InvalidArgumentError(
             f"compression must be Compression.none, Compression.fp16, Compression.bf16, "
-            f"Compression.topk(...), Compression.powersgd(...) or an "
+            f"Compression.topk(...), Compression.powersgd(...), Compression.quantize(...) or an "
             f"object with compress(tensor) and decompress(tensor, ctx), not {compression!r}")
     return compression.spec()

@@ -30,7 +30,8 @@ def check_compression(compression, what):
     if not isinstance(compression, Compressor) and not (
             isinstance(compression, type) and issubclass(compression, Compressor)):
         raise bad(f"{what}: compression must be one of hvdlite's Compression "
-                  f"(Compression.none, .fp16, .bf16, .topk(...), .powersgd(...)), "
+                  f"(Compression.none, .fp16, .bf16, .topk(...), .powersgd(...), "
+                  f".quantize(...)), "
                   f"not {compression!r}")
     return compression
 

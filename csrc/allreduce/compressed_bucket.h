@@ -2,6 +2,8 @@
 // tensor one segment (residuals follow tensor names): compressed into a
 // send buffer, exchanged and decompressed by the compressed-collective
 // recipe (compressed_wire.h: summed as the wire type, or gathered and added).
+// 16-bit floats (for a compressor that takes them) are widened on the way in
+// and narrowed once on the way out.
 #pragma once
 
 #include "allreduce/bucket_strategy.h"

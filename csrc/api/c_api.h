@@ -59,7 +59,8 @@ enum hvd_compression_type {
   HVD_COMPRESSION_FP16 = 1,
   HVD_COMPRESSION_TOPK = 2,
   HVD_COMPRESSION_BF16 = 3,
-  HVD_COMPRESSION_POWERSGD = 4
+  HVD_COMPRESSION_POWERSGD = 4,
+  HVD_COMPRESSION_QUANTIZE = 5
 };
 
 /* Why a call or a handle failed (ErrorKind). */
@@ -186,12 +187,14 @@ const char* hvd_engine_stats_names(void);
 /* The code of the compressor called `name` ("none", "fp16", "topk", ...), -1 if none is. */
 int32_t hvd_compression_code(const char* name);
 /* A compressor with options (top-k's momentum correction, warm-up and
-   clipping; PowerSGD's rank and start): registered once per process, then
-   named by the returned id (>= 1) in a request's `compression_config` field,
-   as process sets are named by theirs. The same arguments give the same id.
-   Returns the negated ErrorKind when the kind or an argument is invalid. */
+   clipping; PowerSGD's rank and start; the quantizer's bits, block size,
+   rounding and seed): registered once per process, then named by the
+   returned id (>= 1) in a request's `compression_config` field, as process
+   sets are named by theirs. The same arguments give the same id. Returns the
+   negated ErrorKind when the kind or an argument is invalid. */
 int32_t hvd_compression_config(int32_t kind, double topk_ratio, int32_t error_feedback, double momentum,
-                               int64_t warmup_steps, double clip_norm, int32_t rank, int64_t start_iter);
+                               int64_t warmup_steps, double clip_norm, int32_t rank, int64_t start_iter,
+                               int32_t bits, int64_t block_size, int32_t stochastic, int64_t seed);
 int hvd_reset_compression_state(void);
 /* Top-k's k for a tensor of `count` elements at `ratio`: tensors of fewer
    than 1024 elements are sent whole, others keep ceil(ratio * count)

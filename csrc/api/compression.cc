@@ -58,7 +58,8 @@ extern "C" {
 int32_t hvd_compression_code(const char* name) { return hvdlite::CompressionCode(name ? name : ""); }
 
 int32_t hvd_compression_config(int32_t kind, double topk_ratio, int32_t error_feedback, double momentum,
-                               int64_t warmup_steps, double clip_norm, int32_t rank, int64_t start_iter) {
+                               int64_t warmup_steps, double clip_norm, int32_t rank, int64_t start_iter,
+                               int32_t bits, int64_t block_size, int32_t stochastic, int64_t seed) {
   if (!hvdlite::IsValidCompression(kind)) {
     return api::SetError(ErrorKind::kInvalidArgument, "unknown compression code");
   }
@@ -71,6 +72,10 @@ int32_t hvd_compression_config(int32_t kind, double topk_ratio, int32_t error_fe
   spec.clip_norm = clip_norm;
   spec.rank = rank;
   spec.start_iter = start_iter;
+  spec.bits = bits;
+  spec.block_size = block_size;
+  spec.stochastic = stochastic != 0;
+  spec.seed = seed;
   // The arguments' own checks, on a float32 tensor of one element.
   const std::string error =
       hvdlite::CheckCompression(spec, hvdlite::OpType::kAllreduce, hvdlite::DataType::kFloat32, 1);

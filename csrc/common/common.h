@@ -56,6 +56,7 @@ enum class CompressionType : int32_t {
   kTopK = 2,
   kBF16 = 3,
   kPowerSGD = 4,
+  kQuantize = 5,
 };
 constexpr int kMaxCompressionKinds = 16;
 

@@ -1,11 +1,12 @@
 #include "compressors/error_feedback.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace hvdlite {
 
-ErrorFeedback::ErrorFeedback(std::unique_ptr<Compressor> inner)
-    : CompressorDecorator(std::move(inner)), single_(1) {}
+ErrorFeedback::ErrorFeedback(std::unique_ptr<Compressor> inner, bool drop_nonfinite)
+    : CompressorDecorator(std::move(inner)), drop_nonfinite_(drop_nonfinite), single_(1) {}
 
 size_t ErrorFeedback::Compress(const float* input, const std::vector<Segment>& segs,
                                uint8_t* out) {
@@ -39,6 +40,10 @@ size_t ErrorFeedback::Compress(const float* input, const std::vector<Segment>& s
     single_[0].count = segs[j].count;
     inner_->DecompressAdd(out + pos, single_, seg_residuals_[j]);
     pos += inner_->CompressedBytes(single_);
+    if (drop_nonfinite_) {
+      float* r = seg_residuals_[j];
+      for (int64_t i = 0; i < segs[j].count; ++i) r[i] = std::isfinite(r[i]) ? r[i] : 0.0f;
+    }
   }
   return bytes;
 }

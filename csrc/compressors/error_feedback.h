@@ -15,7 +15,11 @@ namespace hvdlite {
 
 class ErrorFeedback : public CompressorDecorator {
  public:
-  explicit ErrorFeedback(std::unique_ptr<Compressor> inner);
+  // drop_nonfinite: a residual entry that comes out NaN or +-inf (its input
+  // was: an fp16 overflow under loss scaling) is set to 0, for a compressor
+  // that sends such entries as NaN; kept, it would make the entry NaN at
+  // every later step too.
+  explicit ErrorFeedback(std::unique_ptr<Compressor> inner, bool drop_nonfinite = false);
 
   std::string Describe() const override { return inner_->Describe() + "+ef"; }
   // Compresses input + residual and keeps residual = (input + residual) - sent.
@@ -35,6 +39,7 @@ class ErrorFeedback : public CompressorDecorator {
   // arithmetic (up to the sign of a zero), so the residual is the one the
   // direct way computes.
   std::unordered_map<std::string, std::vector<float>> residuals_;
+  const bool drop_nonfinite_;
   std::vector<float> tmp_;  // input + residual, indexed like the input buffer
   // Scratch reused every call (no allocation in steady state).
   std::vector<float*> seg_residuals_;  // this call's residual per segment

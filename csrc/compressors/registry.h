@@ -28,6 +28,10 @@ struct CompressorKind {
   std::string (*arguments)(const CompressionSpec& spec) = nullptr;
   // The operations it serves besides allreduce: reducescatter too unless false.
   bool reducescatter = true;
+  // Whether float16 and bfloat16 tensors are compressed too (widened to
+  // float32 first, narrowed back after): else they cross as they are, or the
+  // kind's check refuses them.
+  bool takes_16bit_floats = false;
 };
 
 // Called from a namespace-scope initializer; aborts on a duplicate or

@@ -80,6 +80,10 @@ void PutCompression(Writer& w, const CompressionSpec& c) {
   w.Put<double>(c.clip_norm);
   w.Put<int32_t>(c.rank);
   w.Put<int64_t>(c.start_iter);
+  w.Put<int32_t>(c.bits);
+  w.Put<int64_t>(c.block_size);
+  w.Put<uint8_t>(c.stochastic ? 1 : 0);
+  w.Put<int64_t>(c.seed);
 }
 
 CompressionSpec GetCompression(Reader& r) {
@@ -92,6 +96,10 @@ CompressionSpec GetCompression(Reader& r) {
   c.clip_norm = r.Get<double>();
   c.rank = r.Get<int32_t>();
   c.start_iter = r.Get<int64_t>();
+  c.bits = r.Get<int32_t>();
+  c.block_size = r.Get<int64_t>();
+  c.stochastic = r.Get<uint8_t>() != 0;
+  c.seed = r.Get<int64_t>();
   return c;
 }
 

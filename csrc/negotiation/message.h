@@ -25,11 +25,18 @@ struct CompressionSpec {
   // PowerSGD: rank of the approximation, and rounds reduced dense first.
   int32_t rank = 0;
   int64_t start_iter = 0;
+  // Quantization: bits per value (4 or 8), values per scale, stochastic
+  // rounding (else to nearest) and the seed of its random draws.
+  int32_t bits = 0;
+  int64_t block_size = 0;
+  bool stochastic = false;
+  int64_t seed = 0;
 
   bool operator==(const CompressionSpec& o) const {
     return type == o.type && topk_ratio == o.topk_ratio && error_feedback == o.error_feedback &&
            momentum == o.momentum && warmup_steps == o.warmup_steps && clip_norm == o.clip_norm &&
-           rank == o.rank && start_iter == o.start_iter;
+           rank == o.rank && start_iter == o.start_iter && bits == o.bits && block_size == o.block_size &&
+           stochastic == o.stochastic && seed == o.seed;
   }
   bool operator!=(const CompressionSpec& o) const { return !(*this == o); }
   std::string ToString() const;

@@ -119,7 +119,18 @@ Status RunReducescatter(OperationContext& ctx, Transport& wire, TensorEntry& e, 
 
 namespace {
 
-// float32 only (validation): the compressor's wire form crosses the wire,
+// The float32 values a compressor reads: the input, or a 16-bit float input
+// widened into ctx.scratch_in with the prescale applied (then *prescale = 1).
+const float* CompressorInput(OperationContext& ctx, const TensorEntry& e, int64_t count, double* prescale) {
+  if (!Is16BitFloat(e.request.dtype)) return static_cast<const float*>(e.input);
+  ctx.scratch_in.resize(static_cast<size_t>(count));
+  WidenToFloat(e.input, ctx.scratch_in.data(), count, e.request.dtype, *prescale);
+  *prescale = 1.0;
+  return ctx.scratch_in.data();
+}
+
+// float32, or 16-bit floats for a compressor that takes them (widened, and
+// the result narrowed once): the compressor's wire form crosses the wire,
 // summed as its element type (fp16), or gathered and summed here (top-k).
 Status CompressedReducescatter(OperationContext& ctx, Transport& wire, TensorEntry& e,
                                const Response& response, const std::vector<int64_t>& counts) {
@@ -131,9 +142,14 @@ Status CompressedReducescatter(OperationContext& ctx, Transport& wire, TensorEnt
   int64_t my_start = 0;
   for (int r = 0; r < me; ++r) my_start += counts[r];
   const int64_t my_count = counts[me];
-  Status s = AllocateOutput(e, response.rows_per_rank[me], sizeof(float));
+  Status s = AllocateOutput(e, response.rows_per_rank[me], DataTypeSize(q.dtype));
   if (!s.ok()) return s;
-  auto* out = static_cast<float*>(e.work->output.data());
+  const bool widened = Is16BitFloat(q.dtype);
+  std::vector<float> wide_out;  // the float32 result of a widened tensor
+  if (widened) wide_out.resize(static_cast<size_t>(my_count));
+  auto* out = widened ? wide_out.data() : static_cast<float*>(e.work->output.data());
+  double prescale = q.prescale;
+  const float* input = CompressorInput(ctx, e, count, &prescale);
   const auto segs = OneSegment(e, count);
   c->BeginRound(segs);
   CompressedForms forms;
@@ -141,7 +157,7 @@ Status CompressedReducescatter(OperationContext& ctx, Transport& wire, TensorEnt
   forms.ranks = size;
   forms.mine = ctx.buffers.Get(FusionBuffer::kSend, 0, forms.bytes);
   if (!forms.mine) return OutOfMemory("a compression buffer", forms.bytes);
-  CompressScaled(*c, static_cast<const float*>(e.input), count, q.prescale, segs, forms.mine, &ctx.scratch_in);
+  CompressScaled(*c, input, count, prescale, segs, forms.mine, &ctx.scratch_in);
   ctx.stats->Add(WireBytes(ctx.stats, q.compression.type), static_cast<int64_t>(forms.bytes));
   if (!GathersForms(*c)) {
     // Summed as the wire type, each rank keeps its block only.
@@ -168,7 +184,8 @@ Status CompressedReducescatter(OperationContext& ctx, Transport& wire, TensorEnt
     }
   }
   const double post = PostFactor(q, size);
-  if (s.ok() && post != 1.0) CopyScaled(out, out, my_count, DataType::kFloat32, post);
+  if (s.ok() && widened) NarrowFromFloat(out, e.work->output.data(), my_count, q.dtype, post);
+  if (s.ok() && !widened && post != 1.0) CopyScaled(out, out, my_count, DataType::kFloat32, post);
   return s;
 }
 

@@ -1,5 +1,6 @@
 #include "ops/operation_context.h"
 
+#include "compressors/registry.h"
 #include "timeline/timeline_names.h"
 
 namespace hvdlite {
@@ -81,7 +82,12 @@ Status OutOfMemory(const std::string& what, size_t bytes) {
 }
 
 CompressionSpec EffectiveCompression(const Request& q) {
-  return q.dtype == DataType::kFloat32 ? q.compression : CompressionSpec();
+  if (q.dtype == DataType::kFloat32) return q.compression;
+  if (Is16BitFloat(q.dtype)) {
+    const CompressorKind* kind = FindCompressorKind(q.compression.type);
+    if (kind != nullptr && kind->takes_16bit_floats) return q.compression;
+  }
+  return CompressionSpec();
 }
 
 Segment SegmentOf(const TensorEntry& e, int64_t offset) {

@@ -51,8 +51,9 @@ double PostFactor(const Request& q, int set_size);
 int64_t RowElements(const std::vector<int64_t>& shape);
 int64_t BytesIn(const std::vector<TensorEntry*>& entries);
 Status OutOfMemory(const std::string& what, size_t bytes);
-// Only float32 tensors are compressed; fp16 compression of other float types
-// sends them as they are (validation refuses top-k on them earlier).
+// float32 tensors are compressed, and 16-bit floats by a compressor that
+// takes them (registry.h: widened to float32 around it); other dtypes go as
+// they are (validation refuses top-k and PowerSGD on them earlier).
 CompressionSpec EffectiveCompression(const Request& q);
 // The tensor as the one segment of its own wire form (residuals follow names).
 std::vector<Segment> OneSegment(const TensorEntry& e, int64_t count);

@@ -12,6 +12,7 @@ docs/compression.md) instead of torch's Python hooks::
     model.register_comm_hook(None, ddp_hooks.fp16_hook)          # or bf16_hook
     model.register_comm_hook(None, ddp_hooks.topk_hook(0.01, named_parameters=named))
     model.register_comm_hook(None, ddp_hooks.powersgd_hook(rank=2, named_parameters=named))
+    model.register_comm_hook(None, ddp_hooks.quantize_hook(bits=4, named_parameters=named))
 
 Each hook submits the bucket to the engine's allreduce (mpi_ops, with the
 matching ``Compression``, op=Average as DDP expects) and returns a
@@ -21,8 +22,9 @@ engine, as for ``DistributedOptimizer(compression=...)``.
 
 - fp16 and bf16 are elementwise: the bucket's flat buffer goes as one tensor,
   named by the process group like its other collectives.
-- top-k and PowerSGD keep state per tensor (residuals, velocities, PowerSGD's
-  Q, seeded by the tensor's name) and work per matrix: each parameter's
+- top-k, PowerSGD and the quantizer keep state per tensor (residuals,
+  velocities, PowerSGD's Q, seeded by the tensor's name; the quantizer's
+  residuals and random draws) and work per tensor: each parameter's
   gradient in the bucket goes as its own tensor (the engine still fuses them),
   named by the parameter. With ``named_parameters`` (the DDP model's
   ``module.named_parameters()``) the names are the parameters' names, as
@@ -39,7 +41,7 @@ import itertools
 import torch.distributed as dist
 
 from hvdlite import exceptions
-from hvdlite.compression import Compression, PowerSGDCompressor, TopKCompressor
+from hvdlite.compression import Compression, PowerSGDCompressor, QuantizeCompressor, TopKCompressor
 from hvdlite.request import Average
 
 from . import c10d, mpi_ops
@@ -150,15 +152,24 @@ def powersgd_hook(rank=2, start_iter=10, named_parameters=None):
     return _parameter_hook(compression, named_parameters, f"hvdlite.powersgd_hook({rank})")
 
 
+def quantize_hook(bits=4, block_size=64, rounding=None, error_feedback=True, seed=0,
+                  named_parameters=None):
+    """A hook for ``Compression.quantize(bits, block_size, rounding,
+    error_feedback, seed)`` on each parameter's gradient (its blocks and
+    residual stay within the parameter)."""
+    compression = QuantizeCompressor(bits, block_size, rounding, error_feedback, seed)
+    return _parameter_hook(compression, named_parameters, f"hvdlite.quantize_hook({bits})")
+
+
 def compression_hook(compression, named_parameters=None):
     """The hook for any of hvdlite's compressors (``Compression.none``, ``.fp16``,
-    ``.bf16``, ``.topk(...)``, ``.powersgd(...)``): the last two per
-    parameter, the others on the whole bucket."""
+    ``.bf16``, ``.topk(...)``, ``.powersgd(...)``, ``.quantize(...)``): the
+    last three per parameter, the others on the whole bucket."""
     if isinstance(compression, type):
         compression = compression()
     label = f"hvdlite.compression_hook({compression!r})"
     if isinstance(compression, TopKCompressor) and compression.momentum_correction is True:
         return topk_hook(momentum_correction=True)   # raises with the advice
-    if isinstance(compression, (TopKCompressor, PowerSGDCompressor)):
+    if isinstance(compression, (TopKCompressor, PowerSGDCompressor, QuantizeCompressor)):
         return _parameter_hook(compression, named_parameters, label)
     return _bucket_hook(compression, label)

@@ -195,7 +195,8 @@ class DiLoCo(_Periodic, FragmentSyncs):
         overlap_steps: inner steps a fragment's reduction overlaps; default
             1 with fragments > 1, else 0. Must be < H.
         compression: hvdlite Compression of the outer gradients
-            (``Compression.fp16``/``.bf16`` halve the bytes).
+            (``Compression.fp16``/``.bf16`` halve the bytes;
+            ``Compression.quantize()`` sends 4 bits, as Streaming DiLoCo).
         sync_buffers: average the model's floating-point buffers at each
             sync of fragment 0.
         process_set: sync only over these ranks.

@@ -488,8 +488,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             reductions, so they must be the same on every rank. Without it,
             names are made from the parameter's position in its group.
         compression: ``Compression.none`` (default), ``.fp16``, ``.bf16``,
-            ``Compression.topk(ratio, ...)`` or ``Compression.powersgd(rank)``;
-            runs in the engine. ``topk(momentum_correction=True)`` moves this
+            ``Compression.topk(ratio, ...)``, ``Compression.powersgd(rank)`` or
+            ``Compression.quantize(bits=4)``; runs in the engine. ``topk(momentum_correction=True)`` moves this
             optimizer's momentum into the engine (its own is set to 0).
         backward_passes_per_step: reduce once every k backward passes
             (gradient accumulation); ``step()`` after each k.

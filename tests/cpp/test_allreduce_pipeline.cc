@@ -4,7 +4,8 @@
 // buckets (fused, direct, in place, widened 16-bit floats, several
 // pipelined buckets), compressed buckets summed as fp16 and gathered as
 // top-k, PowerSGD's exchange, compression between hosts on a 2 x 2 grid,
-// and the compressed reducescatter (ops/collective_ops.h).
+// the compressed reducescatter (ops/collective_ops.h), and the quantizer on
+// 16-bit floats (widened around it) along each of those paths.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -361,6 +362,69 @@ void TestCompressedReducescatter() {
   }
 }
 
+// The quantizer takes 16-bit floats: widened into its float32 input, the
+// gathered sum narrowed back once, in a bucket, between hosts and in a
+// reducescatter. At 8 bits each rank is within half a step (5 / 127 / 2) of
+// its input, so the sums are within 0.1 (relative above 1).
+CompressionSpec Quantized8() {
+  CompressionSpec q = Compression(CompressionType::kQuantize);
+  q.bits = 8;
+  q.block_size = 64;
+  return q;
+}
+
+void TestQuantizedSixteenBitFloats() {
+  for (DataType dtype : {DataType::kFloat16, DataType::kBFloat16}) {
+    std::vector<TensorSpec> specs = {Tensor("q.0", 500, dtype), Tensor("q.1", 77, dtype, ReduceOp::kAverage)};
+    for (auto& s : specs) s.compression = Quantized8();
+    specs[0].prescale = 0.5;
+    auto log = CheckRound("quantized 16-bit", 4, specs, Options(1 << 20, 0), 0.1);
+    CHECK(log.size() == 1 && Count(log, "allgather") == 1, "one gathered bucket: %s", log.empty() ? "" : log[0].c_str());
+
+    FakeGrid grid(2, 2);
+    std::mutex mutex;
+    grid.Run([&](int rank, FakeTransport& wire) {
+      Rank me(specs, rank, Options(1 << 20, 0));
+      Status s = me.Run(wire);
+      std::lock_guard<std::mutex> lock(mutex);
+      int bad = 0;
+      for (size_t t = 0; t < specs.size(); ++t) {
+        for (int64_t i = 0; i < specs[t].count; ++i) {
+          const double want = Expected(specs[t], t, i, 4);
+          if (std::fabs(me.Result(t, i) - want) > 0.1 * std::max(1.0, std::fabs(want))) ++bad;
+        }
+      }
+      CHECK(s.ok() && bad == 0, "rank %d: quantized between hosts (%d elements differ)", rank, bad);
+      CHECK(Count(grid.across[static_cast<size_t>(rank)]->log(), "allgather") == 1, "gathered between hosts");
+    });
+  }
+  const int64_t rows = 6, cols = 50;
+  std::mutex mutex;
+  RunRanks(3, [&](int rank, FakeTransport& wire) {
+    TensorSpec s = Tensor("rs.q", rows * cols, DataType::kFloat16);
+    s.compression = Quantized8();
+    Rank me({s}, rank, Options(1 << 20, 0));
+    TensorEntry& e = me.entries[0];
+    e.request.op = OpType::kReducescatter;
+    e.request.shape = {rows, cols};
+    e.work = std::make_shared<Work>(OpType::kReducescatter, "rs.q");
+    Response response;
+    response.request = e.request;
+    response.rows_per_rank = {2, 2, 2};
+    Status st = RunReducescatter(me.ctx, wire, e, response);
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto* out = static_cast<const uint16_t*>(e.work->output.data());
+    int bad = 0;
+    for (int64_t i = 0; i < 2 * cols; ++i) {
+      const double want = Expected(s, 0, 2 * rank * cols + i, 3);
+      if (std::fabs(HalfToFloat(out[i]) - want) > 0.1 * std::max(1.0, std::fabs(want))) ++bad;
+    }
+    CHECK(st.ok() && bad == 0, "rank %d: float16 reducescatter keeps its rows (%d differ)", rank, bad);
+    CHECK(e.work->output.bytes() == static_cast<size_t>(2 * cols * 2), "a float16 result: %zu bytes",
+          e.work->output.bytes());
+  });
+}
+
 }  // namespace
 
 int main() {
@@ -375,5 +439,6 @@ int main() {
       {"exchange bucket (PowerSGD)", TestExchangeBucket},
       {"compressed between hosts", TestCompressedBetweenHosts},
       {"compressed reducescatter", TestCompressedReducescatter},
+      {"quantizer on 16-bit floats: bucket, between hosts, reducescatter", TestQuantizedSixteenBitFloats},
   });
 }

@@ -1,6 +1,7 @@
 // Checks of csrc/compressors: half conversions against an independent
 // reference, vectorised == scalar, the MPI sum op, top-k exactness against a
-// full sort, DecompressAdd, and that error feedback loses nothing.
+// full sort, DecompressAdd, the quantizer's wire layout and rounding, and
+// that error feedback loses nothing.
 // (The element-wise reductions themselves: test_reduce_kernels.cc.)
 // A plain program: prints each failed check, exits non-zero if any failed.
 // Built and run by tests/test_compressors_cpp.py (tests/harness/cpp_build.py).
@@ -23,6 +24,7 @@
 #include "compressors/fp16.h"
 #include "compressors/momentum_correction.h"
 #include "compressors/norm_clip.h"
+#include "compressors/quantize.h"
 #include "transport/mpi/mpi_transport.h"
 #include "compressors/registry.h"
 #include "compressors/topk.h"
@@ -714,6 +716,124 @@ void TestBF16Compressor() {
   CHECK(out[4] == -2.5f && std::isnan(out[5]), "exact and NaN");
 }
 
+
+// ---- block quantizer ----------------------------------------------------------
+
+// Hand-computed codes: a = 7 gives scale 1, so codes are the rounded values;
+// -3.5 is a tie (to even: -4); layout is scales, then two codes per byte
+// stored as q + 8, the low nibble first.
+void TestQuantizeLayout() {
+  QuantizeCompressor c(4, 4, QuantizeCompressor::Rounding::kNearest, 0);
+  CHECK(c.Describe() == "quantize(4, 4, nearest)", "%s", c.Describe().c_str());
+  const std::vector<float> x{7.0f, -3.5f, 1.0f, 0.0f, 2.5f};  // blocks [7 -3.5 1 0] and [2.5]
+  const std::vector<Segment> segs{{"a", 0, 5, 0}};
+  std::vector<uint8_t> wire(c.CompressedBytes(segs), 0xee);
+  CHECK(wire.size() == 2 * 4 + 3, "2 scales + 3 bytes of codes: %zu", wire.size());
+  CHECK(c.Compress(x.data(), segs, wire.data()) == wire.size(), "bytes written");
+  float s0, s1;
+  std::memcpy(&s0, wire.data(), 4);
+  std::memcpy(&s1, wire.data() + 4, 4);
+  CHECK(s0 == 1.0f && s1 == 2.5f / 7.0f, "scales %g %g", s0, s1);
+  CHECK(wire[8] == 0x4f && wire[9] == 0x89 && wire[10] == 0x0f, "codes %02x %02x %02x", wire[8], wire[9], wire[10]);
+  std::vector<float> out(5, 99.0f);
+  c.Decompress(wire.data(), segs, out.data());
+  CHECK(out[0] == 7.0f && out[1] == -4.0f && out[2] == 1.0f && out[3] == 0.0f, "decoded %g %g %g %g", out[0],
+        out[1], out[2], out[3]);
+  CHECK(out[4] == 7.0f * (2.5f / 7.0f), "a block's largest value: %g", out[4]);
+  c.DecompressAdd(wire.data(), segs, out.data());
+  CHECK(out[0] == 14.0f && out[1] == -8.0f, "DecompressAdd adds");
+}
+
+// NaN and inf take code 0 and decode as NaN; the block's finite values keep
+// their own scale; an all-zero block sends scale 0.
+void TestQuantizeNonFinite() {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (int bits : {4, 8}) {
+    QuantizeCompressor c(bits, 4, QuantizeCompressor::Rounding::kNearest, 0);
+    const std::vector<float> x{nan, 1.0f, -inf, -0.5f, 0.0f, -0.0f, inf, 0.0f};
+    const std::vector<Segment> segs{{"a", 0, 8, 0}};
+    std::vector<uint8_t> wire(c.CompressedBytes(segs));
+    c.Compress(x.data(), segs, wire.data());
+    std::vector<float> out(8);
+    c.Decompress(wire.data(), segs, out.data());
+    CHECK(std::isnan(out[0]) && std::isnan(out[2]) && std::isnan(out[6]), "%d bits: non-finite -> NaN", bits);
+    CHECK(out[1] == 1.0f && std::fabs(out[3] + 0.5f) <= 1.0f / 14 + 1e-6f, "%d bits: finite scale: %g %g", bits, out[1],
+          out[3]);
+    CHECK(out[4] == 0.0f && out[5] == 0.0f && out[7] == 0.0f, "%d bits: zero block", bits);
+  }
+}
+
+// Segments in one buffer: the concatenation of each segment's own form.
+void TestQuantizeSegments() {
+  QuantizeCompressor c(4, 64, QuantizeCompressor::Rounding::kStochastic, 5);
+  QuantizeCompressor alone(4, 64, QuantizeCompressor::Rounding::kStochastic, 5);
+  std::vector<float> x(400);
+  Fill(x.data(), 400, Data::kNormal, 3);
+  const std::vector<Segment> segs{{"a", 0, 131, 0}, {"b", 200, 7, 0}, {"c", 250, 150, 0}};
+  std::vector<uint8_t> wire(c.CompressedBytes(segs));
+  CHECK(c.Compress(x.data(), segs, wire.data()) == wire.size(), "bytes");
+  size_t pos = 0;
+  for (const Segment& s : segs) {
+    std::vector<uint8_t> own(alone.SegmentBytes(s.count));
+    alone.Compress(x.data(), {s}, own.data());
+    CHECK(SameBytes(own.data(), wire.data() + pos, own.size()), "segment %s alone", s.name.c_str());
+    pos += own.size();
+  }
+  CHECK(pos == wire.size(), "layout covers the form");
+}
+
+// Stochastic rounding is unbiased: the mean of many roundings of one value
+// (each a new step: new draws) approaches it; to nearest it does not move.
+void TestQuantizeStochasticUnbiased() {
+  QuantizeCompressor c(4, 2, QuantizeCompressor::Rounding::kStochastic, 11);
+  const std::vector<float> x{1.0f, 0.3f};  // 0.3 is 2.1 steps of 1/7
+  const std::vector<Segment> segs{{"u", 0, 2, 0}};
+  std::vector<uint8_t> wire(c.CompressedBytes(segs));
+  double sum = 0.0;
+  const int trials = 20000;
+  for (int t = 0; t < trials; ++t) {
+    c.Compress(x.data(), segs, wire.data());
+    std::vector<float> out(2);
+    c.Decompress(wire.data(), segs, out.data());
+    const float step = 1.0f / 7.0f;  // the block's scale: decoded values are q * step
+    CHECK(out[1] == 2.0f * step || out[1] == 3.0f * step, "one of the two neighbours: %g", out[1]);
+    sum += out[1];
+  }
+  CHECK(std::fabs(sum / trials - 0.3) < 0.003, "mean %g of 0.3", sum / trials);
+  c.Reset();
+  QuantizeCompressor again(4, 2, QuantizeCompressor::Rounding::kStochastic, 11);
+  std::vector<uint8_t> w1(wire.size()), w2(wire.size());
+  c.Compress(x.data(), segs, w1.data());
+  again.Compress(x.data(), segs, w2.data());
+  CHECK(SameBytes(w1.data(), w2.data(), w1.size()), "Reset starts the draws over");
+}
+
+void TestQuantizeRegistry() {
+  CompressionSpec spec;
+  spec.type = CompressionType::kQuantize;
+  spec.bits = 4;
+  spec.block_size = 64;
+  spec.error_feedback = true;
+  CHECK(CompressionCode("quantize") == 5, "code");
+  auto c = CreateCompressor(spec);
+  CHECK(c && c->Describe() == "quantize(4, 64, nearest)+ef" && c->wire() == Compressor::Wire::kAllgather,
+        "quantize+ef");
+  CHECK(spec.ToString() == "quantize(bits=4, block_size=64, rounding='nearest', error_feedback=True, seed=0)",
+        "%s", spec.ToString().c_str());
+  CHECK(FindCompressorKind(spec.type)->takes_16bit_floats, "takes 16-bit floats");
+  CHECK(CheckCompression(spec, OpType::kReducescatter, DataType::kFloat16, 10).empty(), "float16 reducescatter");
+  spec.bits = 3;
+  CHECK(CheckCompression(spec, OpType::kAllreduce, DataType::kFloat32, 10).find("4 or 8") != std::string::npos &&
+            CreateCompressor(spec) == nullptr, "bits");
+  spec.bits = 8;
+  spec.block_size = 1;
+  CHECK(CheckCompression(spec, OpType::kAllreduce, DataType::kFloat32, 10).find("block_size") != std::string::npos,
+        "block size");
+  spec.block_size = 64;
+  CHECK(CheckCompression(spec, OpType::kAllreduce, DataType::kFloat32, int64_t{2100000000}).find("2^31-1") !=
+            std::string::npos, "too many bytes for one allgather at 8 bits");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -736,6 +856,13 @@ int main(int argc, char** argv) {
       {"error feedback: fp16, normal",
        [] { TestErrorFeedbackConserves(std::make_unique<FP16Compressor>(), false, 1e-4); }},
       {"bf16: compressor", TestBF16Compressor},
+      {"quantize: layout and rounding", TestQuantizeLayout},
+      {"quantize: NaN, inf and zero blocks", TestQuantizeNonFinite},
+      {"quantize: segments in one buffer", TestQuantizeSegments},
+      {"quantize: stochastic rounding is unbiased and seeded", TestQuantizeStochasticUnbiased},
+      {"quantize: registry", TestQuantizeRegistry},
+      {"error feedback: quantize 4 bits, normal",
+       [] { TestErrorFeedbackConserves(std::make_unique<QuantizeCompressor>(4, 64, QuantizeCompressor::Rounding::kNearest, 0), false, 1e-4); }},
       {"top-k: density warm-up", TestDensityWarmup},
       {"top-k: momentum correction and masking", TestMomentumCorrection},
       {"norm clip", TestNormClip},

@@ -1,5 +1,6 @@
-"""Compressors on the wire (fp16, bf16, top-k and its DGC options, PowerSGD)
-against NumPy references, with the bytes they put on the wire.
+"""Compressors on the wire (fp16, bf16, top-k and its DGC options, PowerSGD,
+the 4- and 8-bit block quantizer) against NumPy references, with the bytes
+they put on the wire.
 
 A rank-side test module (see tests/harness/rank_plugin.py);
 tests/test_engine_features.py runs it at 2 and 4 ranks through shared memory and
@@ -11,6 +12,7 @@ import numpy as np
 import hvdlite as hvd
 from engine_fixture import SHM_OFF, delta, engine  # noqa: F401  (engine: a fixture)
 from harness.checks import expect, require
+from quantize_reference import QuantizeReference, wire_bytes
 
 
 # ---------------------------------------------------------------- compression
@@ -349,3 +351,253 @@ def test_powersgd_arguments(engine):
     expect(hvd.InvalidArgumentError,
            lambda: hvd.allreduce(np.ones((4, 4), np.float64), compression=hvd.Compression.powersgd(2)),
            "float32")
+
+
+# ---------------------------------------------------------------- block quantization
+
+def same_bits(got, want):
+    """Bitwise equality (NaNs included) of two arrays of one float dtype."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return False
+    unsigned = {2: np.uint16, 4: np.uint32}[got.dtype.itemsize]
+    return np.array_equal(got.view(unsigned), want.view(unsigned))
+
+
+def assert_same_bits(got, want, what):
+    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, want.dtype, got.shape)
+    if not same_bits(got, want):
+        g, w = got.ravel().astype(np.float32), want.ravel().astype(np.float32)
+        bad = np.flatnonzero(~((g == w) | (np.isnan(g) & np.isnan(w))))
+        raise AssertionError(f"{what}: {bad.size} values differ from the NumPy reference, first at "
+                             f"{bad[:5]}: {g[bad[:5]]} != {w[bad[:5]]}")
+
+
+def same_on_every_rank(result, name):
+    everyone = hvd.allgather(np.ascontiguousarray(result)[None], name=name)
+    return all(same_bits(everyone[i], everyone[0]) for i in range(len(everyone)))
+
+
+def test_quantize_4bit_fused_sizes_not_multiple_of_block(engine):
+    """Tensors of 1 to 4097 values, most not a multiple of the 64-value block,
+    fused in one bucket: every rank's result is the reference's, bit for bit."""
+    r, n = engine()
+    sizes = [1, 2, 63, 64, 65, 127, 1000, 4097]
+    comp = hvd.Compression.quantize(bits=4, rounding="nearest", error_feedback=False)
+    ref = QuantizeReference(n, bits=4, block_size=64)
+    outs = hvd.grouped_allreduce([grad(r, 600, s) for s in sizes], op=hvd.Sum, compression=comp, name="q4.sizes")
+    for i, (size, got) in enumerate(zip(sizes, outs)):
+        want = ref.reduce([grad(k, 600, size) for k in range(n)], f"q4.sizes.{i}")
+        assert_same_bits(got, want, f"{size} values")
+    assert same_on_every_rank(outs[-1], "q4.sizes.same"), "ranks differ"
+
+
+def test_quantize_wire_bytes_about_an_eighth_of_float32(engine):
+    """engine_stats() counts 4 bits per value and a float32 scale per 64
+    values: 0.1406 of float32's bytes (bits=8: 0.2656)."""
+    r, n = engine()
+    x = grad(r, 601)
+    before = hvd.engine_stats()
+    hvd.allreduce(x, op=hvd.Average, compression=hvd.Compression.quantize(), name="q4.bytes")
+    mid = hvd.engine_stats()
+    hvd.allreduce(x, op=hvd.Average, name="q4.bytes.dense")
+    after = hvd.engine_stats()
+    q4, dense = delta(before, mid, "wire_bytes_quantize"), delta(mid, after, "wire_bytes_none")
+    assert q4 == 4 * 313 + 10000 == wire_bytes(x.size) == hvd.Compression.quantize().wire_bytes(x.size), q4
+    assert dense == 4 * x.size, dense
+    assert abs(q4 / dense - (1 / 8 + 1 / 64)) < 1e-4, q4 / dense
+    before = hvd.engine_stats()
+    hvd.allreduce(x, op=hvd.Average, compression=hvd.Compression.quantize(bits=8), name="q8.bytes")
+    q8 = delta(before, hvd.engine_stats(), "wire_bytes_quantize")
+    assert q8 == wire_bytes(x.size, bits=8) == 4 * 313 + 20000, q8
+
+
+def test_quantize_8bit_matches_reference(engine):
+    r, n = engine()
+    comp = hvd.Compression.quantize(bits=8, block_size=128, rounding="nearest", error_feedback=False)
+    ref = QuantizeReference(n, bits=8, block_size=128)
+    got = hvd.allreduce(grad(r, 602, 5000), op=hvd.Average, compression=comp, name="q8.one")
+    assert_same_bits(got, ref.reduce([grad(k, 602, 5000) for k in range(n)], "q8.one", average=True), "8 bits")
+    err = np.abs(got - sum(grad(k, 602, 5000) for k in range(n)) / n).max()
+    assert err < 0.05, f"8-bit error {err}"
+
+
+def test_quantize_stochastic_rounding_is_seeded(engine):
+    """Stochastic rounding draws from (seed, name, step, index, value): the
+    reference reproduces every step bit for bit, and another seed rounds
+    differently."""
+    r, n = engine()
+    comp = hvd.Compression.quantize(rounding="stochastic", error_feedback=False, seed=7)
+    ref = QuantizeReference(n, stochastic=True, seed=7)
+    for t in range(3):
+        got = hvd.allreduce(grad(r, 603 + t, 3000), op=hvd.Average, compression=comp, name="q4.sr")
+        want = ref.reduce([grad(k, 603 + t, 3000) for k in range(n)], "q4.sr", average=True)
+        assert_same_bits(got, want, f"step {t}")
+    other = hvd.allreduce(grad(r, 603, 3000), op=hvd.Average, name="q4.sr",
+                          compression=hvd.Compression.quantize(rounding="stochastic", error_feedback=False, seed=8))
+    first = QuantizeReference(n, stochastic=True, seed=8).reduce([grad(k, 603, 3000) for k in range(n)], "q4.sr",
+                                                                 average=True)
+    assert_same_bits(other, first, "seed 8, its first step")
+    assert not same_bits(other, QuantizeReference(n, stochastic=True, seed=7).reduce(
+        [grad(k, 603, 3000) for k in range(n)], "q4.sr", average=True)), "seeds 7 and 8 rounded alike"
+
+
+def test_quantize_float16_input(engine):
+    """float16 tensors are widened, quantized with error feedback, summed in
+    float32 and rounded back once: float16 results, the reference's bits."""
+    r, n = engine()
+    comp = hvd.Compression.quantize()
+    ref = QuantizeReference(n, error_feedback=True)
+    before = hvd.engine_stats()
+    for t in range(3):
+        xs = [grad(k, 606 + t, 1000).astype(np.float16) for k in range(n)]
+        got = hvd.allreduce(xs[r], op=hvd.Average, compression=comp, name="q4.half")
+        assert got.dtype == np.float16
+        assert_same_bits(got, ref.reduce(xs, "q4.half", average=True), f"step {t}")
+    assert delta(before, hvd.engine_stats(), "wire_bytes_quantize") == 3 * wire_bytes(1000)
+
+
+def test_quantize_bfloat16_input(engine):
+    ml_dtypes = require("ml_dtypes")
+    r, n = engine()
+    comp = hvd.Compression.quantize(rounding="nearest", error_feedback=False)
+    xs = [grad(k, 609, 777).astype(ml_dtypes.bfloat16) for k in range(n)]
+    got = hvd.allreduce(xs[r], op=hvd.Sum, compression=comp, name="q4.bf16")
+    want = QuantizeReference(n).reduce(xs, "q4.bf16")
+    assert str(got.dtype) == "bfloat16" and np.array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_quantize_zeros_stay_exact(engine):
+    """An all-zero tensor, zero blocks beside non-zero ones and -0.0: exact zeros."""
+    r, n = engine()
+    comp = hvd.Compression.quantize(rounding="stochastic", error_feedback=False)
+    zeros = hvd.allreduce(np.zeros(300, np.float32), op=hvd.Sum, compression=comp, name="q4.zeros")
+    assert np.array_equal(zeros, np.zeros(300, np.float32)) and not np.signbit(zeros).any()
+    x = np.full(256, -0.0, np.float32)
+    x[64:128] = grad(r, 610, 64)  # block 1 only
+    got = hvd.allreduce(x, op=hvd.Sum, compression=comp, name="q4.zero.blocks")
+    assert np.all(got[:64] == 0) and np.all(got[128:] == 0), "zero blocks moved"
+    assert np.count_nonzero(got[64:128]) > 32, "block 1 lost"
+
+
+def test_quantize_one_huge_value_costs_only_its_block(engine):
+    """A value of 1e30 on rank 0 sets its block's scale: that block's other
+    values round to 0 on rank 0, every other block keeps its resolution, and
+    the huge value itself arrives to float32 precision."""
+    r, n = engine()
+    comp = hvd.Compression.quantize(rounding="nearest", error_feedback=False)
+    xs = [grad(k, 611, 640) for k in range(n)]
+    xs[0][70] = np.float32(1e30)
+    got = hvd.allreduce(xs[r], op=hvd.Sum, compression=comp, name="q4.huge")
+    assert_same_bits(got, QuantizeReference(n).reduce(xs, "q4.huge"), "huge value")
+    assert abs(got[70] / 1e30 - 1) < 1e-6, got[70]
+    exact = sum(x.astype(np.float64) for x in xs)
+    others = np.r_[0:64, 128:640]
+    # Rounding to nearest: at most half a step (block max / 7 / 2) per rank.
+    half_step = sum(np.abs(x[:640].reshape(10, 64)).max(axis=1) / 14 for x in xs[1:])
+    half_step += np.abs(xs[0][:640].reshape(10, 64)).max(axis=1) / 14
+    bound = np.repeat(half_step, 64)[others] * (1 + 1e-5)
+    assert np.all(np.abs(got[others] - exact[others]) <= bound), "other blocks lost resolution"
+
+
+def test_quantize_nan_and_inf_arrive_as_nan(engine):
+    """NaN and +-inf inputs decode as NaN at their positions on every rank
+    (documented propagation); the rest of their blocks keeps the finite
+    values' scale, and error feedback keeps no residual for them, so the next
+    step is finite again."""
+    r, n = engine()
+    comp = hvd.Compression.quantize()   # nearest, with error feedback
+    ref = QuantizeReference(n, error_feedback=True)
+    xs = [grad(k, 612, 300) for k in range(n)]
+    xs[0][5] = np.nan
+    xs[n - 1][100] = np.inf
+    xs[n - 1][101] = -np.inf
+    got = hvd.allreduce(xs[r], op=hvd.Sum, compression=comp, name="q4.nan")
+    assert_same_bits(got, ref.reduce(xs, "q4.nan"), "with NaN and inf")
+    assert np.array_equal(np.flatnonzero(~np.isfinite(got)), [5, 100, 101]) and np.isnan(got[[5, 100, 101]]).all()
+    clean = [grad(k, 613, 300) for k in range(n)]
+    after = hvd.allreduce(clean[r], op=hvd.Sum, compression=comp, name="q4.nan")
+    assert np.isfinite(after).all(), "a non-finite value stayed in the residual"
+    assert_same_bits(after, ref.reduce(clean, "q4.nan"), "the step after")
+    assert same_on_every_rank(got, "q4.nan.same"), "ranks differ"
+
+
+def test_quantize_identical_on_every_rank(engine):
+    """Stochastic rounding with error feedback over a fused group and several
+    steps: every rank ends with the same bits (and the reference's)."""
+    r, n = engine()
+    comp = hvd.Compression.quantize(rounding="stochastic", seed=3)
+    ref = QuantizeReference(n, stochastic=True, seed=3, error_feedback=True)
+    sizes = [100, 2049, 64]
+    for t in range(4):
+        outs = hvd.grouped_allreduce([grad(r, 620 + t, s) for s in sizes], op=hvd.Average, compression=comp,
+                                     name="q4.same")
+        for i, (s, got) in enumerate(zip(sizes, outs)):
+            want = ref.reduce([grad(k, 620 + t, s) for k in range(n)], f"q4.same.{i}", average=True)
+            assert_same_bits(got, want, f"step {t}, tensor {i}")
+        assert same_on_every_rank(np.concatenate(outs), f"q4.same.check.{t}"), f"step {t}: ranks differ"
+
+
+def test_quantize_error_feedback_converges(engine):
+    """The sum over steps of the quantized averages approaches the true sum
+    with error feedback (the error stays one residual), not without."""
+    r, n = engine()
+
+    def running_error(ef, steps=30):
+        hvd.reset_compression_state()
+        total_got, total_true, errors = np.zeros(2000), np.zeros(2000), []
+        comp = hvd.Compression.quantize(error_feedback=ef)
+        for t in range(steps):
+            total_got += hvd.allreduce(grad(r, 700 + t, 2000), op=hvd.Average, name=f"q4.ef.{ef}", compression=comp)
+            total_true += sum(grad(k, 700 + t, 2000).astype(np.float64) for k in range(n)) / n
+            errors.append(np.linalg.norm(total_got - total_true) / np.linalg.norm(total_true))
+        return errors
+    with_ef, without = running_error(True), running_error(False)
+    assert with_ef[-1] < 0.5 * without[-1], (with_ef[-1], without[-1])
+    assert with_ef[-1] < 0.5 * with_ef[0], f"error feedback should converge: {with_ef[0]} -> {with_ef[-1]}"
+    assert with_ef[-1] < 0.05, with_ef[-1]
+
+
+def test_quantize_error_feedback_matches_reference(engine):
+    r, n = engine()
+    comp = hvd.Compression.quantize(block_size=32)
+    ref = QuantizeReference(n, block_size=32, error_feedback=True)
+    for t in range(4):
+        got = hvd.allreduce(grad(r, 640 + t, 1001), op=hvd.Sum, compression=comp, name="q4.efref")
+        assert_same_bits(got, ref.reduce([grad(k, 640 + t, 1001) for k in range(n)], "q4.efref"), f"step {t}")
+
+
+def test_quantize_reducescatter(engine):
+    """Reducescatter: the whole tensor quantized, gathered and summed, each
+    rank keeping its rows; float32 and float16."""
+    r, n = engine()
+    comp = hvd.Compression.quantize(rounding="nearest", error_feedback=False)
+    for dtype in (np.float32, np.float16):
+        xs = [grad(k, 650, 2 * n * 50).reshape(2 * n, 50).astype(dtype) for k in range(n)]
+        got = hvd.reducescatter(xs[r], op=hvd.Average, compression=comp)
+        want = QuantizeReference(n).reduce(xs, "rs", average=True)[2 * r:2 * r + 2]
+        assert got.dtype == dtype
+        assert_same_bits(got, want, f"{np.dtype(dtype).name} reducescatter")
+
+
+def test_quantize_other_dtypes_go_uncompressed(engine):
+    """float64 and integer tensors cross as they are, as under fp16."""
+    r, n = engine()
+    before = hvd.engine_stats()
+    got = hvd.allreduce(np.arange(100, dtype=np.float64) * (r + 1), op=hvd.Sum,
+                        compression=hvd.Compression.quantize(), name="q4.f64")
+    assert np.array_equal(got, np.arange(100, dtype=np.float64) * (n * (n + 1) // 2))
+    ints = hvd.allreduce(np.full(10, r, np.int32), op=hvd.Sum, compression=hvd.Compression.quantize(), name="q4.i32")
+    assert np.array_equal(ints, np.full(10, n * (n - 1) // 2, np.int32))
+    assert delta(before, hvd.engine_stats(), "wire_bytes_quantize") == 0
+
+
+def test_quantize_ranks_must_agree(engine):
+    """The quantizer's arguments are part of what ranks must agree on."""
+    r, n = engine()
+    expect(hvd.TensorMismatchError,
+           lambda: hvd.allreduce(np.ones(10, np.float32), name="q4.mismatch",
+                                 compression=hvd.Compression.quantize(seed=0 if r != 1 else 1)),
+           "q4.mismatch", "compression", "seed=1")
+    got = hvd.allreduce(np.ones(10, np.float32), op=hvd.Sum, compression=hvd.Compression.quantize(), name="q4.after")
+    assert np.array_equal(got, np.full(10, n, np.float32)), got

@@ -4,9 +4,8 @@ on digits against the uncompressed run (fp16 within 0.5 point, top-k 1 % with
 error feedback within 2 points).
 
 A rank-side test module (see tests/harness/rank_plugin.py); tests/test_tensorflow_adapter.py
-runs it at 2 ranks. Each of the six trainings (tape or optimizer, times none,
-fp16, top-k) runs once, for the first case that needs it; rank 0 prints
-ACCURACY lines.
+runs it at 2 ranks. Each training (tape or optimizer, times each compressor)
+runs once, for the first case that needs it; rank 0 prints ACCURACY lines.
 """
 import numpy as np
 import pytest
@@ -29,7 +28,8 @@ loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 EPOCHS, BATCH, LR = 12, 32, 0.5
 COMPRESSIONS = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16,
                 "topk": hvd.Compression.topk(0.01, error_feedback=True),
-                "bf16": hvd.Compression.bf16, "powersgd": hvd.Compression.powersgd(rank=2)}
+                "bf16": hvd.Compression.bf16, "powersgd": hvd.Compression.powersgd(rank=2),
+                "quantize": hvd.Compression.quantize(bits=4)}
 
 
 def wire(before, after):
@@ -181,6 +181,29 @@ def test_tape_newer_compressors(run, rank):
 
 def test_optimizer_newer_compressors(run, rank):
     newer_compressors_margins(run, rank, "optimizer")
+
+
+def quantize_margins(run, rank, path):
+    """4-bit block quantization (rounding to nearest, error feedback) within 1
+    point of the uncompressed run, with a float32 scale per 64 values and 4
+    bits per value on the wire."""
+    base, q4 = run(path, "none"), run(path, "quantize")
+    if rank == 0:
+        print(f"ACCURACY {path}: none {base['accuracy']:.4f} quantize(4) {q4['accuracy']:.4f}")
+    assert q4["accuracy"] >= base["accuracy"] - 0.01, (path, "quantize", q4["accuracy"], base["accuracy"])
+    sizes = [int(np.prod(v.shape)) for v in q4["model"].trainable_variables]
+    per_step = sum(hvd.Compression.quantize().wire_bytes(n) for n in sizes)
+    assert q4["detail"]["wire_bytes_quantize"] % per_step == 0, (q4["detail"], per_step)
+    assert abs(q4["detail"]["wire_bytes_quantize"] / q4["bytes_in"] - (1 / 8 + 1 / 64)) < 0.01, q4["detail"]
+    assert tf_common.max_diff(q4["weights"], base["weights"]) > 1e-3
+
+
+def test_tape_quantize(run, rank):
+    quantize_margins(run, rank, "tape")
+
+
+def test_optimizer_quantize(run, rank):
+    quantize_margins(run, rank, "optimizer")
 
 
 def test_keras_momentum_correction_takes_the_optimizers_momentum(rank, size):

@@ -14,6 +14,7 @@ import numpy as np
 
 import tf_common
 from harness.checks import require
+from quantize_reference import QuantizeReference, wire_bytes
 from tf_common import expect_raises
 
 tf_common.start()  # thread settings apply only before TensorFlow's first op
@@ -186,6 +187,11 @@ def check_diloco(flavor, rank, size, H, fragments, overlap, steps, compression=N
     ref = [initial() for _ in range(size)]
     anchor, bufs = initial(), [None, None]
     pending, synced = {}, []
+    quantized = None    # every rank's quantizer, residuals kept per reduction name
+    if isinstance(compression, hvdlite.compression.QuantizeCompressor):
+        quantized = QuantizeReference(size, compression.bits, compression.block_size,
+                                      compression.rounding == "stochastic", compression.seed,
+                                      compression.error_feedback)
     everyone = hvd.allgather_object(probe.weights)
 
     def finish(f, g):
@@ -203,8 +209,11 @@ def check_diloco(flavor, rank, size, H, fragments, overlap, steps, compression=N
         for f in range(fragments):
             if t > cb.offsets[f] and (t - cb.offsets[f]) % H == 0:
                 g = [None, None]
-                for i in frags[f]:
+                for j, i in enumerate(frags[f]):
                     deltas = [anchor[i] - ref[r][i] for r in range(size)]
+                    if quantized is not None:   # the grouped reduction's j-th tensor
+                        g[i] = quantized.reduce(deltas, f"diloco.fragment{f}.{j}", average=True)
+                        continue
                     if compression is hvd.Compression.fp16:
                         deltas = [d.astype(np.float16).astype(np.float32) for d in deltas]
                     g[i] = sum(deltas) / np.float32(size)
@@ -253,6 +262,17 @@ def test_diloco_fp16_compressed_outer_gradient(rank, size):
     check_diloco("keras3", rank, size, H=3, fragments=1, overlap=0, steps=6,
                  compression=hvd.Compression.fp16)
     assert hvdlite.engine_stats()["wire_bytes_fp16"] > before, "no fp16 bytes on the wire"
+
+
+def test_diloco_4bit_quantized_outer_gradient(rank, size):
+    """4-bit outer gradients (rounding to nearest, error feedback) against the
+    simulation quantizing every rank's outer gradient as the engine does."""
+    before = hvdlite.engine_stats()["wire_bytes_quantize"]
+    synced = check_diloco("keras3", rank, size, H=4, fragments=2, overlap=1, steps=13,
+                          compression=hvd.Compression.quantize())
+    sent = hvdlite.engine_stats()["wire_bytes_quantize"] - before
+    per_sync = {0: wire_bytes(IN * OUT), 1: wire_bytes(OUT)}
+    assert sent == sum(per_sync[f] for _, f in synced), (sent, synced)
 
 
 def test_diloco_fit_ends_with_equal_weights(rank, size):

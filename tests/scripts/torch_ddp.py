@@ -345,6 +345,16 @@ def test_powersgd_hook_trains_as_distributed_optimizer(group, rank, size):
                  hvd.Compression.powersgd(2, start_iter=2), "powersgd", rank)
 
 
+def test_quantize_hook_trains_as_distributed_optimizer(group, rank, size):
+    """The 4-bit quantizer (rounding to nearest, error feedback) per parameter."""
+    compare_hook(lambda named: ddp_hooks.quantize_hook(4, named_parameters=named),
+                 hvd.Compression.quantize(4), "quantize", rank)
+    # compression_hook maps it to the per-parameter hook (8 bits: too close to
+    # uncompressed training for the "changed" check).
+    compare_hook(lambda named: ddp_hooks.compression_hook(hvd.Compression.quantize(8), named_parameters=named),
+                 hvd.Compression.quantize(8), "quantize", rank, changes=False)
+
+
 def local_gradients(r):
     """Rank ``r``'s own gradients of hook_model on its first batch."""
     model = hook_model()

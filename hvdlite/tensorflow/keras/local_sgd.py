@@ -210,7 +210,8 @@ class DiLoCoCallback(_PeriodicCallback, common.FragmentSyncs):
             with fragments > 1, else 0. Must be < H.
         outer_lr, outer_momentum, outer_nesterov: the outer SGD.
         compression: hvdlite Compression of the outer gradients
-            (``Compression.fp16``/``.bf16`` halve the bytes).
+            (``Compression.fp16``/``.bf16`` halve the bytes;
+            ``Compression.quantize()`` sends 4 bits, as Streaming DiLoCo).
         sync_buffers: average the floating-point non-trainable variables
             (BatchNormalization's moving statistics) with fragment 0.
         process_set: sync only over these ranks.

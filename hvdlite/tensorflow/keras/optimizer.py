@@ -68,7 +68,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     in ``keras.optimizers.LossScaleOptimizer`` and that is returned.
 
     - ``compression``: Compression.none, .fp16, .bf16, .topk(ratio, ...),
-      .powersgd(rank), or an object with ``compress``/``decompress`` (run
+      .powersgd(rank), .quantize(bits), or an object with ``compress``/``decompress`` (run
       around the reduction). ``topk(momentum_correction=True)`` moves an SGD
       optimizer's momentum into the engine (the optimizer's is set to 0).
     - ``op``: Average (default) or Sum. ``gradient_predivide_factor`` f:
