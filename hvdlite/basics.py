@@ -50,6 +50,11 @@ def _mpi():
 def _resolve_comm(comm):
     MPI = _mpi()
     if comm is None:
+        from . import rendezvous
+        if rendezvous.in_place():
+            # hvdrun's in-place recovery: each rank is its own MPI job, and the
+            # job's communicator forms at hvdrun's rendezvous.
+            return rendezvous.join()[1]
         return MPI.COMM_WORLD
     if isinstance(comm, (list, tuple)):
         ranks = [int(r) for r in comm]

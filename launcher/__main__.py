@@ -17,7 +17,7 @@ def main(argv=None):
     from .job import run_job
     try:
         if opts.elastic:
-            from .elastic import run_elastic
+            from .recovery import run_elastic
             return run_elastic(opts)
         return run_job(opts)
     except KeyboardInterrupt:       # Ctrl-C before the job started (e.g. during the SSH check)

@@ -230,11 +230,13 @@ class ElasticDriver:
                     self._lose(r.host, "failed the SSH check: %s" % r.reason)
         return [h for h in found if self.blacklist.allows(h.name)]
 
-    def _lose(self, host, why):
+    def _lose(self, host, why, in_place=False):
         if self.blacklist.allows(host):
-            log("elastic: host %s %s; %s" % (host, why, "it is out for the rest of the job"
+            # In place, the ranks still on the host go on; only new ones stay off it.
+            out = "no new rank starts there" if in_place else "it is out"
+            log("elastic: host %s %s; %s" % (host, why, "%s for the rest of the job" % out
                                               if self.opts.blacklist_cooldown_range is None
-                                              else "it is out for a cooldown"))
+                                              else "%s for a cooldown" % out))
         self.blacklist.add(host, why)
         self.lost[host] = why
         self.checked.pop(host, None)

@@ -74,6 +74,10 @@ def build_parser():
     g.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"),
                    help="elastic: a failed host may return after MIN seconds, doubling with each "
                         "failure up to MAX (default: a failed host never returns)")
+    g.add_argument("--recovery", choices=["auto", "in-place", "restart"],
+                   help="elastic: after a lost rank, in-place: the survivors keep their processes "
+                        "and form a new communicator; restart: every rank starts again; auto (the "
+                        "default): in-place where the MPI is MPICH with the ofi netmod, else restart")
 
     g = p.add_argument_group("ranks' environment and output")
     g.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
@@ -191,6 +195,8 @@ def _validate(parser, opts):
     opts.elastic = bool(opts.host_discovery_script or opts.min_np is not None or opts.max_np is not None)
     if opts.elastic:
         _validate_elastic(parser, opts)
+    elif opts.recovery is not None:
+        parser.error("--recovery is for elastic jobs (--min-np, --max-np or --host-discovery-script)")
     elif opts.np is None:
         if opts.hosts:
             opts.np = total_slots(opts.hosts)
@@ -275,6 +281,8 @@ def _validate_elastic(parser, opts):
                                                                       describe(opts.hosts)))
     if opts.np is None:
         opts.np = opts.min_np
+    if opts.recovery is None:
+        opts.recovery = "auto"
 
 
 def version_text():

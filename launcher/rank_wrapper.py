@@ -50,7 +50,9 @@ LINGER_AFTER_KILL_S = 2.0
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _PR_SET_PDEATHSIG = 1
 
-RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+# Under in-place recovery every rank is its own MPI job (PMI_RANK is 0 in all of
+# them): the rank is named by the uid hvdrun gave its process instead.
+RANK_VARS = ("HVDLITE_ELASTIC_UID", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
 
 def rank_from_env(env=None):

@@ -95,7 +95,9 @@ class ElasticJob:
             require("tensorflow")
         argv, env = hvdrun_env(hosts, dict(extra_env, TF_CPP_MIN_LOG_LEVEL="3"))
         env.setdefault("HVDLITE_TIMEOUT_SECONDS", "3")
-        full = hosts.on_host(1, argv + ["-i", hosts.key, "--ssh-connect-timeout", "1"] + hvdrun_args +
+        # These cases are the restart mode's (in-place recovery: test_inplace_multihost.py).
+        full = hosts.on_host(1, argv + ["-i", hosts.key, "--ssh-connect-timeout", "1", "--recovery", "restart"] +
+                             hvdrun_args +
                              [sys.executable, ELASTIC, tag, script, "--events",
                               "--commit-every", str(COMMIT_EVERY)] + list(script_args), cwd=REPO)
         self.lines = []             # (time, stream, text)

@@ -225,7 +225,7 @@ def test_elastic_script_runs_as_a_plain_job_and_under_elastic_hvdrun(tag, mode):
     (one generation, no host changes) that leaves no commit behind."""
     from harness.checks import require
     require("torch")
-    hosts = ["-np", "2"] if mode == "plain" else ["--min-np", "2", "-H", "localhost:2"]
+    hosts = ["-np", "2"] if mode == "plain" else ["--recovery", "restart", "--min-np", "2", "-H", "localhost:2"]
     p = hvdrun(hosts + [sys.executable, os.path.join(SCRIPTS, "elastic_digits.py"), tag, "torch",
                         "--events", "--epochs", "2"], timeout=120)
     assert p.returncode == 0, p.stderr

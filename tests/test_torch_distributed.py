@@ -376,7 +376,7 @@ def test_ddp_elastic_restart_ends_as_an_uninterrupted_run(fail):
     resumes from the commit of step 9 and ends with the parameters of an
     uninterrupted run, bit for bit."""
     want = _uninterrupted_sha()
-    args = ["--min-np", "2", "-H", "localhost:2"]
+    args = ["--recovery", "restart", "--min-np", "2", "-H", "localhost:2"]
     env = None
     if fail == "sigkill":
         args += ["--blacklist-cooldown-range", "1", "2"]

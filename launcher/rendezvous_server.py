@@ -1,0 +1,297 @@
+"""hvdrun's rendezvous for in-place recovery: where the ranks of an elastic job
+meet to form each generation of their communicator.
+
+Under in-place recovery every rank is its own MPI job, started by hvdrun with a
+unique id (its uid). The ranks of a generation build one communicator among
+themselves by MPI connect/accept (hvdlite/rendezvous.py); this server tells
+each one who is in the generation, its rank, and whose MPI port to connect to.
+One line per message, over TCP:
+
+rank -> hvdrun
+  ``WATCH <uid>``           answered ``WATCHING <hosts version>``; the connection
+                            stays open for the pushes below
+  ``JOIN <uid> <port>``     join the next generation, offering an MPI port;
+                            answered once the generation forms:
+                            ``MEMBER <generation> <rank> <size> <hosts version> <uids> <port>``
+                            (uids comma-separated in rank order, port: that of the
+                            member one rank below, ``-`` for rank 0), or
+                            ``OUT left-out <why>`` / ``OUT over <why>``
+  ``version``               answered ``<hosts version>`` (the restart mode's question)
+hvdrun -> rank (on WATCH connections)
+  ``DEAD <generation> <uid> <why>``  a member of that generation ended
+  ``REFORM <generation> <uid>``      a member of that generation joined the next one
+  ``HOSTS <hosts version>``          ranks started for new hosts wait at the
+                                     rendezvous: the members join them at their next commit
+
+A generation forms when every live member of the newest one has joined (for
+the first: every rank hvdrun started), with at least ``min_np`` ranks. A member
+that has not joined ``join_deadline_s`` after the first member did is left
+out: a survivor stuck inside MPI (it happens when a peer dies mid-transfer)
+must not hold the others up; hvdrun then stops it. Members keep their order;
+ranks that join for the first time follow, by uid.
+"""
+
+import socket
+import threading
+
+LINE_TIMEOUT_S = 5.0        # a rank writes its request line right after connecting
+PUSH_TIMEOUT_S = 1.0        # a watcher that does not read its pushes is dropped
+
+
+class RendezvousServer:
+    def __init__(self, min_np, join_deadline_s, on_event=None):
+        self.min_np = min_np
+        self.join_deadline_s = join_deadline_s
+        # on_event(kind, **fields), from the server's threads, for hvdrun's loop:
+        # ("formed", generation, members, hosts_version), ("left_out", uid, why),
+        # ("announced", hosts_version, uids)
+        self.on_event = on_event or (lambda kind, **fields: None)
+        self.generation = -1        # the newest generation formed
+        self.members = []           # its uids, in rank order
+        self.hosts_version = 0
+        self.ever_members = set()   # uids that were in some generation
+        self._lock = threading.Lock()
+        self._expected = set()      # live uids hvdrun started
+        self._pending = {}          # uid -> (port, connection) of a JOIN waiting for an answer
+        self._gone = {}             # uid -> why it will not be in a generation again
+        self._watchers = {}         # uid -> connection
+        self._reformed = set()      # generations some member left (REFORM pushed)
+        self._deadline = None       # threading.Timer of the join deadline
+        self._announced = frozenset()
+        self._over = None           # why the job is over (every JOIN is answered OUT)
+        self._sock = None
+
+    # ---- hvdrun's side ---------------------------------------------------------------
+    def serve_on(self, address):
+        """Listen on ``address`` (an IP of this machine; 0.0.0.0: every
+        interface); returns the port."""
+        sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, 0))
+        sock.listen(128)
+        self._sock = sock
+        threading.Thread(target=self._serve, args=(sock,), name="hvdrun-rendezvous", daemon=True).start()
+        return sock.getsockname()[1]
+
+    def expect(self, uid):
+        """hvdrun started rank ``uid``: it will join."""
+        with self._lock:
+            self._expected.add(uid)
+            self._gone.pop(uid, None)
+
+    def lost(self, uid, why):
+        """Rank ``uid`` ended (or hvdrun is stopping it): the members of its
+        generation hear it, and the next generation forms without it."""
+        with self._lock:
+            self._expected.discard(uid)
+            self._gone.setdefault(uid, why)
+            entry = self._pending.pop(uid, None)
+            if entry is not None:
+                _close(entry[1])
+            watcher = self._watchers.pop(uid, None)
+            if watcher is not None:
+                _close(watcher)
+            if uid in self.members:
+                self._push("DEAD %d %d %s" % (self.generation, uid, _one_line(why)))
+            self._progress()
+
+    def end(self, why):
+        """The job is over: every JOIN, waiting or to come, is answered OUT."""
+        with self._lock:
+            self._over = why
+            self._cancel_deadline()
+            for uid, (_, conn) in list(self._pending.items()):
+                _send(conn, "OUT over %s" % _one_line(why))
+                _close(conn)
+            self._pending.clear()
+
+    def pending(self):
+        with self._lock:
+            return set(self._pending)
+
+    def close(self):
+        with self._lock:
+            self._cancel_deadline()
+            if self._sock is not None:
+                _close(self._sock)
+                self._sock = None
+            for conn in list(self._watchers.values()) + [c for _, c in self._pending.values()]:
+                _close(conn)
+            self._watchers.clear()
+            self._pending.clear()
+
+    # ---- connections ---------------------------------------------------------------
+    def _serve(self, sock):
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return              # closed
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn):
+        try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.settimeout(LINE_TIMEOUT_S)
+            words = _read_line(conn).split(" ", 2)
+        except (OSError, UnicodeDecodeError):
+            _close(conn)
+            return
+        try:
+            if words[0] == "version":
+                _send(conn, "%d" % self.hosts_version)
+                _close(conn)
+            elif words[0] == "WATCH" and len(words) == 2 and words[1].isdigit():
+                self._watch(int(words[1]), conn)
+            elif words[0] == "JOIN" and len(words) == 3 and words[1].isdigit():
+                self._join(int(words[1]), words[2], conn)
+            else:
+                _close(conn)
+        except OSError:
+            _close(conn)
+
+    def _watch(self, uid, conn):
+        conn.settimeout(PUSH_TIMEOUT_S)
+        with self._lock:
+            old = self._watchers.pop(uid, None)
+            if old is not None:
+                _close(old)
+            if uid in self._gone or self._over is not None:
+                _close(conn)
+                return
+            self._watchers[uid] = conn
+            _send(conn, "WATCHING %d" % self.hosts_version)
+
+    def _join(self, uid, port, conn):
+        conn.settimeout(None)
+        with self._lock:
+            if self._over is not None:
+                _send(conn, "OUT over %s" % _one_line(self._over))
+                _close(conn)
+                return
+            if uid not in self._expected:
+                _send(conn, "OUT left-out %s" % _one_line(self._gone.get(uid, "hvdrun did not start it")))
+                _close(conn)
+                return
+            old = self._pending.pop(uid, None)
+            if old is not None:
+                _close(old[1])
+            self._pending[uid] = (port, conn)
+            if uid in self.members:
+                # The newest generation is over: tell its other members (they may
+                # be waiting for this rank inside a collective), and do not wait
+                # long for the ones that do not come.
+                if self.generation not in self._reformed:
+                    self._reformed.add(self.generation)
+                    self._push("REFORM %d %d" % (self.generation, uid))
+                if self._deadline is None:
+                    self._deadline = threading.Timer(self.join_deadline_s, self._expire,
+                                                     args=(self.generation,))
+                    self._deadline.daemon = True
+                    self._deadline.start()
+            self._progress()
+
+    # ---- generations (under the lock) ----------------------------------------------
+    def _progress(self):
+        if self._over is not None:
+            return
+        live_members = [u for u in self.members if u in self._expected]
+        waiting_for = live_members if self.generation >= 0 else self._expected
+        if self._pending and all(u in self._pending for u in waiting_for) \
+                and len(self._pending) >= self.min_np:
+            if live_members or self.generation < 0 or not self._fresh_starting():
+                self._form()
+                return
+        self._announce()
+
+    def _fresh_starting(self):
+        """Ranks that never were members and have not joined yet."""
+        return [u for u in self._expected if u not in self.ever_members and u not in self._pending]
+
+    def _announce(self):
+        """Every rank started for new hosts waits, and the generation runs:
+        push a new hosts version, so that the members join them at their next commit."""
+        fresh = frozenset(u for u in self._expected if u not in self.ever_members)
+        if self.generation < 0 or not fresh or self._fresh_starting() or fresh == self._announced \
+                or any(u in self._pending for u in self.members):
+            return
+        self._announced = fresh
+        self.hosts_version += 1
+        self._push("HOSTS %d" % self.hosts_version)
+        self.on_event("announced", hosts_version=self.hosts_version, uids=sorted(fresh))
+
+    def _expire(self, generation):
+        with self._lock:
+            if generation != self.generation or self._over is not None:
+                return
+            self._deadline = None
+            for uid in self.members:
+                if uid in self._expected and uid not in self._pending:
+                    why = ("did not join generation %d within %g s of the first survivor"
+                           % (generation + 1, self.join_deadline_s))
+                    self._expected.discard(uid)
+                    self._gone[uid] = why
+                    self.on_event("left_out", uid=uid, why=why)
+            self._progress()
+
+    def _form(self):
+        self._cancel_deadline()
+        order = [u for u in self.members if u in self._pending]
+        order += sorted(u for u in self._pending if u not in order)
+        self.generation += 1
+        listed = ",".join(str(u) for u in order)
+        for rank, uid in enumerate(order):
+            before = self._pending[order[rank - 1]][0] if rank else "-"
+            conn = self._pending[uid][1]
+            _send(conn, "MEMBER %d %d %d %d %s %s" % (self.generation, rank, len(order),
+                                                      self.hosts_version, listed, before))
+            _close(conn)
+        self._pending.clear()
+        self.members = order
+        self.ever_members.update(order)
+        self._announced = frozenset()
+        self.on_event("formed", generation=self.generation, members=list(order),
+                      hosts_version=self.hosts_version)
+
+    def _cancel_deadline(self):
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _push(self, line):
+        for uid, conn in list(self._watchers.items()):
+            if not _send(conn, line):
+                _close(conn)
+                del self._watchers[uid]
+
+
+def _read_line(conn):
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > 65536:
+            break
+    return data.decode().strip()
+
+
+def _send(conn, line):
+    try:
+        conn.sendall((line + "\n").encode())
+        return True
+    except OSError:
+        return False
+
+
+def _close(conn):
+    try:
+        conn.close()
+    except OSError:
+        pass
+
+
+def _one_line(text):
+    return " ".join(str(text).split()) or "-"
+

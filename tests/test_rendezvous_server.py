@@ -1,0 +1,163 @@
+"""hvdrun's rendezvous for in-place recovery (launcher/rendezvous_server.py),
+spoken to over real sockets as the ranks speak to it: who forms each
+generation, in which order, what the watchers hear, the join deadline, new
+ranks, the end of the job. No MPI (the ranks' side: test_inplace_local.py)."""
+
+import importlib
+import socket
+import sys
+import threading
+import time
+
+import pytest
+
+from harness.checks import REQUIRE_ALL
+from harness.hosts import REPO
+
+try:
+    import hvdlite.launcher as pkg
+except ImportError:
+    if REQUIRE_ALL:
+        raise
+    sys.path.insert(0, REPO)
+    import launcher as pkg
+
+RendezvousServer = importlib.import_module(pkg.__name__ + ".rendezvous_server").RendezvousServer
+
+
+class Server:
+    """A RendezvousServer on 127.0.0.1 with its events recorded."""
+
+    def __init__(self, min_np=1, deadline=0.3, expect=()):
+        self.events = []
+        self.cond = threading.Condition()
+        self.rdv = RendezvousServer(min_np, deadline, self._event)
+        self.port = self.rdv.serve_on("127.0.0.1")
+        for uid in expect:
+            self.rdv.expect(uid)
+
+    def _event(self, kind, **fields):
+        with self.cond:
+            self.events.append((kind, fields))
+            self.cond.notify_all()
+
+    def wait_event(self, kind, timeout=5.0):
+        with self.cond:
+            assert self.cond.wait_for(lambda: any(k == kind for k, _ in self.events), timeout), self.events
+            return [f for k, f in self.events if k == kind]
+
+    def connect(self, line):
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        s.sendall((line + "\n").encode())
+        return s, s.makefile("r")
+
+    def watch(self, uid):
+        s, f = self.connect("WATCH %d" % uid)
+        assert f.readline().split()[0] == "WATCHING"
+        return f
+
+    def join(self, uid):
+        return self.connect("JOIN %d port-of-%d" % (uid, uid))[1]
+
+
+def member(reply):
+    words = reply.readline().split()
+    assert words[0] == "MEMBER", words
+    return {"generation": int(words[1]), "rank": int(words[2]), "size": int(words[3]),
+            "hosts_version": int(words[4]), "uids": [int(u) for u in words[5].split(",")],
+            "port": words[6]}
+
+
+def test_first_generation_forms_when_every_rank_joined_chaining_the_ports():
+    srv = Server(expect=[0, 1, 2])
+    try:
+        replies = {u: srv.join(u) for u in (2, 0)}
+        time.sleep(0.2)
+        assert srv.rdv.generation == -1     # rank 1 has not joined yet
+        replies[1] = srv.join(1)
+        got = {u: member(r) for u, r in replies.items()}
+        assert {u: (g["generation"], g["rank"], g["size"]) for u, g in got.items()} == \
+            {0: (0, 0, 3), 1: (0, 1, 3), 2: (0, 2, 3)}
+        assert all(g["uids"] == [0, 1, 2] for g in got.values())
+        # Each member connects to the port of the member one rank below.
+        assert [got[u]["port"] for u in (0, 1, 2)] == ["-", "port-of-0", "port-of-1"]
+        assert srv.wait_event("formed")[0]["members"] == [0, 1, 2]
+    finally:
+        srv.rdv.close()
+
+
+def test_a_lost_member_is_announced_and_the_survivors_form_the_next_generation():
+    srv = Server(min_np=2, expect=[0, 1, 2])
+    try:
+        watchers = {u: srv.watch(u) for u in (0, 1, 2)}
+        replies = {u: srv.join(u) for u in (0, 1, 2)}
+        [member(r) for r in replies.values()]
+        srv.rdv.lost(1, "was killed by SIGKILL")
+        for u in (0, 2):
+            assert watchers[u].readline().strip() == "DEAD 0 1 was killed by SIGKILL"
+        first = srv.join(2)
+        # The first survivor's join tells the others that generation 0 is over.
+        assert watchers[0].readline().strip() == "REFORM 0 2"
+        second = srv.join(0)
+        a, b = member(first), member(second)
+        # Survivors keep their order: uid 0 stays rank 0.
+        assert (b["rank"], a["rank"], a["uids"], a["generation"]) == (0, 1, [0, 2], 1)
+    finally:
+        srv.rdv.close()
+
+
+def test_a_member_that_does_not_join_by_the_deadline_is_left_out():
+    srv = Server(min_np=2, deadline=0.3, expect=[0, 1, 2, 3])
+    try:
+        [member(r) for r in [srv.join(u) for u in (0, 1, 2, 3)]]
+        srv.rdv.lost(3, "was killed by SIGKILL")
+        started = time.monotonic()
+        replies = {u: srv.join(u) for u in (0, 2)}      # uid 1 never comes
+        got = {u: member(r) for u, r in replies.items()}
+        took = time.monotonic() - started
+        assert got[0]["uids"] == [0, 2] and 0.25 <= took < 2.0, (got, took)
+        assert srv.wait_event("left_out")[0]["uid"] == 1
+        late = srv.join(1).readline().split(" ", 2)
+        assert late[:2] == ["OUT", "left-out"] and "did not join generation 1" in late[2]
+    finally:
+        srv.rdv.close()
+
+
+def test_no_generation_below_min_np():
+    srv = Server(min_np=3, deadline=0.2, expect=[0, 1, 2])
+    try:
+        [member(r) for r in [srv.join(u) for u in (0, 1, 2)]]
+        srv.rdv.lost(2, "was killed by SIGKILL")
+        waiting = [srv.join(u) for u in (0, 1)]
+        time.sleep(0.5)
+        assert srv.rdv.generation == 0 and srv.rdv.pending() == {0, 1}
+        srv.rdv.end("hvdrun gave up")
+        assert [w.readline().strip() for w in waiting] == ["OUT over hvdrun gave up"] * 2
+        assert srv.join(0).readline().strip() == "OUT over hvdrun gave up"
+    finally:
+        srv.rdv.close()
+
+
+def test_new_ranks_wait_and_the_members_hear_a_new_hosts_version():
+    srv = Server(min_np=1, expect=[0, 1])
+    try:
+        watchers = {u: srv.watch(u) for u in (0, 1)}
+        [member(r) for r in [srv.join(u) for u in (0, 1)]]
+        srv.rdv.expect(2)
+        srv.rdv.expect(3)
+        newcomers = {2: srv.join(2)}
+        time.sleep(0.2)
+        assert srv.rdv.hosts_version == 0       # uid 3 still starting: no push yet
+        newcomers[3] = srv.join(3)
+        for u in (0, 1):
+            assert watchers[u].readline().strip() == "HOSTS 1"
+        assert srv.wait_event("announced")[0] == {"hosts_version": 1, "uids": [2, 3]}
+        olds = {u: srv.join(u) for u in (1, 0)}     # at their next commit
+        got = {u: member(r) for u, r in list(olds.items()) + list(newcomers.items())}
+        assert got[0]["uids"] == [0, 1, 2, 3] and got[3]["rank"] == 3
+        assert got[0]["hosts_version"] == 1
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+            s.sendall(b"version\n")         # the restart mode's question still works
+            assert s.makefile("r").readline().strip() == "1"
+    finally:
+        srv.rdv.close()
