@@ -5,6 +5,7 @@ later joins at the next generation. hvdrun runs on host 1; each rank is its
 own ``mpiexec -n 1`` (through hydra's proxy over ssh for hosts 2-4), on MPICH's
 ofi netmod with the tcp provider. Each test prints what it measured (-s)."""
 
+import os
 import re
 import time
 import uuid
@@ -35,8 +36,17 @@ _jobs = []
 def tag(hosts):
     t = "hvdltag-" + uuid.uuid4().hex[:10]
     yield t
+    left = {}
     while _jobs:
-        _jobs.pop().stop()
+        job = _jobs.pop()
+        job.stop()
+        left.update(job.leftovers())
+    for pid in left:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    assert not left, "processes of hvdrun left behind: %s" % left
     _nothing_left(hosts, t)
 
 
