@@ -7,6 +7,7 @@ prints what it measured (run with -s)."""
 
 import os
 import re
+import signal
 import sys
 import uuid
 
@@ -176,6 +177,26 @@ def test_hvdlite_init_forms_the_world_at_the_rendezvous(tag):
     ranks = job.events("init")
     assert sorted((e["uid"], e["rank"], e["size"]) for e in ranks) == [(0, 0, 3), (1, 1, 3), (2, 2, 3)]
     assert all(e["sum"] == [6.0, 6.0] for e in ranks), ranks
+
+
+def test_error_of_the_training_script_ends_the_job(tag):
+    """A rank that fails with its own exception (hvdlite's exit hook tells
+    hvdrun) ends the job: the others would meet the same error."""
+    job = hvdrun(["-np", "3", "--min-np", "2", "-H", "localhost:3", sys.executable,
+                  os.path.join(SCRIPTS, "inplace_init.py"), tag, "--raise", "1"])
+    assert job.wait() == 1, job.text()
+    err = job.stderr()
+    assert "elastic: rank 1 raised an error in the training script" in err, err
+    assert re.search(r"rank 1 on host localhost failed: ValueError: a bug in the training script; "
+                     r"hvdrun stopped the 2 other ranks still running$", err.strip().splitlines()[-1]), err
+
+
+def test_ctrl_c_stops_every_rank(tag):
+    job = start(["-np", "3", "--min-np", "2", "-H", "localhost:3"], tag, "--steps", 100000)
+    job.wait_step(10)
+    job.proc.send_signal(signal.SIGINT)
+    assert job.wait() == 130, job.text()
+    assert job.stderr().strip().splitlines()[-1] == "hvdrun: job stopped by SIGINT; all ranks were stopped"
 
 
 def test_restart_recovery_is_still_there(tag):
