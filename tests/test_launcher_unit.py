@@ -359,6 +359,8 @@ def test_rank_from_env():
     assert rank_wrapper.rank_from_env({"PMI_RANK": "3"}) == 3
     assert rank_wrapper.rank_from_env({"OMPI_COMM_WORLD_RANK": "5"}) == 5
     assert rank_wrapper.rank_from_env({}) is None
+    # In-place recovery: every rank is its own MPI job (PMI_RANK 0); its uid names it.
+    assert rank_wrapper.rank_from_env({"PMI_RANK": "0", "HVDLITE_ELASTIC_UID": "7"}) == 7
 
 
 def test_check_build(capsys):
