@@ -85,8 +85,8 @@ class Watch:
     (``DEAD``) or a member left for the next generation (``REFORM``). It
     should stop the rank's collectives promptly and must not block (e.g.
     ``hvdlite.abandon``); the rank then calls ``join()``. No notice comes
-    while the rank is inside ``join()``: a generation that loses a member
-    while it forms is joined again there."""
+    after the rank called ``leave()`` or while it is inside ``join()``: a
+    generation that loses a member while it forms is joined again there."""
 
     def __init__(self, on_notice=None):
         self.on_notice = on_notice
@@ -155,8 +155,10 @@ class Watch:
             except Exception as e:  # noqa: BLE001 - the watch thread must go on
                 sys.stderr.write("hvdlite rendezvous: the notice callback raised %r\n" % e)
 
-    def _leave(self):
-        """The rank leaves its generation for the next one (join() began)."""
+    def leave(self):
+        """This rank leaves its generation on its own (it is going to join the
+        next one, e.g. after HostsUpdatedInterrupt): no notice for it from now
+        on. join() calls it too."""
         with self._lock:
             self._joining = True
 
@@ -269,7 +271,7 @@ def join(timeout=None):
     the generation could not be formed."""
     MPI = _mpi()
     w = watch()
-    w._leave()
+    w.leave()
     timeout_s = int(os.environ.get(CONNECT_TIMEOUT_VAR, DEFAULT_CONNECT_TIMEOUT_S))
     failures = 0
     while True:

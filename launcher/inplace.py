@@ -365,9 +365,10 @@ class InPlaceJob:
             self._stop_lost(rp, why)
 
     def _on_announced(self, hosts_version, uids):
-        log("elastic: rank%s %s wait%s at the rendezvous (hosts version %d); the others join them "
-            "at their next commit" % ("s" if len(uids) > 1 else "", ",".join(map(str, uids)),
-                                      "" if len(uids) > 1 else "s", hosts_version))
+        many = len(uids) > 1
+        log("elastic: rank%s %s wait%s at the rendezvous (hosts version %d); the members join %s "
+            "at their next commit" % ("s" if many else "", ",".join(map(str, uids)), "" if many else "s",
+                                      hosts_version, "them" if many else "it"))
 
     def _on_signal_event(self, sig):
         if sig == signal.SIGUSR1:

@@ -7,6 +7,7 @@ prints what it measured (run with -s)."""
 
 import os
 import re
+import signal
 import sys
 import uuid
 
@@ -31,22 +32,33 @@ _jobs = []
 def tag():
     t = "hvdltag-" + uuid.uuid4().hex[:10]
     yield t
+    left = {}
     while _jobs:
-        _jobs.pop().stop()
-    left = wait_until_gone(t, timeout=10)
+        job = _jobs.pop()
+        job.stop()
+        left.update(job.leftovers())
+    left.update(wait_until_gone(t, timeout=10))
     for pid in left:
-        os.kill(pid, 9)
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
     assert not left, "processes left behind: %s" % left
 
 
-def start(hvdrun_args, tag, *script_args, extra_env=None):
+def hvdrun(args):
+    """hvdrun ``args`` (flags and command), its output read as it comes."""
     argv, extra = hvdrun_argv()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.pop("HVDLITE_MPIEXEC", None)
     env.update(extra)
-    env.update(extra_env or {})
-    _jobs.append(InPlaceJob(argv + hvdrun_args + script_argv(tag, *script_args), env))
+    _jobs.append(InPlaceJob(argv + args, env))
     return _jobs[-1]
+
+
+def start(hvdrun_args, tag, *script_args):
+    """hvdrun ``hvdrun_args`` running tests/scripts/inplace_allreduce.py."""
+    return hvdrun(hvdrun_args + script_argv(tag, *script_args))
 
 
 def survivors_kept_their_processes(job, survivors, generation):
@@ -159,24 +171,37 @@ def test_hosts_found_by_discovery_join_at_the_next_check(tag, tmp_path):
 def test_hvdlite_init_forms_the_world_at_the_rendezvous(tag):
     """hvdlite.init() without a communicator, under in-place recovery: the engine
     runs on the communicator the rendezvous formed."""
-    argv, extra = hvdrun_argv()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.pop("HVDLITE_MPIEXEC", None)
-    env.update(extra)
-    job = InPlaceJob(argv + ["-np", "3", "--min-np", "2", "-H", "localhost:3", sys.executable,
-                             os.path.join(SCRIPTS, "inplace_init.py"), tag], env)
+    job = hvdrun(["-np", "3", "--min-np", "2", "-H", "localhost:3", sys.executable,
+                  os.path.join(SCRIPTS, "inplace_init.py"), tag])
     assert job.wait() == 0, job.text()
     ranks = job.events("init")
     assert sorted((e["uid"], e["rank"], e["size"]) for e in ranks) == [(0, 0, 3), (1, 1, 3), (2, 2, 3)]
     assert all(e["sum"] == [6.0, 6.0] for e in ranks), ranks
 
 
+def test_error_of_the_training_script_ends_the_job(tag):
+    """A rank that fails with its own exception (hvdlite's exit hook tells
+    hvdrun) ends the job: the others would meet the same error."""
+    job = hvdrun(["-np", "3", "--min-np", "2", "-H", "localhost:3", sys.executable,
+                  os.path.join(SCRIPTS, "inplace_init.py"), tag, "--raise", "1"])
+    assert job.wait() == 1, job.text()
+    err = job.stderr()
+    assert "elastic: rank 1 raised an error in the training script" in err, err
+    assert re.search(r"rank 1 on host localhost failed: ValueError: a bug in the training script; "
+                     r"hvdrun stopped the 2 other ranks still running$", err.strip().splitlines()[-1]), err
+
+
+def test_ctrl_c_stops_every_rank(tag):
+    job = start(["-np", "3", "--min-np", "2", "-H", "localhost:3"], tag, "--steps", 100000)
+    job.wait_step(10)
+    job.proc.send_signal(signal.SIGINT)
+    assert job.wait() == 130, job.text()
+    assert job.stderr().strip().splitlines()[-1] == "hvdrun: job stopped by SIGINT; all ranks were stopped"
+
+
 def test_restart_recovery_is_still_there(tag):
-    argv, extra = hvdrun_argv()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.update(extra)
-    job = InPlaceJob(argv + ["--recovery", "restart", "--min-np", "2", "-H", "localhost:2", sys.executable,
-                             os.path.join(SCRIPTS, "launcher_rank.py"), tag, "info"], env)
+    job = hvdrun(["--recovery", "restart", "--min-np", "2", "-H", "localhost:2", sys.executable,
+                  os.path.join(SCRIPTS, "launcher_rank.py"), tag, "info"])
     assert job.wait() == 0, job.text()
     err = job.stderr()
     assert "hvdrun: elastic: recovery by restart: --recovery restart" in err, err

@@ -5,6 +5,7 @@ later joins at the next generation. hvdrun runs on host 1; each rank is its
 own ``mpiexec -n 1`` (through hydra's proxy over ssh for hosts 2-4), on MPICH's
 ofi netmod with the tcp provider. Each test prints what it measured (-s)."""
 
+import os
 import re
 import time
 import uuid
@@ -35,8 +36,17 @@ _jobs = []
 def tag(hosts):
     t = "hvdltag-" + uuid.uuid4().hex[:10]
     yield t
+    left = {}
     while _jobs:
-        _jobs.pop().stop()
+        job = _jobs.pop()
+        job.stop()
+        left.update(job.leftovers())
+    for pid in left:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    assert not left, "processes of hvdrun left behind: %s" % left
     _nothing_left(hosts, t)
 
 
@@ -65,6 +75,31 @@ def test_rank_killed_on_a_host_the_others_go_on_in_place(hosts, tag):
     assert {e["uid"]: e["step"] for e in job.events("done")} == {0: 150, 1: 150}
     print("\nthree hosts, SIGKILL of the rank on host 3 -> the survivors' next allreduce: %.3f s" % took)
     assert took < RECOVERY_LIMIT_S
+
+
+def test_host_cut_off_the_others_go_on_in_place(hosts, tag):
+    """Host 3's link goes down: nothing ends, so no notice comes. The others'
+    wait times out (2 s here, the engine's HVDLITE_TIMEOUT_SECONDS), they join
+    the next generation, and the rank on host 3 is left out by the join
+    deadline and stopped."""
+    names = hosts.names
+    job = start(hosts, tag, ["--min-np", "2", "-H", ",".join(names[:3])], "--steps", 150, "--timeout", 2)
+    job.wait_step(30)
+    cut_at = time.time()
+    hosts.set_link(3, False)
+    try:
+        took = job.recovery_s(cut_at, 1)
+        assert job.wait() == 0, job.text()
+    finally:
+        hosts.set_link(3, True)
+    err = job.stderr()
+    assert re.search(r"elastic: rank 2 on %s did not join generation 1 within 0.5 s of the first "
+                     r"survivor; hvdrun stops it" % names[2], err), err
+    assert re.search(r"generation 1 on %s:1,%s:1 \(2 ranks: uids 0,1\)" % tuple(names[:2]), err), err
+    assert {e["uid"]: e["step"] for e in job.events("done")} == {0: 150, 1: 150}
+    print("\nthree hosts, host 3's link down -> the survivors' next allreduce: %.2f s (their wait "
+          "times out after 2 s)" % took)
+    assert took < 2.0 + RECOVERY_LIMIT_S
 
 
 def test_discovered_host_joins_at_the_next_generation(hosts, tag, tmp_path):

@@ -359,6 +359,8 @@ def test_rank_from_env():
     assert rank_wrapper.rank_from_env({"PMI_RANK": "3"}) == 3
     assert rank_wrapper.rank_from_env({"OMPI_COMM_WORLD_RANK": "5"}) == 5
     assert rank_wrapper.rank_from_env({}) is None
+    # In-place recovery: every rank is its own MPI job (PMI_RANK 0); its uid names it.
+    assert rank_wrapper.rank_from_env({"PMI_RANK": "0", "HVDLITE_ELASTIC_UID": "7"}) == 7
 
 
 def test_check_build(capsys):
@@ -526,6 +528,39 @@ def test_blacklist_forever_or_cooldown_doubling():
 ])
 def test_user_errors_end_an_elastic_job(how, user):
     assert elastic._user_error(how) is user
+
+
+def test_recovery_flag():
+    elastic_job = ["--min-np", "2", "-H", "a,b", "python", "x.py"]
+    assert options.parse_args(elastic_job).recovery == "auto"
+    assert options.parse_args(["--recovery", "restart"] + elastic_job).recovery == "restart"
+
+
+def test_recovery_flag_needs_an_elastic_job(capsys):
+    assert "--recovery is for elastic jobs" in parse_error(["--recovery", "in-place", "-np", "2", "python",
+                                                            "x.py"], capsys)
+
+
+@pytest.mark.parametrize("flavour,device,requested,mode,words", [
+    ("mpich", "ch4:ucx ofi", "auto", "in-place", "MPICH with the ofi netmod (ch4:ucx ofi) is there"),
+    ("mpich", "ch4:ofi", "in-place", "in-place", "--recovery in-place, on MPICH with the ofi netmod"),
+    ("mpich", "ch4:ucx", "auto", "restart", "this MPICH has only ch4:ucx"),
+    ("mpich", "ch4:ucx", "in-place", None, "--recovery in-place: it needs MPICH's ofi netmod"),
+    ("mpich", "ch4:ucx ofi", "restart", "restart", "--recovery restart"),
+    ("openmpi", None, "auto", "restart", "this MPI is Open MPI 5.0.3"),
+])
+def test_recovery_mode_follows_the_mpi(tmp_path, flavour, device, requested, mode, words):
+    """In place needs MPICH with the ofi netmod: hvdrun asks the mpichversion
+    next to mpiexec which netmods it has."""
+    mpiexec = tmp_path / "mpiexec"
+    mpiexec.write_text("#!/bin/sh\n")
+    if device is not None:
+        tool = tmp_path / "mpichversion"
+        tool.write_text("#!/bin/sh\necho 'MPICH Version:      5.0.2'\necho 'MPICH Device:       %s'\n" % device)
+        tool.chmod(0o755)
+    mpi = mpi_detect.MpiInfo(flavour, str(mpiexec), "Open MPI 5.0.3" if flavour == "openmpi" else "MPICH 5.0.2")
+    got, why = mod("recovery").choose(requested, mpi)
+    assert got == mode and words in why, (got, why)
 
 
 def test_hosts_version_service_answers_the_version():

@@ -1,8 +1,10 @@
 """An elastic hvdrun job under in-place recovery, run by a test: its output read
 as it comes (with the time each line arrived), the JSON events of
-tests/scripts/inplace_allreduce.py picked out, SIGKILL of a rank by uid, and
-the measure the tests report: from a kill to the survivors' next completed
-allreduce on the new communicator."""
+tests/scripts/inplace_allreduce.py picked out, SIGKILL of a rank by uid, the
+measure the tests report (from a kill to the survivors' next completed
+allreduce on the new communicator), and every process hvdrun started on this
+host, seen while it ran: hydra's proxies carry no tag in their command line,
+and one left behind would be reparented away from hvdrun."""
 
 import json
 import os
@@ -27,10 +29,26 @@ class InPlaceJob:
                                      env=env, cwd=REPO)
         self.deadline = time.time() + timeout
         self.rc = None
+        self.seen = {}              # pid -> command line of hvdrun's descendants
         self._readers = [threading.Thread(target=self._read, args=(s, n), daemon=True)
                          for s, n in ((self.proc.stdout, "out"), (self.proc.stderr, "err"))]
+        self._readers.append(threading.Thread(target=self._sample, daemon=True))
         for r in self._readers:
             r.start()
+
+    def _sample(self):
+        while self.proc.poll() is None:
+            self.seen.update(_descendants(self.proc.pid))
+            time.sleep(0.2)
+
+    def leftovers(self, timeout=10.0):
+        """hvdrun's descendants seen while it ran that still run (after up to ``timeout`` s)."""
+        deadline = time.time() + timeout
+        while True:
+            left = {p: c for p, c in self.seen.items() if _cmdline(p) == c}
+            if not left or time.time() > deadline:
+                return left
+            time.sleep(0.1)
 
     def _read(self, stream, name):
         for line in stream:
@@ -120,6 +138,38 @@ class InPlaceJob:
     def text(self):
         with self._cond:
             return "\n".join(t for _, _, t in self.lines)[-8000:]
+
+
+def _cmdline(pid):
+    """The command line of a running (not zombie) process, or None."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return None
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except (OSError, IndexError):
+        return None
+
+
+def _descendants(root):
+    parent = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open("/proc/%s/stat" % name) as f:
+                    parent[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found, frontier = {}, [root]
+    while frontier:
+        children = [p for p, pp in parent.items() if pp in frontier]
+        for p in children:
+            cmd = _cmdline(p)
+            if cmd is not None:
+                found[p] = cmd
+        frontier = children
+    return found
 
 
 def script_argv(tag, *args):

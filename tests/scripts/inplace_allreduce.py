@@ -2,7 +2,7 @@
 from hvdlite.rendezvous.join() (no hvdlite engine).
 
 usage: inplace_allreduce.py TAG [--steps N] [--count N] [--step-sleep S] [--withhold UID]
-                             [--check-every N] [--pause UID:STEP ...]
+                             [--check-every N] [--pause UID:STEP ...] [--timeout S]
 
 Each generation: check that the communicator holds the members hvdrun named,
 in its order (an allgather of uids), agree on the step (the highest any member
@@ -16,7 +16,9 @@ that rank never joins again after a notice, as a survivor stuck inside MPI
 would not. ``--pause UID:STEP``: that rank stops before the allreduce of
 STEP and prints "paused", so that a test kills it while the others wait for
 it inside the collective (a kill mid-transfer can leave a survivor stuck
-inside MPI_Test, which the join deadline then leaves out). Prints one JSON
+inside MPI_Test, which the join deadline then leaves out). ``--timeout S``:
+a wait longer than S seconds abandons the communicator too (the engine's
+HVDLITE_TIMEOUT_SECONDS: how a silent host is noticed). Prints one JSON
 line per event on stdout: gen, step, notice, hosts_changed, paused, withhold,
 done (each with uid, pid and time).
 """
@@ -53,10 +55,18 @@ class Abandoned(Exception):
     step = None
 
 
+TIMEOUT_S = [None]
+
+
 def wait(request, notice):
-    """Polls ``request`` as an engine would: a notice abandons it."""
+    """Polls ``request`` as an engine would: a notice, or a wait past the
+    timeout, abandons it."""
+    started = time.monotonic()
     while not request.Test():
         if notice.is_set():
+            raise Abandoned()
+        if TIMEOUT_S[0] is not None and time.monotonic() - started > TIMEOUT_S[0]:
+            emit("timeout")
             raise Abandoned()
         time.sleep(0.0002)
 
@@ -113,7 +123,9 @@ def main():
     p.add_argument("--withhold", type=int, default=-1)
     p.add_argument("--check-every", type=int, default=5)
     p.add_argument("--pause", action="append", default=[], metavar="UID:STEP")
+    p.add_argument("--timeout", type=float)
     args = p.parse_args()
+    TIMEOUT_S[0] = args.timeout
     pauses = {}
     for item in args.pause:
         who, _, at = item.partition(":")
