@@ -8,7 +8,7 @@ Framework adapters: ``hvdlite.torch`` and ``hvdlite.tensorflow`` (+ ``.keras``).
 """
 __version__ = "0.1.0"
 
-from .basics import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank,
+from .basics import (abandon, cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank,
                      local_size, mpi_library_version, mpi_threads_supported, rank, shutdown, size)
 from .compression import Compression, Compressor
 from .engine_control import (engine_stats, flight_recorder, reset_compression_state, set_compute_threads,

@@ -9,7 +9,7 @@ import traceback
 
 from . import exceptions
 from ._binding import NO_MPI_HELP, PEER_LOST_KINDS, check, ffi, last_error, lib
-from .process_sets import global_process_set, register_at_init
+from .process_sets import forget_registered_sets, global_process_set, register_at_init
 
 _state_lock = threading.Lock()
 _init_comm = None          # the mpi4py communicator init() was given
@@ -161,6 +161,47 @@ def shutdown():
     """Stops the engine on this rank; the other ranks' engines stop too, and
     their pending and future collectives fail with an error naming this rank."""
     _stop(b"called hvdlite.shutdown()")
+
+
+def abandon(reason, grace_s=1.0):
+    """Stops the engine on this rank alone, when a peer is lost and the
+    survivors go on without it (docs/reliability.md, "Going on without a lost
+    rank"). No other rank hears of it, and nothing here waits for one.
+
+    Every pending collective, and every later one until the next
+    :func:`init`, raises :class:`HvdliteShutdownError` whose message holds
+    ``reason``. Safe from any thread (a watcher's, while the training thread
+    waits in ``synchronize()``) and more than once (the first reason stays).
+    Afterwards :func:`init` with the survivors' communicator starts a new
+    engine; process sets added before must be added again (their
+    :class:`ProcessSet` objects are unregistered here).
+
+    Raises :class:`HvdliteTimeoutError` when the engine thread does not stop
+    within ``grace_s`` seconds: it is stuck in an MPI call that waits for the
+    lost peer, and this process must be restarted (``init()`` refuses; at
+    exit the job ends with MPI_Abort instead of waiting in MPI_Finalize).
+    """
+    global _init_comm, _homogeneous, _peer_lost
+    text = str(reason).encode(errors="replace")
+    rc = lib.hvd_abandon(text, float(grace_s))
+    error = last_error() if rc < 0 else None
+    # What belonged to the old engine, reset, stuck or not: no call reaches
+    # that engine again. An init() stuck in MPI may hold the lock for ever.
+    locked = _state_lock.acquire(timeout=min(max(float(grace_s), 0.0), 1e7))
+    try:
+        _init_comm = None
+        _homogeneous = None
+        global_process_set.mpi_comm = None
+        forget_registered_sets()
+    finally:
+        if locked:
+            _state_lock.release()
+    if error is not None:
+        _peer_lost = True  # MPI_Finalize would wait for the stuck thread's peer
+    for hook in _stop_hooks:
+        hook()
+    if error is not None:
+        raise error
 
 
 def is_initialized():

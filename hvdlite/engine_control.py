@@ -50,7 +50,8 @@ def stop_timeline():
 def flight_recorder(summary=False):
     """The engine's flight recorder: its most recent events, oldest first, as
     dicts (``kind``: ``enqueued``, ``decided``, ``collective_start``,
-    ``collective_end``, ``error``, ``peer_lost``, ``stopped``, ``dump``; with
+    ``collective_end``, ``error``, ``peer_lost``, ``stopped``, ``dump``,
+    ``abandoned``; with
     ``seq``, ``t_ns`` on the steady clock, and ``name``, ``op``, ``dtype``,
     ``bytes``, ... where they apply). Works after the engine stopped too, which
     is when it is most useful. ``summary=True`` returns the dump's header

@@ -5,6 +5,7 @@ everywhere, as in Horovod. Front ends that create a group on its members
 alone (torch.distributed's ``new_group``) add its set with
 :func:`_add_process_set_as_member`, which only the members call."""
 import threading
+import weakref
 
 from . import _binding, exceptions
 from ._binding import ffi, lib
@@ -90,6 +91,22 @@ class _GlobalProcessSet(ProcessSet):
 
 global_process_set = _GlobalProcessSet()
 _registry_lock = threading.Lock()
+# ProcessSet objects bound to an id of the running engine.
+_bound = weakref.WeakSet()
+
+
+def _bind(process_set, pid):
+    process_set.process_set_id = pid
+    _bound.add(process_set)
+
+
+def forget_registered_sets():
+    """The engine that knew them is gone (hvdlite.abandon()): every bound
+    ProcessSet is unregistered, so it can be added again to the next engine,
+    whose ids start over (0 is its global set), as after Horovod's reset."""
+    for process_set in list(_bound):
+        process_set.process_set_id = None
+    _bound.clear()
 
 
 def process_set_id(process_set):
@@ -158,7 +175,7 @@ def add_process_set(process_set):
         handle = _binding.enqueue(
             _binding.ADD_PROCESS_SET, dtype_code=0, shape=[], set_ranks=process_set.ranks,
             finish=lambda h: lib.hvd_handle_value(h))
-        process_set.process_set_id = int(handle.wait())
+        _bind(process_set, int(handle.wait()))
     return process_set
 
 
@@ -181,13 +198,13 @@ def _add_process_set_as_member(ranks, name):
     with _registry_lock:
         for pid, members in get_process_set_ids_and_ranks().items():
             if members == process_set.ranks:
-                process_set.process_set_id = pid
+                _bind(process_set, pid)
                 return process_set
         # The engine refuses a non-member (it takes no part in the set's add).
         handle = _binding.enqueue(
             _binding.ADD_PROCESS_SET, name=name, dtype_code=0, shape=[],
             set_ranks=process_set.ranks, members_only=1, finish=lambda h: lib.hvd_handle_value(h))
-        process_set.process_set_id = int(handle.wait())
+        _bind(process_set, int(handle.wait()))
     return process_set
 
 
@@ -221,7 +238,7 @@ def register_at_init(entries, comm):
             ids[tuple(ranks)] = add_process_set(ranks).process_set_id
     for i, ps in enumerate(sets):
         if i not in duplicates:
-            ps.process_set_id = ids[tuple(ps.ranks)]
+            _bind(ps, ids[tuple(ps.ranks)])
     if duplicates:
         i = duplicates[0]
         raise exceptions.InvalidArgumentError(
@@ -246,6 +263,7 @@ def remove_process_set(process_set):
     handle.wait()
     if isinstance(process_set, ProcessSet):
         process_set.process_set_id = None
+        _bound.discard(process_set)
     return True
 
 

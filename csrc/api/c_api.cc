@@ -1,7 +1,7 @@
 // C API: starting and stopping the engine, and where this rank stands
 // (rank, size, MPI). The other groups of c_api.h's functions live beside
-// this file, one concept each: enqueue.cc, handles.cc, device_jobs.cc,
-// process_sets.cc, compression.cc, engine_control.cc.
+// this file, one concept each: abandon.cc, enqueue.cc, handles.cc,
+// device_jobs.cc, process_sets.cc, compression.cc, engine_control.cc.
 #include "api/c_api.h"
 
 #include <algorithm>
@@ -35,14 +35,18 @@ int hvd_init(int64_t comm_fortran_handle) {
                          "hvdlite.init() in a process forked from an initialised one is not supported");
   }
   api::Runtime& rt = api::runtime();
-  std::lock_guard<std::mutex> lock(rt.mutex);
+  std::lock_guard<std::timed_mutex> lock(rt.mutex);
   if (rt.engine && !rt.shut_down_locally) return 0;  // idempotent, as in Horovod
+  if (rt.stuck) {
+    return api::SetError(ErrorKind::kTimeout,
+                         rt.abandoned.message() + "; the abandoned engine's thread is stuck in MPI, so no new "
+                         "engine can start in this process: restart it");
+  }
   MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(comm_fortran_handle));
   std::unique_ptr<Engine> engine;
   Status s = Engine::Start(comm, &engine);
   if (!s.ok()) return api::SetError(s);
-  rt.engine = std::move(engine);
-  rt.shut_down_locally = false;
+  api::InstallEngine(rt, std::move(engine));  // an old engine's handles are unknown from here on
   return 0;
 }
 
@@ -51,7 +55,7 @@ int hvd_shutdown(const char* reason) {
   std::shared_ptr<Engine> engine;
   {
     api::Runtime& rt = api::runtime();
-    std::lock_guard<std::mutex> lock(rt.mutex);
+    std::lock_guard<std::timed_mutex> lock(rt.mutex);
     if (!rt.engine || rt.shut_down_locally) return 0;
     rt.shut_down_locally = true;
     engine = rt.engine;

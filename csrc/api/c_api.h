@@ -110,6 +110,20 @@ int hvd_init(int64_t comm_fortran_handle);
    kShutdown after a normal shutdown; kTimeout or kMpi when a peer stopped
    answering, in which case MPI_Finalize would wait for it forever. */
 int hvd_shutdown(const char* reason);
+/* Stops the engine on this rank alone: the recovery from a lost peer, after
+   which the survivors start a new engine on a communicator of their own
+   (docs/reliability.md, "Going on without a lost rank"). No message to any
+   rank and no MPI call that could wait for one: the old engine's
+   communicators and requests are left to MPI_Finalize, its shared memory is
+   unmapped. Every pending handle fails with HVD_ERROR_SHUTDOWN and a message
+   that holds `reason`, and so does every call until the next hvd_init, which
+   starts a new engine; the old handles stay readable until then. Waits up to
+   grace_seconds for the engine thread: returns 0 once it stopped, or
+   -HVD_ERROR_TIMEOUT when it is stuck in an MPI call (the process must then
+   be restarted: hvd_init refuses). Any thread, also while others wait on
+   handles; safe to call again (the first reason stays); 0 when no engine
+   runs. */
+int hvd_abandon(const char* reason, double grace_seconds);
 int hvd_is_initialized(void);
 const char* hvd_last_error(void);
 int hvd_last_error_kind(void);

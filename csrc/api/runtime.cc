@@ -27,6 +27,14 @@ Runtime& runtime() {
   return *r;
 }
 
+void InstallEngine(Runtime& rt, std::unique_ptr<Engine> engine) {
+  if (!rt.abandoned.ok()) rt.abandoned_engines.push_back(std::move(rt.engine));
+  rt.engine = std::move(engine);
+  rt.shut_down_locally = false;
+  rt.abandoned = Status::OK();
+  rt.stuck = false;
+}
+
 void InstallForkHandler() {
   static std::once_flag once;
   std::call_once(once, [] { pthread_atfork(nullptr, nullptr, OnForkChild); });
@@ -59,24 +67,31 @@ std::shared_ptr<Engine> CurrentEngine(bool quiet) {
     if (!quiet) ForkedChildError();
     return nullptr;
   }
-  std::lock_guard<std::mutex> lock(runtime().mutex);
-  if (!runtime().engine || runtime().shut_down_locally) {
-    if (!quiet) {
+  Runtime& rt = runtime();
+  std::lock_guard<std::timed_mutex> lock(rt.mutex);
+  if (!rt.engine || rt.shut_down_locally) {
+    if (quiet) return nullptr;
+    if (!rt.abandoned.ok()) {
+      // The training thread's next call says that a peer was lost, as its
+      // pending ones did, and what to do.
+      SetError(rt.abandoned.kind(),
+               rt.abandoned.message() + (rt.stuck ? "; its engine thread is stuck in MPI: restart this process"
+                                                  : "; start a new engine with hvdlite.init(comm=...)"));
+    } else {
       SetError(ErrorKind::kNotInitialized,
-               runtime().shut_down_locally
-                   ? "hvdlite has been shut down on this rank; call hvdlite.init() again first"
-                   : "hvdlite is not initialised; call hvdlite.init() first");
+               rt.shut_down_locally ? "hvdlite has been shut down on this rank; call hvdlite.init() again first"
+                                    : "hvdlite is not initialised; call hvdlite.init() first");
     }
     return nullptr;
   }
-  return runtime().engine;
+  return rt.engine;
 }
 
 // In a forked child the mutex may have been held by a thread that does not
 // exist there, so the child never takes it.
 std::shared_ptr<Engine> EngineOfHandles() {
   if (g_in_forked_child) return nullptr;
-  std::lock_guard<std::mutex> lock(runtime().mutex);
+  std::lock_guard<std::timed_mutex> lock(runtime().mutex);
   return runtime().engine;
 }
 

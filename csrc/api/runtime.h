@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "engine/engine.h"
@@ -17,11 +18,22 @@ namespace api {
 // Heap-allocated and never destroyed, so static destruction at exit
 // (possibly after MPI_Finalize) never touches MPI.
 struct Runtime {
-  std::mutex mutex;
+  // Timed: hvd_abandon() gives up on it when an init() or shutdown() stuck
+  // in MPI holds it.
+  std::timed_mutex mutex;
   std::shared_ptr<Engine> engine;
   bool shut_down_locally = false;
+  // After hvd_abandon(): the error every call gets until the next init.
+  Status abandoned;
+  // Its engine thread did not stop in time: no new engine in this process.
+  bool stuck = false;
+  // Abandoned engines, kept until exit (Engine::Abandon says why).
+  std::vector<std::shared_ptr<Engine>> abandoned_engines;
 };
 Runtime& runtime();
+// hvd_init's last step, with rt.mutex held: `engine` becomes the running
+// one. An abandoned engine it replaces is kept (Engine::Abandon says why).
+void InstallEngine(Runtime& rt, std::unique_ptr<Engine> engine);
 
 // A child forked after init() has no engine thread: every call fails there.
 void InstallForkHandler();
@@ -34,7 +46,8 @@ int SetError(ErrorKind kind, const std::string& message);
 const char* LastError();
 int LastErrorKind();
 
-// The running engine, or nullptr with the reason recorded (unless quiet).
+// The running engine, or nullptr with the reason recorded (unless quiet):
+// after hvd_abandon(), the abandonment's error.
 std::shared_ptr<Engine> CurrentEngine(bool quiet = false);
 // Handles stay readable after shutdown, until the next init.
 std::shared_ptr<Engine> EngineOfHandles();

@@ -17,12 +17,6 @@ namespace hvdlite {
 
 namespace {
 
-// How long Shutdown() lets the engine finish its last round before it stops
-// waiting on peers (one of them may be gone).
-constexpr double kShutdownGraceSeconds = 30.0;
-// Pending tensors a stop records in the flight recorder (each takes a slot).
-constexpr size_t kPendingRecorded = 16;
-
 bool IsMember(const std::vector<int32_t>& ranks, int rank) {
   return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
 }
@@ -97,12 +91,16 @@ void Engine::ThreadMain() {
   }
   state_cv_.notify_all();
   if (!s.ok()) {
-    affinity_.Stop();
     for (int32_t id : sets_.Ids()) sets_.Remove(id);
-    return;
+  } else {
+    Loop();
   }
-  Loop();
   affinity_.Stop();
+  {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    thread_done_ = true;
+  }
+  state_cv_.notify_all();
 }
 
 Status Engine::EndAutotuneSample(ProcessSet& global) {
@@ -131,7 +129,7 @@ void Engine::Loop() {
       // New work starts a round at once; otherwise a round every cycle time
       // keeps this rank answering its peers' negotiation.
       std::unique_lock<std::mutex> lock(state_mutex_);
-      state_cv_.wait_until(lock, next, [this] { return shutdown_requested_ || work_pending_; });
+      state_cv_.wait_until(lock, next, [this] { return shutdown_requested_ || work_pending_ || abandoned_; });
       work_pending_ = false;
     }
 
@@ -139,6 +137,12 @@ void Engine::Loop() {
     const auto started = Clock::now();
     bool idle = true, waiting = false;
     for (auto& set : sets_.All()) {
+      // Abandoned: no further round (its peers may be gone), not even one
+      // whose messages would all arrive.
+      if (abort_.raised()) {
+        Stop(abort_.reason());
+        return;
+      }
       if (!set->is_member()) continue;
       bool set_idle = false;
       if (!RunCycle(*set, set->id() == 0, &set_idle)) return;
@@ -296,69 +300,6 @@ Status Engine::ChangeProcessSets(ProcessSet& global, const Response& response) {
     entry.work->Finish();
   }
   return Status::OK();
-}
-
-void Engine::Stop(const Status& reason) {
-  size_t failed = 0;
-  for (auto& set : sets_.All()) {
-    for (auto& entry : set->queue().Close(reason)) {
-      entry.work->Fail(reason);
-      // The first few are what this rank was waiting in (their submission
-      // may have left the ring long ago).
-      if (++failed <= kPendingRecorded) {
-        FlightNote n(FlightEventKind::kError);
-        n.name = &entry.request.name;
-        n.op = static_cast<int>(entry.request.op);
-        n.dtype = static_cast<int>(entry.request.dtype);
-        n.process_set = set->id();
-        n.flag = kFlightPendingAtStop;
-        n.detail = "pending when the engine stopped";
-        flight_.Record(n);
-      }
-    }
-  }
-  FlightNote note(FlightEventKind::kStopped);
-  note.detail = reason.message().c_str();
-  note.count = static_cast<int32_t>(failed);
-  note.flag = static_cast<uint8_t>(reason.kind());
-  flight_.Record(note);
-  // A failure leaves its record; a shutdown that failed no tensor is the
-  // normal end of a job.
-  if (flight_.enabled() && (reason.kind() != ErrorKind::kShutdown || failed > 0)) {
-    DumpFlightRecorder("the engine stopped: " + reason.message());
-  }
-  {
-    std::lock_guard<std::mutex> lock(state_mutex_);
-    stopped_ = true;
-    stopped_status_ = reason;
-  }
-  // After the stop is visible: a device tensor submitted now gets the
-  // engine's reason, not "no device executor".
-  device_jobs_.Close(reason);
-  state_cv_.notify_all();
-}
-
-Status Engine::stopped_status() {
-  std::lock_guard<std::mutex> lock(state_mutex_);
-  return stopped_ ? stopped_status_ : Status::OK();
-}
-
-void Engine::Shutdown(const std::string& reason) {
-  {
-    std::unique_lock<std::mutex> lock(state_mutex_);
-    if (!stopped_ && !shutdown_requested_) {
-      shutdown_requested_ = true;
-      shutdown_reason_ = reason;
-    }
-    state_cv_.notify_all();
-    if (!state_cv_.wait_for(lock, std::chrono::duration<double>(kShutdownGraceSeconds),
-                            [this] { return stopped_; })) {
-      abort_ = true;  // a peer is not answering: stop waiting on MPI
-    }
-  }
-  if (thread_.joinable()) thread_.join();
-  timeline_.Stop();
-  dump_signal_.Stop();
 }
 
 Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {

@@ -1,6 +1,7 @@
 // The one engine object of a process: owns the background thread that does
-// all of hvdlite's MPI work (its life: setup, the loop of rounds, shutdown),
-// the process sets and their changes, and the table of handles.
+// all of hvdlite's MPI work (its life: setup, the loop of rounds, shutdown
+// or abandonment), the process sets and their changes, and the table of
+// handles.
 #pragma once
 
 #include <pthread.h>
@@ -26,6 +27,7 @@
 #include "process_set/process_set.h"
 #include "timeline/timeline.h"
 #include "process_set/topology.h"
+#include "transport/abort_signal.h"
 #include "engine/work.h"
 
 namespace hvdlite {
@@ -54,6 +56,19 @@ class Engine {
   // Asks every rank's engine to stop (negotiated), fails what is pending and
   // joins the thread. Safe to call more than once.
   void Shutdown(const std::string& reason);
+  // Stops the engine on this rank alone, when a peer is lost and the
+  // survivors go on without it (engine_stop.cc): no message to any rank,
+  // no MPI call that could wait for one. Every pending handle fails with
+  // kShutdown and a text that holds `reason`; the thread is joined if it
+  // stops within `grace_seconds`, else a kTimeout error says it is stuck in
+  // MPI (this process must then be restarted). Any thread; safe to call more
+  // than once (the first reason stays; a later call waits for the thread
+  // again). The object must be kept, never destroyed, afterwards: MPI may
+  // still complete requests the thread left pending into its memory.
+  Status Abandon(const std::string& reason, double grace_seconds);
+  // The error of an engine abandoned for `reason`: its handles', and (api/)
+  // every later call's until the next init.
+  static Status AbandonedError(const std::string& reason);
   // The reason the engine stopped; OK while it runs.
   Status stopped_status();
 
@@ -103,6 +118,12 @@ class Engine {
   Status EndAutotuneSample(ProcessSet& global);
   Status ChangeProcessSets(ProcessSet& global, const Response& response);
   void Stop(const Status& reason);
+  // The engine thread has returned; joins it (once, whichever thread asks).
+  void JoinThread();
+  // Abandon's steps (engine_stop.cc).
+  void RaiseAbandon(const std::string& reason);
+  bool WaitForThread(double seconds);
+  void ReleaseAbandoned();
   // The flight recorder's view of a negotiated round.
   void RecordRound(ProcessSet& set, const ResponseList& responses);
   // Local peers whose process is gone or stopped, as the dump finds them.
@@ -127,7 +148,8 @@ class Engine {
   bool priority_chosen_ = false;  // under state_mutex_
 
   std::thread thread_;
-  std::atomic<bool> abort_{false};
+  std::mutex join_mutex_;
+  AbortSignal abort_;  // every wait of the wires polls it
 
   std::mutex state_mutex_;
   std::condition_variable state_cv_;
@@ -138,6 +160,12 @@ class Engine {
   bool shutdown_requested_ = false;
   bool work_pending_ = false;  // set by Enqueue: start the next round now
   std::string shutdown_reason_;
+  bool thread_done_ = false;   // ThreadMain returned
+  bool abandoned_ = false;     // Abandon() was called
+  Status abandon_status_;      // what Abandon() fails the handles with
+  std::mutex abandon_mutex_;   // one caller of Abandon() releases the engine
+  bool released_ = false;      // under abandon_mutex_: ReleaseAbandoned() ran
+  bool dumped_ = false;        // under abandon_mutex_: the flight recorder was dumped
 
   HandleTable handles_;
   FlightRecorder flight_;

@@ -60,6 +60,7 @@ const char* FlightEventKindName(FlightEventKind kind) {
     case FlightEventKind::kPeerLost: return "peer_lost";
     case FlightEventKind::kStopped: return "stopped";
     case FlightEventKind::kDump: return "dump";
+    case FlightEventKind::kAbandoned: return "abandoned";
   }
   return "?";
 }

@@ -26,6 +26,7 @@ enum class FlightEventKind : uint8_t {
   kPeerLost = 5,         // `peer` left, or was found gone (detail: why)
   kStopped = 6,          // the engine stopped (detail: the reason every handle got)
   kDump = 7,             // a dump was asked for (detail: by what)
+  kAbandoned = 8,        // hvdlite.abandon() stopped the engine on this rank alone (detail: its reason)
 };
 const char* FlightEventKindName(FlightEventKind kind);
 // kError's flag for a tensor still waiting when the engine stopped.

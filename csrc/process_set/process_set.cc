@@ -6,7 +6,7 @@ namespace hvdlite {
 
 ProcessSet::ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, const std::vector<int>& hosts,
                        const EngineOptions& options, EngineStats* stats,
-                       const std::atomic<bool>* abort)
+                       const AbortSignal* abort)
     : id_(id), ranks_(std::move(ranks)), comm_(comm) {
   if (comm_ != MPI_COMM_NULL) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -37,8 +37,14 @@ ProcessSet::ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, co
 
 ProcessSet::~ProcessSet() {
   controller_.reset();
-  transport_.reset();  // unmaps shared memory; uses the communicator
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  transport_.reset();  // unmaps shared memory; uses the communicator (unless abandoned)
+  if (comm_ != MPI_COMM_NULL && !abandoned_) MPI_Comm_free(&comm_);
+}
+
+void ProcessSet::Abandon() {
+  if (abandoned_) return;
+  abandoned_ = true;
+  if (transport_) transport_->Abandon();
 }
 
 std::string ProcessSet::NextAutoName(OpType op) {

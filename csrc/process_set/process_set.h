@@ -6,11 +6,11 @@
 #include <mpi.h>
 
 #include <array>
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
 
+#include "transport/abort_signal.h"
 #include "transport/ring/ring_transport.h"
 #include "transport/shm/shm_transport.h"
 #include "negotiation/controller.h"
@@ -28,7 +28,7 @@ class ProcessSet {
   // Collective over `comm` (members set up the shared-memory path together).
   // `hosts`: the host of each member, in `ranks` order (Topology::HostsOf).
   ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, const std::vector<int>& hosts,
-             const EngineOptions& options, EngineStats* stats, const std::atomic<bool>* abort);
+             const EngineOptions& options, EngineStats* stats, const AbortSignal* abort);
   ~ProcessSet();
   ProcessSet(const ProcessSet&) = delete;
   ProcessSet& operator=(const ProcessSet&) = delete;
@@ -52,10 +52,17 @@ class ProcessSet {
   // unnamed calls still match after the others' calls while it was joined.
   void SkipAutoName(OpType op, const std::string& name);
 
+  // The engine was abandoned and its thread has stopped (engine_stop.cc):
+  // the wire releases what is local (Transport::Abandon), and from here on,
+  // the destructor included, nothing calls MPI: the communicator is left to
+  // MPI_Finalize, as freeing it may wait for a lost peer.
+  void Abandon();
+
  private:
   int32_t id_;
   std::vector<int32_t> ranks_;
   MPI_Comm comm_;
+  bool abandoned_ = false;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Controller> controller_;
   TensorQueue queue_;

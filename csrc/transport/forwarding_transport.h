@@ -63,6 +63,7 @@ class ForwardingTransport : public Transport {
   Status BroadcastBytes(std::vector<uint8_t>* bytes, int root) override {
     return inner_->BroadcastBytes(bytes, root);
   }
+  void Abandon() override { inner_->Abandon(); }
 
  protected:
   Transport& inner() { return *inner_; }

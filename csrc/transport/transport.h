@@ -14,7 +14,8 @@
 // gives the same bits.
 //
 // Threading: used from the engine thread only. Every wait follows the engine's
-// WaitPolicy and stops on abort or HVDLITE_TIMEOUT_SECONDS with an error.
+// WaitPolicy and stops on abort (abort_signal.h) or HVDLITE_TIMEOUT_SECONDS
+// with an error.
 #pragma once
 
 #include <cstdint>
@@ -153,6 +154,12 @@ class Transport {
   virtual void Tune(const WireSettings& /*settings*/) {}
   // The set's two levels where the wire has them (hierarchical); false otherwise.
   virtual bool GetHostLevels(HostLevels* /*out*/) { return false; }
+
+  // The engine was abandoned on this rank (engine_stop.cc), its thread
+  // has stopped: give back what is this process's alone (shared-memory
+  // mappings) and call MPI no more, the destructor included (communicators
+  // are left to MPI_Finalize: freeing one may wait for a peer that is gone).
+  virtual void Abandon() {}
 };
 
 }  // namespace hvdlite

@@ -3,14 +3,14 @@
 // WaitPolicy. Stops early when the engine aborts or the timeout passes.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <string>
 #include <thread>
 
-#include "transport/wire_options.h"
 #include "common/status.h"
+#include "transport/abort_signal.h"
+#include "transport/wire_options.h"
 
 namespace hvdlite {
 
@@ -18,7 +18,7 @@ namespace hvdlite {
 // until it reports completion. `done` returns true when finished; it may set
 // `*error` to stop with a failure (an MPI error).
 template <typename Done>
-Status WaitUntil(const WaitPolicy& policy, const std::atomic<bool>* abort, const char* what,
+Status WaitUntil(const WaitPolicy& policy, const AbortSignal* abort, const char* what,
                  Done done) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
@@ -29,12 +29,10 @@ Status WaitUntil(const WaitPolicy& policy, const std::atomic<bool>* abort, const
     Status error;
     if (done(&error)) return error;
     const auto waited = Clock::now() - start;
-    if (abort != nullptr && abort->load(std::memory_order_relaxed)) {
+    if (abort != nullptr && abort->raised()) {
       // An MPI request cannot be cancelled portably; leaving it is acceptable
       // because the engine stops using this communicator after an abort.
-      return Status::Error(ErrorKind::kTimeout,
-                           std::string(what) + " abandoned: the engine is shutting down and a "
-                           "peer rank stopped answering");
+      return abort->ErrorIn(what);
     }
     if (policy.timeout_seconds > 0 &&
         waited > std::chrono::duration<double>(policy.timeout_seconds)) {

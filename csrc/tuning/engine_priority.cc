@@ -28,6 +28,14 @@ bool ApplyPriority(pthread_t thread, EnginePriority priority) {
   return true;
 }
 
+void TryNormalPriority(pthread_t thread) {
+  int policy = SCHED_OTHER;
+  sched_param param{};
+  if (pthread_getschedparam(thread, &policy, &param) != 0 || policy == SCHED_OTHER) return;
+  param.sched_priority = 0;
+  pthread_setschedparam(thread, SCHED_OTHER, &param);
+}
+
 int UsableCores(pthread_t thread) {
   cpu_set_t set;
   CPU_ZERO(&set);

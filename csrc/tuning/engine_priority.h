@@ -37,6 +37,12 @@ EnginePriority ResolvePriority(EnginePriority requested, const HostLoad& load);
 // Returns false (after saying why on stderr) when the kernel refused.
 bool ApplyPriority(pthread_t thread, EnginePriority priority);
 
+// Makes `thread` an ordinary (SCHED_OTHER) thread again where the kernel
+// lets it (CAP_SYS_NICE, or an RLIMIT_NICE that allows nice 0); quietly
+// leaves its policy otherwise. For a thread that must run soon, whatever
+// the host's load: an engine thread that has to leave (Engine::Abandon).
+void TryNormalPriority(pthread_t thread);
+
 // CPUs in `thread`'s affinity mask (at least 1).
 int UsableCores(pthread_t thread);
 

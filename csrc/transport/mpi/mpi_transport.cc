@@ -187,7 +187,7 @@ Status NoReduction(DataType dtype, ReduceOp op) {
 }  // namespace
 
 MpiTransport::MpiTransport(MPI_Comm comm, const WaitPolicy& wait,
-                           const std::atomic<bool>* abort)
+                           const AbortSignal* abort)
     : comm_(comm), wait_(wait), abort_(abort) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
@@ -390,56 +390,6 @@ Status MpiTransport::StartAllgather(const void* send, int64_t bytes, void* recv,
                    "MPI_Iallgather");
   if (s.ok()) *work = std::move(w);
   return s;
-}
-
-Status MpiTransport::BitwiseAnd(uint64_t* words, int count) {
-  MPI_Request req;
-  Status s = MpiCheck(MPI_Iallreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, MPI_BAND, comm_, &req),
-                   "MPI_Iallreduce(negotiation)");
-  if (s.ok()) s = Wait(&req, "MPI_Iallreduce(negotiation)");
-  return s;
-}
-
-Status MpiTransport::GatherBytes(const std::vector<uint8_t>& mine, int root,
-                                   std::vector<std::vector<uint8_t>>* all) {
-  int my_size = static_cast<int>(mine.size());
-  std::vector<int> sizes(rank_ == root ? size_ : 0);
-  MPI_Request req;
-  Status s = MpiCheck(MPI_Igather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, root, comm_, &req),
-                   "MPI_Igather(negotiation)");
-  if (s.ok()) s = Wait(&req, "MPI_Igather(negotiation)");
-  if (!s.ok()) return s;
-  std::vector<int> displs;
-  std::vector<uint8_t> joined;
-  if (rank_ == root) {
-    displs.resize(size_);
-    int total = 0;
-    for (int i = 0; i < size_; ++i) {
-      displs[i] = total;
-      total += sizes[i];
-    }
-    joined.resize(static_cast<size_t>(total));
-  }
-  s = MpiCheck(MPI_Igatherv(mine.data(), my_size, MPI_BYTE, joined.data(), sizes.data(),
-                         displs.data(), MPI_BYTE, root, comm_, &req),
-            "MPI_Igatherv(negotiation)");
-  if (s.ok()) s = Wait(&req, "MPI_Igatherv(negotiation)");
-  if (!s.ok() || rank_ != root) return s;
-  all->assign(size_, {});
-  for (int i = 0; i < size_; ++i) {
-    (*all)[i].assign(joined.begin() + displs[i], joined.begin() + displs[i] + sizes[i]);
-  }
-  return s;
-}
-
-Status MpiTransport::BroadcastBytes(std::vector<uint8_t>* bytes, int root) {
-  uint64_t n = bytes->size();
-  MPI_Request req;
-  Status s = MpiCheck(MPI_Ibcast(&n, 1, MPI_UINT64_T, root, comm_, &req), "MPI_Ibcast(negotiation)");
-  if (s.ok()) s = Wait(&req, "MPI_Ibcast(negotiation)");
-  if (!s.ok()) return s;
-  bytes->resize(n);
-  return Broadcast(bytes->data(), static_cast<int64_t>(n), root);
 }
 
 }  // namespace hvdlite

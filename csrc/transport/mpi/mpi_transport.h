@@ -7,18 +7,18 @@
 
 #include <mpi.h>
 
-#include <atomic>
 #include <cstdint>
 #include <vector>
 
-#include "transport/wire_options.h"
+#include "transport/abort_signal.h"
 #include "transport/transport.h"
+#include "transport/wire_options.h"
 
 namespace hvdlite {
 
 class MpiTransport : public Transport {
  public:
-  MpiTransport(MPI_Comm comm, const WaitPolicy& wait, const std::atomic<bool>* abort);
+  MpiTransport(MPI_Comm comm, const WaitPolicy& wait, const AbortSignal* abort);
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -56,7 +56,18 @@ class MpiTransport : public Transport {
   int rank_ = 0;
   int size_ = 1;
   WaitPolicy wait_;
-  const std::atomic<bool>* abort_;
+  const AbortSignal* abort_;
+  // Negotiation's exchanges (mpi_negotiation.cc): an abort leaves their
+  // requests pending, so their buffers live as long as the transport, which
+  // an abandoned engine keeps.
+  struct NegotiationBuffers {
+    std::vector<uint64_t> words;   // BitwiseAnd
+    std::vector<uint8_t> mine;     // GatherBytes: this rank's part
+    std::vector<int> sizes;        // GatherBytes: every rank's part size (root)
+    std::vector<uint8_t> joined;   // GatherBytes: every rank's part (root)
+    uint64_t count = 0;            // BroadcastBytes: the bytes to come
+    std::vector<uint8_t> bytes;    // BroadcastBytes
+  } negotiation_;
 };
 
 // OK for MPI_SUCCESS, else an MPI error naming `what` and MPI's message.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/keep_until_exit.h"
 #include "kernels/scale.h"
 #include "transport/mpi/mpi_transport.h"
 #include "transport/waiter.h"
@@ -33,6 +34,18 @@ HierarchicalAllreduceWork::HierarchicalAllreduceWork(const Setup& setup, void* d
 }
 
 HierarchicalAllreduceWork::~HierarchicalAllreduceWork() {
+  const bool pending = std::any_of(pieces_.begin(), pieces_.end(),
+                                   [](const Piece& p) { return p.request != MPI_REQUEST_NULL; });
+  if (pending && setup_.cross.abort != nullptr && setup_.cross.abort->raised()) {
+    // Abandoned without waiting for the peers (as RingAllreduceWork): the
+    // host phases stay pending, and MPI may still use their counts and
+    // fill this rank's blocks.
+    struct Pending {
+      std::vector<Piece> pieces;
+      std::vector<uint8_t> block;
+    };
+    KeepUntilExit(Pending{std::move(pieces_), std::move(block_)});
+  }
   for (Piece& piece : pieces_) {
     if (piece.request != MPI_REQUEST_NULL) MPI_Request_free(&piece.request);
   }

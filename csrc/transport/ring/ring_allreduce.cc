@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/keep_until_exit.h"
 #include "kernels/reduce_kernels.h"
 #include "kernels/scale.h"
 #include "transport/mpi/mpi_transport.h"
@@ -24,8 +25,15 @@ RingAllreduceWork::RingAllreduceWork(const Setup& setup, void* data, int64_t cou
 }
 
 RingAllreduceWork::~RingAllreduceWork() {
-  // Only after an error or an abort: the engine stops using this
-  // communicator then, and MPI cannot cancel a send portably.
+  if (setup_.abort != nullptr && setup_.abort->raised()) {
+    // The engine stops without waiting for its peers: the receives stay
+    // pending (freeing a request is an MPI call, which an abandoned engine
+    // no longer makes), and MPI may still fill their buffers.
+    if (posted_ > processed_) KeepUntilExit(std::move(slots_));
+    return;
+  }
+  // Only after an error: the engine stops using this communicator then,
+  // and MPI cannot cancel a send portably.
   for (auto& r : recvs_) {
     if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
   }

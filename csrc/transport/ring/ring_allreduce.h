@@ -15,15 +15,15 @@
 
 #include <mpi.h>
 
-#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <vector>
 
 #include "common/common.h"
-#include "transport/wire_options.h"
 #include "common/status.h"
+#include "transport/abort_signal.h"
 #include "transport/transport.h"
+#include "transport/wire_options.h"
 
 namespace hvdlite {
 
@@ -34,7 +34,7 @@ class RingAllreduceWork : public TransportWork {
     int rank, size, tag, window;
     int64_t chunk_elems;
     const WaitPolicy* wait;
-    const std::atomic<bool>* abort;
+    const AbortSignal* abort;
   };
 
   // Sums `count` elements at `data` in place over setup.comm, then scales

@@ -114,6 +114,7 @@ RingTransport::RingTransport(std::unique_ptr<Transport> inner, MPI_Comm ring, MP
 RingTransport::~RingTransport() {
   host_.reset();
   across_.reset();
+  if (abandoned_) return;
   for (MPI_Comm* c : {&host_comm_, &across_comm_}) {
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
   }
@@ -121,6 +122,14 @@ RingTransport::~RingTransport() {
   for (MPI_Comm* c : {&local_, &local_gather_}) {
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
   }
+}
+
+void RingTransport::Abandon() {
+  abandoned_ = true;
+  for (Transport* level : {host_.get(), across_.get()}) {
+    if (level != nullptr) level->Abandon();
+  }
+  ForwardingTransport::Abandon();
 }
 
 bool RingTransport::GetWireSettings(WireSettings* out) const {

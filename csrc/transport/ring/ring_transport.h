@@ -14,11 +14,11 @@
 
 #include <mpi.h>
 
-#include <atomic>
 #include <memory>
 #include <vector>
 
 #include "engine/engine_stats.h"
+#include "transport/abort_signal.h"
 #include "transport/forwarding_transport.h"
 #include "transport/ring/hierarchical_allgather.h"
 #include "transport/ring/hierarchical_allreduce.h"
@@ -33,7 +33,7 @@ struct RingSetup {
   HierarchicalOptions hierarchical;
   WaitPolicy wait;
   EngineStats* stats = nullptr;
-  const std::atomic<bool>* abort = nullptr;
+  const AbortSignal* abort = nullptr;
 };
 
 class RingTransport : public ForwardingTransport {
@@ -60,6 +60,7 @@ class RingTransport : public ForwardingTransport {
   bool GetWireSettings(WireSettings* out) const override;
   void Tune(const WireSettings& settings) override;
   bool GetHostLevels(HostLevels* out) override;
+  void Abandon() override;
 
  private:
   RingTransport(std::unique_ptr<Transport> inner, MPI_Comm ring, MPI_Comm local, MPI_Comm local_gather,
@@ -81,8 +82,9 @@ class RingTransport : public ForwardingTransport {
   bool hierarchical_on_ = true;  // with local_: off sends large allreduces to MPI (autotune)
   int window_;
   WaitPolicy wait_;
-  const std::atomic<bool>* abort_;
+  const AbortSignal* abort_;
   EngineStats* stats_;
+  bool abandoned_ = false;  // Abandon(): the communicators are left to MPI_Finalize
   int next_tag_ = 0;  // one tag per collective: several may be in flight
   // Hierarchical: GetHostLevels' transports and their communicators.
   MPI_Comm host_comm_ = MPI_COMM_NULL, across_comm_ = MPI_COMM_NULL;

@@ -146,9 +146,12 @@ ShmCollectives::ShmCollectives(int rank, int size, void* base, size_t bytes, int
       scratch_(static_cast<size_t>(chunk_bytes)),
       store_choice_(SlotStoreChoice::For(setup.options.streaming_stores)) {}
 
-ShmCollectives::~ShmCollectives() {
+ShmCollectives::~ShmCollectives() { Unmap(); }
+
+void ShmCollectives::Unmap() {
   // Local: a peer that died cannot make this wait.
-  munmap(base_, bytes_);
+  if (base_ != nullptr) munmap(base_, bytes_);
+  base_ = nullptr;
 }
 
 ShmCollectives::Header* ShmCollectives::header() const { return static_cast<Header*>(base_); }
@@ -212,11 +215,7 @@ Status ShmCollectives::Wait(const char* what, Ready ready) {
       return Status::OK();
     }
     const auto waited = Clock::now() - start;
-    if (abort_ != nullptr && abort_->load(std::memory_order_relaxed)) {
-      return Status::Error(ErrorKind::kTimeout,
-                           std::string(what) + " abandoned: the engine is shutting down and a "
-                           "peer rank stopped answering");
-    }
+    if (abort_ != nullptr && abort_->raised()) return abort_->ErrorIn(what);
     if (wait_.timeout_seconds > 0 && waited > std::chrono::duration<double>(wait_.timeout_seconds)) {
       char limit[32];
       std::snprintf(limit, sizeof(limit), "%g", wait_.timeout_seconds);

@@ -50,6 +50,7 @@
 #include "common/common.h"
 #include "common/status.h"
 #include "engine/engine_stats.h"
+#include "transport/abort_signal.h"
 #include "transport/wire_options.h"
 #include "transport/shm/slot_store_choice.h"
 
@@ -61,7 +62,7 @@ struct ShmSetup {
   WaitPolicy wait;
   int64_t cache_capacity = 0;  // the response cache's slots: the negotiation board's bits
   EngineStats* stats = nullptr;
-  const std::atomic<bool>* abort = nullptr;
+  const AbortSignal* abort = nullptr;
 };
 
 class ShmCollectives {
@@ -90,6 +91,10 @@ class ShmCollectives {
   // FitsBoard(count), which is the same on every rank for the same count.
   bool FitsBoard(int count) const { return count <= board_words_; }
   Status BitwiseAnd(uint64_t* words, int count);
+
+  // Unmaps the segment now, without a word to the peers (the engine was
+  // abandoned: engine_stop.cc). Nothing else may be called afterwards.
+  void Unmap();
 
  private:
   struct Header;   // the segment's wake-up word, in shared memory
@@ -135,7 +140,7 @@ class ShmCollectives {
   uint64_t and_round_ = 0;  // bitwise ANDs so far; equal on every rank
   WaitPolicy wait_;
   int64_t spin_ns_;  // the current spin before sleeping, at most wait_.spin_us
-  const std::atomic<bool>* abort_;
+  const AbortSignal* abort_;
   EngineStats* stats_;
   std::vector<const uint8_t*> sources_;  // scratch: every rank's slot for a chunk
   // This rank's summed part before it is streamed out, for sums that

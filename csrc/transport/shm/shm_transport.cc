@@ -38,4 +38,9 @@ Status ShmTransport::BitwiseAnd(uint64_t* words, int count) {
   return shm_->FitsBoard(count) ? shm_->BitwiseAnd(words, count) : inner().BitwiseAnd(words, count);
 }
 
+void ShmTransport::Abandon() {
+  shm_->Unmap();
+  ForwardingTransport::Abandon();
+}
+
 }  // namespace hvdlite

@@ -25,6 +25,7 @@ class ShmTransport : public ForwardingTransport {
                         double scale, std::unique_ptr<TransportWork>* work) override;
   Status Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op) override;
   Status BitwiseAnd(uint64_t* words, int count) override;
+  void Abandon() override;
 
  private:
   ShmTransport(std::unique_ptr<MpiTransport> mpi, std::unique_ptr<ShmCollectives> shm, EngineStats* stats)
