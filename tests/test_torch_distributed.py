@@ -400,3 +400,13 @@ def test_ddp_elastic_restart_ends_as_an_uninterrupted_run(fail):
     assert {e["steps"] for e in done} == {ELASTIC_STEPS}
     assert {e["params_sha256"] for e in done} == {want}, \
         "parameters differ from the uninterrupted run"
+
+
+def test_ddp_elastic_in_place_asks_for_restart():
+    """In place, a rebuild abandons the engine under torch.distributed's
+    process group, which torch cannot re-create inside the running script:
+    hvd.elastic.run says so at once and names --recovery restart."""
+    proc, _ = _elastic_job(["--recovery", "in-place", "--min-np", "2", "-H", "localhost:2"], [])
+    assert proc.returncode != 0
+    assert "cannot rebuild torch.distributed's process group" in proc.stderr, proc.stderr[-4000:]
+    assert "--recovery restart" in proc.stderr

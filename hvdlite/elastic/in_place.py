@@ -59,7 +59,11 @@ def rebuild(why):
             basics.abandon(why, grace_s=ABANDON_GRACE_S)
         except Exception as e:  # noqa: BLE001
             worker.leave("the engine did not stop (%s)" % e)
-    generation, comm = rendezvous.join()
+    try:
+        generation, comm = rendezvous.join()
+    except (rendezvous.JobOverError, rendezvous.LeftOutError) as e:
+        # hvdrun has decided (below --min-np, or this rank was left out): nothing to go on with.
+        raise SystemExit("hvdlite elastic: %s" % e) from None
     basics.init(comm=comm)
     worker.start_generation(generation, rendezvous.current().hosts_version)
     took = time.monotonic() - started
@@ -70,9 +74,23 @@ def rebuild(why):
     return took
 
 
+def _check_no_process_group():
+    """A torch.distributed process group on the "hvdlite" backend belongs to
+    the engine a rebuild abandons, and torch cannot re-create it under a
+    running script: such scripts recover by restart."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        from ..exceptions import InvalidArgumentError
+        raise InvalidArgumentError(
+            "hvd.elastic.run under in-place recovery cannot rebuild torch.distributed's process "
+            "group (backend %r); run this script with hvdrun --recovery restart"
+            % dist.get_backend())
+
+
 def run(func, state, ctx, peer_lost, args, kwargs):
-    """Horovod's elastic loop: sync, train; on a lost peer restore the last
-    commit, on new hosts keep the state; rebuild in place; reset; again."""
+    """Horovod's elastic loop: sync, train; rebuild in place; on a lost peer
+    restore the last commit (on new hosts keep the state); reset; again."""
+    _check_no_process_group()
     _install_notices()
     generation = rendezvous.current()
     if generation is not None:
@@ -87,12 +105,14 @@ def run(func, state, ctx, peer_lost, args, kwargs):
             return result
         except HostsUpdatedInterrupt as e:
             skip_sync = e.skip_sync
-            why = "the hosts changed"
+            why, lost = "the hosts changed", False
         except Exception as e:  # noqa: BLE001 - re-raised unless a peer was lost
-            why = peer_lost(e)
+            why, lost = peer_lost(e), True
             if why is None:
                 raise
-            state.restore()
             skip_sync = False
         rebuild(why)
+        # After the rebuild: restoring re-splits the data for the new size.
+        if lost:
+            state.restore()
         state.on_reset()
