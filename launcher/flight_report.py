@@ -11,10 +11,12 @@ it lost, its last negotiation decisions) and one JSON object per event.
 import json
 import os
 import re
+import tempfile
 import time
 
 FLIGHT_MARK = "@hvdlite-flight@ "     # csrc/engine/engine_flight.cc writes it
 REPORT_NAME = "flight-recorder-report.txt"
+DIR_VAR = "HVDLITE_FLIGHT_RECORDER_DIR"
 
 _FLIGHT_LINE = re.compile(rb"^\[(\d+)\]<stderr>: " + re.escape(FLIGHT_MARK.encode()))
 
@@ -109,3 +111,20 @@ class FlightDumps:
             for _, rank, _, e in merged:
                 f.write(json.dumps(dict(e, rank=rank), sort_keys=True) + "\n")
         return path, summary
+
+    def write_report(self, opts, declared, log):
+        """Writes the report (if any rank dumped) where hvdrun keeps the ranks'
+        output, else in the flight recorder's directory, else in a new
+        temporary one, and logs where and its summary with ``log``."""
+        if not self:
+            return
+        directory = (opts.output_filename or opts.rank_env.get(DIR_VAR) or os.environ.get(DIR_VAR)
+                     or tempfile.mkdtemp(prefix="hvdrun-flight-"))
+        try:
+            path, summary = self.write(directory, declared)
+        except OSError as e:
+            log("cannot write the flight recorder report in %s: %s" % (directory, e.strerror))
+            return
+        log("flight recorder report: %s" % path)
+        for line in summary:
+            log("flight recorder: %s" % line)

@@ -460,16 +460,4 @@ class InPlaceJob:
             log("job stopped by %s; all ranks were stopped" % _signal_name(self.user_signal))
 
     def _write_flight_report(self):
-        if not self.flight:
-            return
-        directory = (self.opts.output_filename or self.opts.rank_env.get("HVDLITE_FLIGHT_RECORDER_DIR")
-                     or os.environ.get("HVDLITE_FLIGHT_RECORDER_DIR")
-                     or tempfile.mkdtemp(prefix="hvdrun-flight-"))
-        try:
-            path, summary = self.flight.write(directory, self.declared)
-        except OSError as e:
-            log("cannot write the flight recorder report in %s: %s" % (directory, e.strerror))
-            return
-        log("flight recorder report: %s" % path)
-        for line in summary:
-            log("flight recorder: %s" % line)
+        self.flight.write_report(self.opts, self.declared, log)

@@ -198,22 +198,10 @@ class Job:
             pass
 
     def _write_flight_report(self):
-        if not self.flight:
-            return
         # Lost: a rank that ended without saying why (a rank that reported its
         # own error is named by hvdrun's last line instead).
         declared = [self.lost] if self.lost else []
-        directory = (self.opts.output_filename or self.opts.rank_env.get("HVDLITE_FLIGHT_RECORDER_DIR")
-                     or os.environ.get("HVDLITE_FLIGHT_RECORDER_DIR")
-                     or tempfile.mkdtemp(prefix="hvdrun-flight-"))
-        try:
-            path, summary = self.flight.write(directory, declared)
-        except OSError as e:
-            log("cannot write the flight recorder report in %s: %s" % (directory, e.strerror))
-            return
-        log("flight recorder report: %s" % path)
-        for line in summary:
-            log("flight recorder: %s" % line)
+        self.flight.write_report(self.opts, declared, log)
 
     def _on_signal(self, sig, _frame):
         if self.user_signal is None:
