@@ -120,8 +120,10 @@ class EpochSplit:
 
     def record(self, ranks, batch_size):
         """The step committed: every rank's batch is processed. A finished epoch starts
-        the next one. Call batch() first in the same step (it splits)."""
-        assert self._split is not None and self._split[0] == ranks
+        the next one. (After load_state_dict, as when torchft heals a replica at this
+        step, the rest of the epoch is split here: the same split as the sender's.)"""
+        if self._split is None or self._split[0] != ranks:
+            self._reset(ranks)
         _, order, per_rank = self._split
         start, stop = self._recorded, min(self._recorded + batch_size, per_rank)
         self._recorded = stop
