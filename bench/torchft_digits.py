@@ -163,6 +163,24 @@ def run_lighthouse(args):
     lighthouse.shutdown()
 
 
+def fixed_comm_hook(manager, bucket):
+    """torchft.DistributedDataParallel's comm hook, except when the allreduce fails. In
+    torchft 0.2.0 a failed allreduce (a peer died inside it) makes _ManagedWork.wait()
+    report the error to the Manager and return False without setting up the future chain,
+    and the stock hook then fails ``assert fut._fut``: the AssertionError ends the backward
+    pass and the process. Here the hook hands back the buffer as it is instead; the error is
+    already reported, so the Manager does not commit the step and it is done again."""
+    work = manager.allreduce(bucket.buffer())
+    if work.wait():
+        fut = work.get_future()
+        fut = getattr(fut, "_fut", fut)
+        if fut is not None:
+            return fut
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
 def train_torchft(args):
     torch.set_num_threads(1)
     from torch.distributed import TCPStore
@@ -206,7 +224,12 @@ def train_torchft(args):
         checkpoint_transport=transport,
         # Every replica builds the same model from the seed: no sync at step 0.
         init_sync=False)
-    ddp = DistributedDataParallel(manager, model)
+    if args.ddp_hook == "fixed":
+        class FixedHookDDP(DistributedDataParallel):
+            _comm_hook = staticmethod(fixed_comm_hook)
+        ddp = FixedHookDDP(manager, model)
+    else:
+        ddp = DistributedDataParallel(manager, model)
     ft_optimizer = Optimizer(manager, optimizer)
     event("ready", pid=os.getpid())
     wait_for_go(args)
@@ -220,6 +243,11 @@ def train_torchft(args):
             quorum_id = manager._quorum_id
             event("quorum", quorum_id=quorum_id, size=size, participating=rank is not None,
                   heal=bool(manager._healing), step=manager.current_step())
+        if args.hang_at_step is not None and manager.current_step() == args.hang_at_step:
+            # A test knob: stop before this step's allreduce, as a rank that hangs, so the
+            # others wait in the collective for it (the driver then kills this process).
+            event("hang", step=manager.current_step() + 1)
+            time.sleep(3600)
         # A healing replica computes on any batch: its gradient is zeroed before the
         # allreduce, and it gets the others' average.
         idx = split.batch(size, rank if rank is not None else 0, args.batch_size)
@@ -323,6 +351,13 @@ def parse_args(argv=None):
             t.add_argument("--pg-timeout", type=float, default=10.0,
                            help="seconds: the gloo group's timeout")
             t.add_argument("--heartbeat-interval-ms", type=int, default=100)
+            t.add_argument("--hang-at-step", type=int, default=None,
+                           help="after committing this step, stop before the next step's "
+                                "allreduce (the others block in it): for kill tests")
+            t.add_argument("--ddp-hook", choices=["torchft", "fixed"], default="torchft",
+                           help="torchft: torchft.DistributedDataParallel as shipped; fixed: "
+                                "its comm hook made to survive a failed allreduce "
+                                "(see fixed_comm_hook)")
             t.add_argument("--transport", choices=["http", "pg"], default="http",
                            help="how a healing replica gets the state: torchft's HTTP "
                                 "transport (default) or over the process group")

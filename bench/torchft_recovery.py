@@ -5,6 +5,8 @@ torchft and measure what the survivors see; and torchft's cost per step in stead
     python bench/torchft_recovery.py recovery --repeat 5
     # the same with torchft's lighthouse tuned to notice the loss sooner
     python bench/torchft_recovery.py recovery --repeat 5 --heartbeat-timeout-ms 500
+    # killed while the others wait for it inside the allreduce
+    python bench/torchft_recovery.py recovery --repeat 5 --heartbeat-timeout-ms 500 --kill-at collective
     # a replacement replica started right after the kill: it heals from a live peer
     python bench/torchft_recovery.py recovery --repeat 5 --replace
     # one replica per network-namespace host (root; tests/harness/hosts.py makes them)
@@ -17,7 +19,10 @@ sys.executable). Every trial starts a lighthouse (torchft's LighthouseServer,
 --min-replicas 2 by default) and --replicas replica groups of one process each
 (bench/torchft_digits.py train), waits until each Manager is up, starts them together,
 and SIGKILLs the last replica (--victim) a random moment (0 to --kill-jitter s) after it
-printed step --kill-step. For every survivor it records, as times after the kill:
+printed step --kill-step (--kill-at step: between steps, the others wait for it in the
+next quorum), or 0.1 s after it stopped before the allreduce of the step after (--kill-at
+collective: the others wait for it inside the gloo allreduce, which then fails). For every
+survivor it records, as times after the kill:
 
 - detect: its first step that torchft did not commit (a gloo collective failed), if any;
 - quorum: it holds the next quorum, without the victim (the ProcessGroupGloo reconfigured);
@@ -190,11 +195,13 @@ def start_lighthouse(args, place, k, log_dir):
     return lh, ev["address"]
 
 
-def start_replica(args, place, k, replica, lighthouse, log_dir, name, wait_go=True):
+def start_replica(args, place, k, replica, lighthouse, log_dir, name, wait_go=True, hang_at=None):
     argv = [sys.executable, SCRIPT, "train", "--addr", place.addr(k), "--lighthouse", lighthouse,
             "--replica", str(replica), "--events", "--epochs", str(args.epochs),
             "--step-sleep", str(args.step_sleep), "--min-replicas", "1",
-            "--transport", args.transport] + (["--wait-go"] if wait_go else [])
+            "--transport", args.transport, "--ddp-hook", args.ddp_hook]
+    argv += ["--wait-go"] if wait_go else []
+    argv += ["--hang-at-step", str(hang_at)] if hang_at is not None else []
     return Proc(name, place.argv(k, argv), child_env(place, k, args.env), log_dir)
 
 
@@ -213,7 +220,9 @@ def run_trial(args, place, kill, log_dir):
     procs, repl = [], None
     out = {"kill": kill}
     try:
-        procs = [start_replica(args, place, r + 1, r, address, log_dir, "r%d" % r)
+        hang = args.kill_step if kill and args.kill_at == "collective" else None
+        procs = [start_replica(args, place, r + 1, r, address, log_dir, "r%d" % r,
+                               hang_at=hang if r == args.victim else None)
                  for r in range(R)]
         wait_ready(procs, args.start_timeout)
         for p in procs:
@@ -221,12 +230,13 @@ def run_trial(args, place, kill, log_dir):
             p.close_stdin()
         victim = procs[args.victim]
         if kill:
-            ev = victim.wait_event(lambda e: e["ev"] == "step" and e["step"] >= args.kill_step,
+            kind = "hang" if hang is not None else "step"
+            ev = victim.wait_event(lambda e: e["ev"] == kind and e["step"] >= args.kill_step,
                                    args.run_timeout)
             if ev is None:
                 raise RuntimeError("the victim did not reach step %d:\n%s"
                                    % (args.kill_step, victim.stderr_tail()))
-            time.sleep(random.uniform(0, args.kill_jitter))
+            time.sleep(0.1 if hang is not None else random.uniform(0, args.kill_jitter))
             t_kill = time.time()
             os.kill(victim.pid, signal.SIGKILL)
             victim.popen.wait()
@@ -238,15 +248,19 @@ def run_trial(args, place, kill, log_dir):
                                      "r%d-new" % args.victim, wait_go=False)
         live = [p for i, p in enumerate(procs) if not (kill and i == args.victim)]
         live += [repl] if repl else []
+        deadline = time.time() + args.run_timeout
         for p in live:
-            if p.wait_event(lambda e: e["ev"] == "done", args.run_timeout) is None:
-                raise RuntimeError("%s did not finish:\n%s" % (p.name, p.stderr_tail()))
+            p.wait_event(lambda e: e["ev"] == "done", max(1.0, deadline - time.time()))
         for p in live:
+            if p.popen.poll() is None and not p.of("done"):
+                os.kill(p.pid, signal.SIGKILL)      # hung: no done event in --run-timeout
             p.stop()
         out["survivors"] = [survivor_metrics(p, out.get("t_kill"), R, repl)
                             for i, p in enumerate(procs) if not (kill and i == args.victim)]
         if repl:
             out["replacement"] = replacement_metrics(repl, out["t_kill"], R)
+        if not kill and any(s.get("failed") for s in out["survivors"]):
+            raise RuntimeError("the uninterrupted run failed:\n" + procs[0].stderr_tail())
     finally:
         for p in procs + ([repl] if repl else []):
             if p.popen.poll() is None:
@@ -261,7 +275,18 @@ def step_gaps(steps):
     return [b["t"] - a["t"] for a, b in zip(steps, steps[1:])]
 
 
+def last_error(p):
+    lines = [l.strip() for l in p.stderr_tail(60).splitlines() if l.strip()]
+    errs = [l for l in lines if "Error" in l or "error" in l]
+    return (errs or lines or [""])[-1][:200]
+
+
 def survivor_metrics(p, t_kill, R, repl):
+    if not p.of("done"):
+        # It ended (or was ended after --run-timeout) without finishing the training.
+        return {"name": p.name, "pid": p.pid, "failed": True, "exit_code": p.popen.returncode,
+                "last_step": max([e["step"] for e in p.of("step")] or [0]),
+                "error": last_error(p)}
     start, done = p.of("start")[0], p.of("done")[0]
     steps = p.of("step")
     m = {"name": p.name, "pid": p.pid, "pid_kept": start["pid"] == done["pid"] == p.pid,
@@ -296,6 +321,9 @@ def survivor_metrics(p, t_kill, R, repl):
 
 
 def replacement_metrics(p, t_kill, R):
+    if not p.of("done"):
+        return {"name": p.name, "pid": p.pid, "failed": True, "exit_code": p.popen.returncode,
+                "error": last_error(p)}
     start, ready, done = p.of("start")[0], p.of("ready")[0], p.of("done")[0]
     quorums = p.of("quorum")
     healed = next((s for s in p.of("step") if s.get("healed")), None)
@@ -332,9 +360,17 @@ def fmt(x, unit="s"):
 
 
 def summarize(trials, reference):
-    surv = [s for t in trials for s in t["survivors"]]
-    slowest = [max((s["next_s"] for s in t["survivors"] if s["next_s"] is not None), default=None)
-               for t in trials]
+    failed = [s for t in trials for s in t["survivors"] if s.get("failed")]
+    surv = [s for t in trials for s in t["survivors"] if not s.get("failed")]
+    slowest = [None if any(s.get("failed") or s["next_s"] is None for s in t["survivors"])
+               else max(s["next_s"] for s in t["survivors"]) for t in trials]
+    head = []
+    if failed:
+        head.append("%-40s %d of %d: %s" % ("survivors that did NOT finish", len(failed),
+                                             len(failed) + len(surv),
+                                             sorted({s["error"] for s in failed})))
+    if not surv:
+        return "\n".join(head)
     rows = [
         ("kill -> next step (each survivor)", med([s["next_s"] for s in surv])),
         ("kill -> next step (slowest survivor)", med(slowest)),
@@ -344,7 +380,8 @@ def summarize(trials, reference):
         ("steps redone per survivor", med([s["redone"] for s in surv])),
         ("steady step before the kill", med([s["step_s_before"] for s in surv])),
     ]
-    lines = ["%-40s %s" % (k, fmt(v, "" if k.startswith("steps redone") else "s")) for k, v in rows]
+    lines = head + ["%-40s %s" % (k, fmt(v, "" if k.startswith("steps redone") else "s"))
+                    for k, v in rows]
     lines.append("%-40s %s" % ("survivors kept their pid",
                                "%d/%d" % (sum(s["pid_kept"] for s in surv), len(surv))))
     lines.append("%-40s %s" % ("quorums a survivor saw (median count)",
@@ -352,15 +389,17 @@ def summarize(trials, reference):
     lines.append("%-40s %s" % ("redone per survivor, all trials", [s["redone"] for s in surv]))
     lines.append("%-40s %s" % ("next step per trial (slowest)", [round(x, 3) if x else x for x in slowest]))
     accs = [s["accuracy"] for s in surv]
-    agree = all(len({s["params_sha256"] for s in t["survivors"]}
-                    | ({t["replacement"]["params_sha256"]} if "replacement" in t else set())) == 1
+    agree = all(len({s["params_sha256"] for s in t["survivors"] if not s.get("failed")}
+                    | ({t["replacement"]["params_sha256"]}
+                       if not t.get("replacement", {"failed": True}).get("failed") else set())) <= 1
                 for t in trials)
     lines.append("%-40s median %.2f%% (min %.2f, max %.2f); replicas agree in every trial: %s"
                  % ("accuracy", statistics.median(accs), min(accs), max(accs), agree))
     if reference:
         lines.append("%-40s %.2f%% (%d steps)" % ("uninterrupted accuracy", reference["accuracy"],
                                                    reference["steps"]))
-    reps = [t["replacement"] for t in trials if "replacement" in t]
+    reps = [t["replacement"] for t in trials
+            if "replacement" in t and not t["replacement"].get("failed")]
     if reps:
         for key, label in (("up_s", "replacement: start -> process up"),
                            ("ready_s", "replacement: start -> Manager up"),
@@ -398,9 +437,12 @@ def cmd_recovery(args):
             t = run_trial(args, place, True, d)
             result["trials"].append(t)
             print("trial %d: next %s, redone %s%s" % (
-                i, [fmt(s["next_s"]) for s in t["survivors"]], [s["redone"] for s in t["survivors"]],
-                ", replacement takes part %s after the kill" % fmt(t["replacement"]["kill_to_takes_part_s"])
-                if "replacement" in t else ""), flush=True)
+                i, [fmt(s.get("next_s")) if not s.get("failed") else "FAILED: " + s["error"]
+                    for s in t["survivors"]],
+                [s.get("redone") for s in t["survivors"]],
+                ", replacement takes part %s after the kill"
+                % fmt(t["replacement"].get("kill_to_takes_part_s")) if "replacement" in t else ""),
+                flush=True)
     finally:
         place.close()
     text = summarize(result["trials"], result["reference"])
@@ -531,6 +573,9 @@ def parse_args(argv=None):
         q.add_argument("--quorum-tick-ms", type=int, default=100)
         q.add_argument("--heartbeat-timeout-ms", type=int, default=5000)
         q.add_argument("--transport", choices=["http", "pg"], default="http")
+        q.add_argument("--ddp-hook", choices=["torchft", "fixed"], default="torchft",
+                       help="fixed: torchft's DDP comm hook made to survive a failed "
+                            "allreduce (torchft 0.2.0's fails an assert there)")
         q.add_argument("--rust-log", default=None,
                        help="RUST_LOG for the children (torchft logs every step at info)")
         q.add_argument("--start-timeout", type=float, default=180.0)
@@ -540,6 +585,12 @@ def parse_args(argv=None):
             q.add_argument("--step-sleep", type=float, default=0.05,
                            help="seconds each step sleeps (as the hvdlite example's --step-sleep)")
             q.add_argument("--kill-step", type=int, default=40)
+            q.add_argument("--kill-at", choices=["step", "collective"], default="step",
+                           help="step: 0..--kill-jitter s after the victim printed --kill-step "
+                                "(between steps: the others wait for it in the quorum); "
+                                "collective: the victim stops before the allreduce of the step "
+                                "after --kill-step and is killed 0.1 s later, while the others "
+                                "wait for it inside the gloo allreduce")
             q.add_argument("--kill-jitter", type=float, default=None,
                            help="kill 0..this many seconds after the step (default: --step-sleep)")
             q.add_argument("--victim", type=int, default=None, help="default: the last replica")
