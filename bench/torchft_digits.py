@@ -28,7 +28,9 @@ With --events each process prints one JSON line per event, as the hvdlite exampl
 start (pid, host), ready (the Manager is up), quorum (a new quorum: its id, size,
 whether this replica takes part or heals), step (a committed step: step, size, t),
 step_failed (a step torchft did not commit: a collective failed), done (accuracy,
-params_sha256). ``t`` is time.time().
+params_sha256). ``t`` is time.time(); a step's ``ms`` are the milliseconds of its phases:
+the quorum (with the data split; plain DDP: zero_grad and the split), forward + backward
+with the gradient allreduce, and should_commit + the optimizer step (plain: the step).
 """
 import argparse
 import hashlib
@@ -236,6 +238,7 @@ def train_torchft(args):
 
     quorum_id = None
     while split.epoch < args.epochs:
+        t0 = time.perf_counter()
         ft_optimizer.zero_grad()                  # starts this step's quorum
         size = manager.num_participants()         # waits for it: the split needs it
         rank = manager.participating_rank()
@@ -252,17 +255,23 @@ def train_torchft(args):
         # allreduce, and it gets the others' average.
         idx = split.batch(size, rank if rank is not None else 0, args.batch_size)
         idx = torch.tensor(idx, dtype=torch.long)
-        F.cross_entropy(ddp(x_train[idx]), y_train[idx]).backward()
+        t1 = time.perf_counter()
+        F.cross_entropy(ddp(x_train[idx]), y_train[idx]).backward()     # with the allreduce
+        t2 = time.perf_counter()
         lr["now"] = args.lr * size
         for group in optimizer.param_groups:
             group["lr"] = lr["now"]
         before = manager.current_step()
         healing = bool(manager._healing)
         ft_optimizer.step()                       # should_commit; a heal loads the state here
+        t3 = time.perf_counter()
         if manager.current_step() > before:
             split.record(size, args.batch_size)
+            # ms: [quorum (and the data split), forward + backward with the allreduce,
+            # should_commit + optimizer step]
             event("step", step=manager.current_step(), size=size, epoch=split.epoch,
-                  participating=rank is not None and not healing, healed=healing)
+                  participating=rank is not None and not healing, healed=healing,
+                  ms=[round(1e3 * (b - a), 3) for a, b in ((t0, t1), (t1, t2), (t2, t3))])
         else:
             err = manager.errored()
             event("step_failed", step=before + 1, size=size,
@@ -301,13 +310,18 @@ def train_plain(args):
     wait_for_go(args)
     step = 0
     while split.epoch < args.epochs:
+        t0 = time.perf_counter()
         optimizer.zero_grad()
         idx = torch.tensor(split.batch(size, rank, args.batch_size), dtype=torch.long)
-        F.cross_entropy(ddp(x_train[idx]), y_train[idx]).backward()
+        t1 = time.perf_counter()
+        F.cross_entropy(ddp(x_train[idx]), y_train[idx]).backward()     # with the allreduce
+        t2 = time.perf_counter()
         optimizer.step()
+        t3 = time.perf_counter()
         split.record(size, args.batch_size)
         step += 1
-        event("step", step=step, size=size, epoch=split.epoch)
+        event("step", step=step, size=size, epoch=split.epoch,
+              ms=[round(1e3 * (b - a), 3) for a, b in ((t0, t1), (t1, t2), (t2, t3))])
         if args.step_sleep:
             time.sleep(args.step_sleep)
     event("done", pid=os.getpid(), steps=step, accuracy=round(100 * accuracy(model, test), 2),

@@ -289,7 +289,8 @@ def survivor_metrics(p, t_kill, R, repl):
                 "error": last_error(p)}
     start, done = p.of("start")[0], p.of("done")[0]
     steps = p.of("step")
-    m = {"name": p.name, "pid": p.pid, "pid_kept": start["pid"] == done["pid"] == p.pid,
+    m = {"name": p.name, "host": start["host"], "pid": p.pid,
+         "pid_kept": start["pid"] == done["pid"] == p.pid,
          "exit_code": p.popen.returncode, "steps": done["steps"], "accuracy": done["accuracy"],
          "params_sha256": done["params_sha256"],
          "quorums": [(q["quorum_id"], q["size"]) for q in p.of("quorum")]}
@@ -514,7 +515,9 @@ def run_stats(procs, skip):
     steps = procs[0].of("step")[skip:]
     gaps = step_gaps(steps)
     done = procs[0].of("done")[0]
+    phases = [statistics.median(s["ms"][i] for s in steps) for i in range(3)]
     return {"median_step_s": statistics.median(gaps), "mean_step_s": statistics.mean(gaps),
+            "phase_median_ms": phases,
             "steps_timed": len(gaps), "steps": done["steps"], "accuracy": done["accuracy"],
             "params_sha256": done["params_sha256"],
             "agree": len({p.of("done")[0]["params_sha256"] for p in procs}) == 1}
@@ -531,14 +534,18 @@ def cmd_overhead(args):
                 os.makedirs(d)
                 stats = run_stats(fn(args, place, d), args.skip)
                 runs[kind].append(stats)
-                print("%d %-8s median step %.3f ms, mean %.3f ms over %d steps, accuracy %.2f%%"
-                      % (i, kind, 1e3 * stats["median_step_s"], 1e3 * stats["mean_step_s"],
-                         stats["steps_timed"], stats["accuracy"]), flush=True)
+                print("%d %-8s median step %.3f ms, mean %.3f ms over %d steps, accuracy %.2f%%; "
+                      "phases (ms) %s" % (i, kind, 1e3 * stats["median_step_s"],
+                                          1e3 * stats["mean_step_s"], stats["steps_timed"],
+                                          stats["accuracy"], stats["phase_median_ms"]), flush=True)
     finally:
         place.close()
     summary = {k: {"median_of_medians_ms": 1e3 * statistics.median([r["median_step_s"] for r in v]),
-                   "median_of_means_ms": 1e3 * statistics.median([r["mean_step_s"] for r in v])}
+                   "median_of_means_ms": 1e3 * statistics.median([r["mean_step_s"] for r in v]),
+                   "phase_medians_ms": [statistics.median(r["phase_median_ms"][i] for r in v)
+                                        for i in range(3)]}
                for k, v in runs.items()}
+    summary["same_parameters"] = len({r["params_sha256"] for v in runs.values() for r in v}) == 1
     summary["ratio_torchft_to_plain"] = (summary["torchft"]["median_of_medians_ms"]
                                          / summary["plain"]["median_of_medians_ms"])
     print(json.dumps(summary, indent=1))
