@@ -100,6 +100,14 @@ class EpochSplit:
         self.processed = state["processed"].clone()
         self._split = None
 
+    def restart(self):
+        """Split the rest of the epoch again at the next batch(), as an hvdlite reset does
+        after any change of membership. (After a change the split of the rest equals the
+        one before, except which samples repeat to pad the epoch's last step; so a replica
+        that loaded this state and one that kept its own split agree exactly only when
+        both split again. The trainer calls this at every new quorum.)"""
+        self._split = None
+
     def _reset(self, ranks):
         generator = torch.Generator()
         generator.manual_seed(self.seed + self.epoch)
@@ -244,6 +252,7 @@ def train_torchft(args):
         rank = manager.participating_rank()
         if manager._quorum_id != quorum_id:
             quorum_id = manager._quorum_id
+            split.restart()
             event("quorum", quorum_id=quorum_id, size=size, participating=rank is not None,
                   heal=bool(manager._healing), step=manager.current_step())
         if args.hang_at_step is not None and manager.current_step() == args.hang_at_step:

@@ -13,6 +13,9 @@ torchft and measure what the survivors see; and torchft's cost per step in stead
     python bench/torchft_recovery.py recovery --repeat 5 --netns
     # steady state: torchft vs torch DDP on gloo, interleaved, no sleep in the step
     python bench/torchft_recovery.py overhead --repeat 5
+    # the medians of every JSON of a results directory in one file
+    python bench/torchft_recovery.py report bench/results/2026-11-27-torchft \
+        --out bench/results/2026-11-27-torchft/summary.json
 
 Run it with the Python that has torchft (bench/torchft_digits.py's roles run under
 sys.executable). Every trial starts a lighthouse (torchft's LighthouseServer,
@@ -545,7 +548,11 @@ def cmd_overhead(args):
                    "phase_medians_ms": [statistics.median(r["phase_median_ms"][i] for r in v)
                                         for i in range(3)]}
                for k, v in runs.items()}
-    summary["same_parameters"] = len({r["params_sha256"] for v in runs.values() for r in v}) == 1
+    # Within a kind every run should end with the same parameters. Between the kinds they
+    # differ in the last bits with 3 ranks: torch DDP divides each gradient by the world
+    # size before the sum, torchft's Manager sums and then divides.
+    summary["same_parameters_within_kind"] = {
+        k: len({r["params_sha256"] for r in v}) == 1 for k, v in runs.items()}
     summary["ratio_torchft_to_plain"] = (summary["torchft"]["median_of_medians_ms"]
                                          / summary["plain"]["median_of_medians_ms"])
     print(json.dumps(summary, indent=1))
@@ -555,6 +562,64 @@ def cmd_overhead(args):
         with open(args.json, "w") as f:
             json.dump({"config": cfg, "place": place.name, "torchft": torchft_version(),
                        "runs": runs, "summary": summary, "logs": log_root}, f, indent=1)
+
+
+def recovery_medians(d):
+    """The medians of one recovery JSON, for the side-by-side table."""
+    surv = [s for t in d["trials"] for s in t["survivors"] if not s.get("failed")]
+    failed = sum(1 for t in d["trials"] for s in t["survivors"] if s.get("failed"))
+    out = {"place": d["place"], "trials": len(d["trials"]),
+           "heartbeat_timeout_ms": d["config"]["heartbeat_timeout_ms"],
+           "join_timeout_ms": d["config"]["join_timeout_ms"],
+           "kill_at": d["config"]["kill_at"], "ddp_hook": d["config"]["ddp_hook"],
+           "replace": d["config"]["replace"], "victim": d["config"]["victim"],
+           "survivors": len(surv) + failed, "survivors_crashed": failed}
+    if surv:
+        out.update({
+            "kill_to_next_step_s": med([s["next_s"] for s in surv]),
+            "kill_to_next_step_s_all": [round(s["next_s"], 3) for s in surv],
+            "detect_s": med([s["detect_s"] for s in surv]),
+            "kill_to_quorum_s": med([s["quorum_s"] for s in surv]),
+            "redone": med([s["redone"] for s in surv]),
+            "pids_kept": "%d/%d" % (sum(s["pid_kept"] for s in surv), len(surv)),
+            "accuracy": med([s["accuracy"] for s in surv]),
+            "steady_step_s": med([s["step_s_before"] for s in surv])})
+    if d.get("reference"):
+        out["uninterrupted_accuracy"] = d["reference"]["accuracy"]
+    reps = [t["replacement"] for t in d["trials"]
+            if "replacement" in t and not t["replacement"].get("failed")]
+    if reps:
+        for key in ("up_s", "ready_s", "ready_to_healed_s", "ready_to_takes_part_s",
+                    "takes_part_s", "kill_to_takes_part_s"):
+            out["replacement_" + key] = med([r[key] for r in reps])
+        out["survivor_step_gap_at_join_s"] = med([s.get("max_gap_around_join_s") for s in surv])
+    return out
+
+
+def cmd_report(args):
+    """Medians of every JSON in a results directory, in one JSON (for the side by side)."""
+    out = {}
+    for name in sorted(os.listdir(args.dir)):
+        if not name.endswith(".json") or name == os.path.basename(args.out):
+            continue
+        with open(os.path.join(args.dir, name)) as f:
+            d = json.load(f)
+        key = name[:-len(".json")]
+        if "trials" in d:
+            out[key] = recovery_medians(d)
+        elif "runs" in d:
+            out[key] = {"place": d["place"], "rust_log": d["config"].get("rust_log"),
+                        **{k + "_step_ms": v["median_of_medians_ms"]
+                           for k, v in d["summary"].items() if isinstance(v, dict) and
+                           "median_of_medians_ms" in v},
+                        **{k + "_phases_ms": v["phase_medians_ms"]
+                           for k, v in d["summary"].items() if isinstance(v, dict) and
+                           "phase_medians_ms" in v},
+                        "ratio_torchft_to_plain": d["summary"]["ratio_torchft_to_plain"]}
+        out[key]["torchft"] = d.get("torchft")
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(json.dumps(out, indent=1))
 
 
 def torchft_version():
@@ -607,7 +672,12 @@ def parse_args(argv=None):
             q.add_argument("--seed", type=int, default=1)
         else:
             q.add_argument("--skip", type=int, default=10, help="steps not timed at the start")
+    rep = sub.add_parser("report", help="medians of every JSON in a results directory")
+    rep.add_argument("dir")
+    rep.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    if args.mode == "report":
+        return args
     if args.mode == "overhead":
         args.step_sleep = 0.0
     else:
@@ -621,7 +691,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    {"recovery": cmd_recovery, "overhead": cmd_overhead}[args.mode](args)
+    {"recovery": cmd_recovery, "overhead": cmd_overhead, "report": cmd_report}[args.mode](args)
 
 
 if __name__ == "__main__":
