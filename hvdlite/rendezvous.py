@@ -121,8 +121,11 @@ class Watch:
     def _run(self):
         try:
             for line in self._lines:
-                self._take(line.rstrip("\n").split(" ", 3))
-        except (OSError, ValueError):
+                try:
+                    self._take(line.rstrip("\n").split(" ", 3))
+                except (ValueError, IndexError):
+                    sys.stderr.write("hvdlite rendezvous: cannot read hvdrun's push %r\n" % line)
+        except OSError:
             pass
         self.closed = True
 
