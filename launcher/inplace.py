@@ -47,6 +47,12 @@ from .ssh_check import check_hosts
 
 JOIN_DEADLINE_VAR = "HVDLITE_ELASTIC_JOIN_DEADLINE"
 DEFAULT_JOIN_DEADLINE_S = 0.5
+# The ranks' connect/accept timeout (hvdlite/rendezvous.py has the same
+# default; hydra passes hvdrun's environment on to the ranks). A member that
+# has not formed the generation this much later is stuck in MPI.
+CONNECT_TIMEOUT_VAR = "HVDLITE_ELASTIC_CONNECT_TIMEOUT"
+DEFAULT_CONNECT_TIMEOUT_S = 2
+FORMATION_MARGIN_S = 1.0
 # After the training ended, ranks that never were members (started for hosts
 # that came late) get this long to read the rendezvous' OUT and end.
 FINISH_GRACE_S = 2.0
@@ -59,7 +65,8 @@ class InPlaceJob:
         self.opts = driver.opts
         self.mpi = mpi
         deadline = float(os.environ.get(JOIN_DEADLINE_VAR, DEFAULT_JOIN_DEADLINE_S))
-        self.server = RendezvousServer(self.opts.min_np, deadline, self._post)
+        formation = float(os.environ.get(CONNECT_TIMEOUT_VAR, DEFAULT_CONNECT_TIMEOUT_S)) + FORMATION_MARGIN_S
+        self.server = RendezvousServer(self.opts.min_np, deadline, formation, self._post)
         self.ranks = {}             # uid -> RankProcess, every one started
         self.next_uid = 0
         self.events = queue.SimpleQueue()
