@@ -8,9 +8,10 @@ rendezvous where the ranks form each generation of their communicator
   generation get the notice from the rendezvous at once (MPI reports nothing),
   hvdrun blacklists its host as the restart mode does (no new rank starts
   there; the ranks on it go on), and the survivors' joins form the next
-  generation. A survivor that does not join within the join deadline (one
-  stuck inside MPI) is left out: hvdrun stops it and, once its host answers
-  SSH again, starts a new rank in its place, which joins the next generation;
+  generation. A survivor that does not join within the join deadline, or
+  does not finish forming the generation (one stuck inside MPI), is left
+  out: hvdrun stops it and, once its host answers SSH again, starts a new
+  rank in its place, which joins the next generation;
 * fewer than --min-np ranks: hvdrun starts ranks where discovery allows and
   gives up after --elastic-timeout, naming the lost hosts;
 * hosts found by discovery get ranks, which wait at the rendezvous; once all
