@@ -24,13 +24,14 @@ import os
 import socket
 import sys
 import threading
+import time
 
 from .exceptions import HvdliteError
 
 RENDEZVOUS_VAR = "HVDLITE_ELASTIC_RENDEZVOUS"     # host:port of hvdrun's rendezvous
 UID_VAR = "HVDLITE_ELASTIC_UID"                   # this rank process's id in the job
 CONNECT_TIMEOUT_VAR = "HVDLITE_ELASTIC_CONNECT_TIMEOUT"
-DEFAULT_CONNECT_TIMEOUT_S = 5
+DEFAULT_CONNECT_TIMEOUT_S = 2
 TCP_CONNECT_TIMEOUT_S = 10.0
 FORM_ATTEMPTS = 3           # failed connect/accept chains in a row before join() gives up
 
@@ -121,8 +122,11 @@ class Watch:
     def _run(self):
         try:
             for line in self._lines:
-                self._take(line.rstrip("\n").split(" ", 3))
-        except (OSError, ValueError):
+                try:
+                    self._take(line.rstrip("\n").split(" ", 3))
+                except (ValueError, IndexError):
+                    sys.stderr.write("hvdlite rendezvous: cannot read hvdrun's push %r\n" % line)
+        except OSError:
             pass
         self.closed = True
 
@@ -208,27 +212,48 @@ def _mpi():
 
 
 def _ask(port, timeout):
-    """One JOIN: (Generation, port to connect to) or raises LeftOutError / JobOverError."""
+    """One JOIN: (Generation, port to connect to, the connection, on which the
+    rank says DONE once it holds the communicator), or raises LeftOutError /
+    JobOverError."""
+    s = None
     try:
-        with socket.create_connection(_address(), timeout=TCP_CONNECT_TIMEOUT_S) as s:
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.sendall(("JOIN %d %s\n" % (uid(), port)).encode())
-            s.settimeout(timeout)
-            line = s.makefile("r").readline()
+        s = socket.create_connection(_address(), timeout=TCP_CONNECT_TIMEOUT_S)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.sendall(("JOIN %d %s\n" % (uid(), port)).encode())
+        s.settimeout(timeout)
+        line = s.makefile("r").readline()
     except socket.timeout:
+        s.close()
         raise RendezvousError("no generation formed at hvdrun's rendezvous within %g s" % timeout) from None
     except OSError as e:
+        if s is not None:
+            s.close()
         raise JobOverError("cannot reach hvdrun's rendezvous at %s (%s): the job is over"
                            % (os.environ[RENDEZVOUS_VAR], e)) from None
     words = line.rstrip("\n").split(" ")
     if words[0] == "MEMBER" and len(words) == 7:
         generation = Generation(int(words[1]), int(words[2]), int(words[3]), int(words[4]),
                                 [int(u) for u in words[5].split(",")])
-        return generation, (None if words[6] == "-" else words[6])
+        return generation, (None if words[6] == "-" else words[6]), s
+    s.close()
     why = " ".join(words[2:]) if len(words) > 2 else "hvdrun closed the connection"
     if words[0] == "OUT" and len(words) > 1 and words[1] == "left-out":
         raise LeftOutError("hvdrun left this rank (uid %d) out: %s" % (uid(), why))
     raise JobOverError("hvdrun ended the job: %s" % why)
+
+
+def _connect(MPI, port, info, timeout_s):
+    """MPI_Comm_connect to ``port``, again while its owner is not accepting
+    yet: MPICH's ofi netmod then fails the connect at once with MPI_ERR_PORT
+    (seen while the member below was still merging the ones below it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return MPI.COMM_SELF.Connect(port, info, root=0)
+        except MPI.Exception as e:
+            if e.Get_error_class() != MPI.ERR_PORT or time.monotonic() > deadline:
+                raise
+        time.sleep(0.005)
 
 
 def _chain(MPI, port, generation, previous_port, timeout_s):
@@ -239,7 +264,7 @@ def _chain(MPI, port, generation, previous_port, timeout_s):
     intra = MPI.COMM_SELF
     try:
         if generation.rank:
-            inter = intra.Connect(previous_port, info, root=0)
+            inter = _connect(MPI, previous_port, info, timeout_s)
             intra = inter.Merge(high=True)
             inter.Free()
         while intra.Get_size() < generation.size:
@@ -260,6 +285,15 @@ def _chain(MPI, port, generation, previous_port, timeout_s):
     return intra
 
 
+def _say_done(conn):
+    """Tells hvdrun this rank holds the communicator: a member that never
+    does is stuck in MPI's connect/accept, and hvdrun leaves it out."""
+    try:
+        conn.sendall(b"DONE\n")
+    except OSError:
+        pass        # hvdrun is gone: the next join or the notice says so
+
+
 def join(timeout=None):
     """Joins the next generation; returns ``(generation number, communicator)``.
 
@@ -277,9 +311,10 @@ def join(timeout=None):
     while True:
         port = MPI.Open_port()
         try:
-            generation, previous_port = _ask(port, timeout)
+            generation, previous_port, conn = _ask(port, timeout)
             try:
                 comm = _chain(MPI, port, generation, previous_port, timeout_s)
+                _say_done(conn)
             except MPI.Exception as e:
                 failures += 1
                 if failures >= FORM_ATTEMPTS:
@@ -288,6 +323,8 @@ def join(timeout=None):
                 sys.stderr.write("hvdlite rendezvous: forming generation %d failed (%s); joining the next\n"
                                  % (generation.number, e.Get_error_string().splitlines()[0]))
                 continue
+            finally:
+                conn.close()
         finally:
             MPI.Close_port(port)
         generation.comm = comm

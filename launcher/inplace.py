@@ -8,8 +8,10 @@ rendezvous where the ranks form each generation of their communicator
   generation get the notice from the rendezvous at once (MPI reports nothing),
   hvdrun blacklists its host as the restart mode does (no new rank starts
   there; the ranks on it go on), and the survivors' joins form the next
-  generation. A survivor that does not join within the join deadline (one
-  stuck inside MPI) is left out: hvdrun stops it and counts it lost;
+  generation. A survivor that does not join within the join deadline, or
+  does not finish forming the generation (one stuck inside MPI), is left
+  out: hvdrun stops it and, once its host answers SSH again, starts a new
+  rank in its place, which joins the next generation;
 * fewer than --min-np ranks: hvdrun starts ranks where discovery allows and
   gives up after --elastic-timeout, naming the lost hosts;
 * hosts found by discovery get ranks, which wait at the rendezvous; once all
@@ -46,6 +48,12 @@ from .ssh_check import check_hosts
 
 JOIN_DEADLINE_VAR = "HVDLITE_ELASTIC_JOIN_DEADLINE"
 DEFAULT_JOIN_DEADLINE_S = 0.5
+# The ranks' connect/accept timeout (hvdlite/rendezvous.py has the same
+# default; hydra passes hvdrun's environment on to the ranks). A member that
+# has not formed the generation this much later is stuck in MPI.
+CONNECT_TIMEOUT_VAR = "HVDLITE_ELASTIC_CONNECT_TIMEOUT"
+DEFAULT_CONNECT_TIMEOUT_S = 2
+FORMATION_MARGIN_S = 1.0
 # After the training ended, ranks that never were members (started for hosts
 # that came late) get this long to read the rendezvous' OUT and end.
 FINISH_GRACE_S = 2.0
@@ -58,7 +66,8 @@ class InPlaceJob:
         self.opts = driver.opts
         self.mpi = mpi
         deadline = float(os.environ.get(JOIN_DEADLINE_VAR, DEFAULT_JOIN_DEADLINE_S))
-        self.server = RendezvousServer(self.opts.min_np, deadline, self._post)
+        formation = float(os.environ.get(CONNECT_TIMEOUT_VAR, DEFAULT_CONNECT_TIMEOUT_S)) + FORMATION_MARGIN_S
+        self.server = RendezvousServer(self.opts.min_np, deadline, formation, self._post)
         self.ranks = {}             # uid -> RankProcess, every one started
         self.next_uid = 0
         self.events = queue.SimpleQueue()
@@ -83,6 +92,7 @@ class InPlaceJob:
         self.failure = None         # (RankProcess, how, ranks stopped with it) that ended the job
         self.gave_up = False
         self._stop_discovery = threading.Event()
+        self._recheck = set()       # hosts to check over SSH again before ranks start there
 
     # ---- running ------------------------------------------------------------------
     def run(self):
@@ -336,13 +346,16 @@ class InPlaceJob:
             self._stop_all("hvdrun gave up: fewer than --min-np %d ranks" % self.opts.min_np)
 
     def _stop_lost(self, rp, why):
-        """Stop a rank hvdrun gives up on; it counts as lost (its host too)."""
+        """Stop a rank hvdrun gives up on. A rank stuck inside MPI says nothing
+        against its host: the host is checked over SSH again (a host cut off
+        fails the check and is blacklisted), and where it answers, the next
+        round of discovery starts a new rank in this one's slot."""
         log("elastic: rank %d on %s %s; hvdrun stops it" % (rp.uid, rp.host, why))
         self.declared.append((rp.uid, why))
         rp.stop(why)
         self.server.lost(rp.uid, why)
         self.loss = self.loss or (time.monotonic(), "rank %d on %s" % (rp.uid, rp.host))
-        self.driver._lose(rp.host, "lost rank %d (%s)" % (rp.uid, why), in_place=True)
+        self._recheck.add(rp.host)
         self._check_min_np()
 
     # ---- events ------------------------------------------------------------------------
@@ -385,9 +398,10 @@ class InPlaceJob:
     def _on_signal(self, sig, _frame):
         self._post("signal_event", sig=sig)
 
-    def _on_hosts(self, found, failures):
+    def _on_hosts(self, found, failures, rechecked):
         for host, why in failures.items():
             self.driver._lose(host, "failed the SSH check: %s" % why, in_place=True)
+        self._recheck -= rechecked
         if self.exit_code is not None or self.finished_at is not None:
             return
         live = self._live()
@@ -402,13 +416,14 @@ class InPlaceJob:
         room = None if self.opts.max_np is None else self.opts.max_np - len(live)
         starts = []
         for h in found:
-            n = h.slots - count[h.name] if self.driver.blacklist.allows(h.name) else 0
+            usable = self.driver.blacklist.allows(h.name) and h.name not in self._recheck
+            n = h.slots - count[h.name] if usable else 0
             n = n if room is None else min(n, room)
             if n > 0:
                 starts.append(Host(h.name, n))
                 room = None if room is None else room - n
         if starts:
-            log("elastic: hosts changed: starting %d rank%s on %s; they join at the next generation"
+            log("elastic: starting %d rank%s on %s; they join at the next generation"
                 % (sum(h.slots for h in starts), "" if sum(h.slots for h in starts) == 1 else "s",
                    describe(starts)))
             for h in starts:
@@ -430,6 +445,9 @@ class InPlaceJob:
                     self._post("discovery_error", text=str(e))
                     said = str(e)
                 continue
+            rechecked = set(self._recheck)      # the loop's set: read here, changed there
+            for host in rechecked:
+                checked.pop(host, None)
             now = time.monotonic()
             unchecked = [h.name for h in found if not is_local(h.name) and
                          self.driver.blacklist.allows(h.name) and now - checked.get(h.name, -1e9) > SSH_RECHECK_S]
@@ -444,7 +462,7 @@ class InPlaceJob:
                         checked[r.host] = time.monotonic()
                     else:
                         failures[r.host] = r.reason
-            self._post("hosts", found=[h for h in found if h.name not in failures], failures=failures)
+            self._post("hosts", found=found, failures=failures, rechecked=rechecked)
 
     # ---- the end ---------------------------------------------------------------------
     def _say_how_it_ended(self):

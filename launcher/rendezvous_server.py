@@ -15,7 +15,9 @@ rank -> hvdrun
                             ``MEMBER <generation> <rank> <size> <hosts version> <uids> <port>``
                             (uids comma-separated in rank order, port: that of the
                             member one rank below, ``-`` for rank 0), or
-                            ``OUT left-out <why>`` / ``OUT over <why>``
+                            ``OUT left-out <why>`` / ``OUT over <why>``; after
+                            MEMBER the rank writes ``DONE`` on the same connection
+                            once it holds the generation's communicator
   ``version``               answered ``<hosts version>`` (the restart mode's question)
 hvdrun -> rank (on WATCH connections)
   ``DEAD <generation> <uid> <why>``  a member of that generation ended
@@ -27,24 +29,30 @@ A generation forms when every live member of the newest one has joined (for
 the first: every rank hvdrun started), with at least ``min_np`` ranks. A member
 that has not joined ``join_deadline_s`` after the first member did is left
 out: a survivor stuck inside MPI (it happens when a peer dies mid-transfer)
-must not hold the others up; hvdrun then stops it. Members keep their order;
-ranks that join for the first time follow, by uid.
+must not hold the others up; hvdrun then stops it. The same goes for a member
+that has not said DONE ``formation_timeout_s`` (plus FORMATION_S_PER_MEMBER
+for each member: the chain runs one step per member) after the generation
+formed: it is stuck in MPI's connect/accept (members whose accept timed out
+join again meanwhile). Members keep their order; ranks that join for the first time
+follow, by uid.
 """
 
 import socket
 import threading
 
 LINE_TIMEOUT_S = 5.0        # a rank writes its request line right after connecting
+FORMATION_S_PER_MEMBER = 0.05
 PUSH_TIMEOUT_S = 1.0        # a watcher that does not read its pushes is dropped
 
 
 class RendezvousServer:
-    def __init__(self, min_np, join_deadline_s, on_event=None):
+    def __init__(self, min_np, join_deadline_s, formation_timeout_s, on_event=None):
         self.min_np = min_np
         self.join_deadline_s = join_deadline_s
+        self.formation_timeout_s = formation_timeout_s
         # on_event(kind, **fields), from the server's threads, for hvdrun's loop:
-        # ("formed", generation, members, hosts_version), ("left_out", uid, why),
-        # ("announced", hosts_version, uids)
+        # ("formed", generation, members, hosts_version): every member holds the
+        # communicator; ("left_out", uid, why); ("announced", hosts_version, uids)
         self.on_event = on_event or (lambda kind, **fields: None)
         self.generation = -1        # the newest generation formed
         self.members = []           # its uids, in rank order
@@ -57,6 +65,8 @@ class RendezvousServer:
         self._watchers = {}         # uid -> connection
         self._reformed = set()      # generations some member left (REFORM pushed)
         self._deadline = None       # threading.Timer of the join deadline
+        self._forming = {}          # uid -> connection of a member that has not said DONE yet
+        self._formation_timer = None
         self._announced = frozenset()
         self._over = None           # why the job is over (every JOIN is answered OUT)
         self._sock = None
@@ -88,6 +98,9 @@ class RendezvousServer:
             entry = self._pending.pop(uid, None)
             if entry is not None:
                 _close(entry[1])
+            conn = self._forming.pop(uid, None)
+            if conn is not None:
+                _close(conn)
             watcher = self._watchers.pop(uid, None)
             if watcher is not None:
                 _close(watcher)
@@ -99,7 +112,7 @@ class RendezvousServer:
         """The job is over: every JOIN, waiting or to come, is answered OUT."""
         with self._lock:
             self._over = why
-            self._cancel_deadline()
+            self._cancel_timers()
             for uid, (_, conn) in list(self._pending.items()):
                 _send(conn, "OUT over %s" % _one_line(why))
                 _close(conn)
@@ -111,14 +124,16 @@ class RendezvousServer:
 
     def close(self):
         with self._lock:
-            self._cancel_deadline()
+            self._cancel_timers()
             if self._sock is not None:
                 _close(self._sock)
                 self._sock = None
-            for conn in list(self._watchers.values()) + [c for _, c in self._pending.values()]:
+            for conn in list(self._watchers.values()) + [c for _, c in self._pending.values()] + \
+                    list(self._forming.values()):
                 _close(conn)
             self._watchers.clear()
             self._pending.clear()
+            self._forming.clear()
 
     # ---- connections ---------------------------------------------------------------
     def _serve(self, sock):
@@ -184,11 +199,44 @@ class RendezvousServer:
                 if self.generation not in self._reformed:
                     self._reformed.add(self.generation)
                     self._push("REFORM %d %d" % (self.generation, uid))
-                if self._deadline is None:
-                    self._deadline = threading.Timer(self.join_deadline_s, self._expire,
-                                                     args=(self.generation,))
-                    self._deadline.daemon = True
-                    self._deadline.start()
+                # While the generation still forms, its other members may be inside an
+                # accept that times out: the formation timeout waits for them instead.
+                if self._deadline is None and not self._forming:
+                    self._deadline = _timer(self.join_deadline_s, self._expire, self.generation)
+            self._progress()
+
+    def _confirm(self, uid, generation, conn):
+        """Waits for a member's DONE (or the end of its connection)."""
+        try:
+            conn.settimeout(None)
+            done = _read_line(conn) == "DONE"
+        except (OSError, UnicodeDecodeError):
+            done = False
+        _close(conn)
+        with self._lock:
+            if not done or generation != self.generation or self._forming.get(uid) is not conn:
+                return
+            del self._forming[uid]
+            if not self._forming:
+                self._formation_timer.cancel()
+                self._formation_timer = None
+                self.on_event("formed", generation=generation, members=list(self.members),
+                              hosts_version=self.hosts_version)
+
+    def _formation_expired(self, generation):
+        with self._lock:
+            if generation != self.generation or self._over is not None:
+                return
+            self._formation_timer = None
+            for uid in list(self._forming):
+                conn = self._forming.pop(uid)
+                _close(conn)
+                if uid in self._expected and uid not in self._pending:
+                    self._leave_out(uid, "did not finish forming generation %d within %.2g s (stuck in MPI's "
+                                         "connect/accept)" % (generation, self.formation_timeout_s +
+                                                              FORMATION_S_PER_MEMBER * len(self.members)))
+            if self._pending and self._deadline is None:
+                self._deadline = _timer(self.join_deadline_s, self._expire, self.generation)
             self._progress()
 
     # ---- generations (under the lock) ----------------------------------------------
@@ -213,7 +261,7 @@ class RendezvousServer:
         push a new hosts version, so that the members join them at their next commit."""
         fresh = frozenset(u for u in self._expected if u not in self.ever_members)
         if self.generation < 0 or not fresh or self._fresh_starting() or fresh == self._announced \
-                or any(u in self._pending for u in self.members):
+                or self._forming or any(u in self._pending for u in self.members):
             return
         self._announced = fresh
         self.hosts_version += 1
@@ -227,42 +275,58 @@ class RendezvousServer:
             self._deadline = None
             for uid in self.members:
                 if uid in self._expected and uid not in self._pending:
-                    why = ("did not join generation %d within %g s of the first survivor"
-                           % (generation + 1, self.join_deadline_s))
-                    self._expected.discard(uid)
-                    self._gone[uid] = why
-                    self.on_event("left_out", uid=uid, why=why)
+                    self._leave_out(uid, "did not join generation %d within %g s of the first survivor"
+                                    % (generation + 1, self.join_deadline_s))
             self._progress()
 
+    def _leave_out(self, uid, why):
+        self._expected.discard(uid)
+        self._gone[uid] = why
+        self.on_event("left_out", uid=uid, why=why)
+
     def _form(self):
-        self._cancel_deadline()
+        self._cancel_timers()
+        for conn in self._forming.values():
+            _close(conn)
         order = [u for u in self.members if u in self._pending]
         order += sorted(u for u in self._pending if u not in order)
         self.generation += 1
         listed = ",".join(str(u) for u in order)
+        self._forming = {}
         for rank, uid in enumerate(order):
             before = self._pending[order[rank - 1]][0] if rank else "-"
             conn = self._pending[uid][1]
-            _send(conn, "MEMBER %d %d %d %d %s %s" % (self.generation, rank, len(order),
-                                                      self.hosts_version, listed, before))
-            _close(conn)
+            if _send(conn, "MEMBER %d %d %d %d %s %s" % (self.generation, rank, len(order),
+                                                         self.hosts_version, listed, before)):
+                self._forming[uid] = conn
+                threading.Thread(target=self._confirm, args=(uid, self.generation, conn), daemon=True).start()
+            else:
+                _close(conn)
         self._pending.clear()
         self.members = order
         self.ever_members.update(order)
         self._announced = frozenset()
-        self.on_event("formed", generation=self.generation, members=list(order),
-                      hosts_version=self.hosts_version)
+        self._formation_timer = _timer(self.formation_timeout_s + FORMATION_S_PER_MEMBER * len(order),
+                                       self._formation_expired, self.generation)
 
-    def _cancel_deadline(self):
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+    def _cancel_timers(self):
+        for timer in (self._deadline, self._formation_timer):
+            if timer is not None:
+                timer.cancel()
+        self._deadline = self._formation_timer = None
 
     def _push(self, line):
         for uid, conn in list(self._watchers.items()):
             if not _send(conn, line):
                 _close(conn)
                 del self._watchers[uid]
+
+
+def _timer(seconds, function, *args):
+    timer = threading.Timer(seconds, function, args=args)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def _read_line(conn):

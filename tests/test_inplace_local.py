@@ -86,23 +86,31 @@ def test_killed_rank_survivors_go_on_in_place(tag):
 
 
 def test_kill_at_a_random_moment(tag):
-    """Killed mid-transfer, a survivor may stay stuck inside MPI_Test (the
-    prototype saw it in 8 % of such kills): then the join deadline leaves it
-    out and the others go on; either way the job goes on and ends well."""
-    job = start(["-np", "4", "--min-np", "2", "-H", "localhost:4"], tag, "--steps", 150,
-                "--step-sleep", 0.002)
+    """Killed mid-transfer, a rank can take survivors with it inside MPI: one
+    may stay stuck in MPI_Test (the prototype saw it in 8 % of such kills) or
+    abort there (MPICH takes libfabric's "Transport endpoint is not connected"
+    as fatal). The join deadline leaves a stuck one out, and with the host
+    back from the blacklist after a second, new ranks take the free slots:
+    whatever MPI does, the job goes on and ends well."""
+    job = start(["-np", "4", "--min-np", "2", "-H", "localhost:4", "--blacklist-cooldown-range", "1", "1"],
+                tag, "--steps", 400, "--step-sleep", 0.002)
     job.wait_step(40)
-    took = job.recovery_s(job.kill(3, paused=False), 1)
+    killed_at = job.kill(3, paused=False)
     assert job.wait() == 0, job.text()
-    members = job.events("gen", generation=1)[0]["members"]
-    left_out = sorted({0, 1, 2} - set(members))
-    for uid in left_out:
-        assert "elastic: rank %d on localhost did not join generation 1" % uid in job.stderr()
-    survivors_kept_their_processes(job, members, 1)
-    assert {e["uid"] for e in job.events("done")} == set(members)
-    print("\none host, SIGKILL of 1 of 4 ranks at a random moment -> next allreduce %.3f s (left out: %s)"
-          % (took, left_out or "none"))
-    assert took < (LEFT_OUT_LIMIT_S if left_out else RECOVERY_LIMIT_S)
+    after = min(e["generation"] for e in job.events("step") if e["generation"] > 0)
+    members = job.events("gen", generation=after)[0]["members"]
+    took = max(job.events("step", u, generation=after)[0]["t"] for u in members) - killed_at
+    survivors = [u for u in members if u < 3]
+    survivors_kept_their_processes(job, survivors, after)
+    err = job.stderr()
+    for uid in {0, 1, 2} - set(survivors):      # stuck (left out) or aborted (lost)
+        assert re.search(r"rank %d on localhost did not join generation|lost rank %d " % (uid, uid), err), err
+    final = max(e["generation"] for e in job.events("gen"))
+    assert {e["uid"] for e in job.events("done")} == set(job.events("gen", generation=final)[0]["members"])
+    assert all(e["step"] == 400 for e in job.events("done"))
+    print("\none host, SIGKILL of 1 of 4 ranks at a random moment -> next allreduce %.3f s (survivors "
+          "that went on: %s)" % (took, survivors))
+    assert took < (RECOVERY_LIMIT_S if survivors == [0, 1, 2] else 5.0)
 
 
 def test_two_kills_in_a_row(tag):
@@ -158,7 +166,7 @@ def test_hosts_found_by_discovery_join_at_the_next_check(tag, tmp_path):
     job.wait_for(lambda: job.events("gen", 2), "the new rank's first generation")
     assert job.wait() == 0, job.text()
     err = job.stderr()
-    assert "elastic: hosts changed: starting 1 rank on localhost:1" in err, err
+    assert "elastic: starting 1 rank on localhost:1" in err, err
     assert "elastic: rank 2 waits at the rendezvous (hosts version 1)" in err, err
     assert re.search(r"generation 1 on localhost:3 \(3 ranks: uids 0,1,2\)", err), err
     changed = job.events("hosts_changed")

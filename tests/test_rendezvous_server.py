@@ -28,10 +28,10 @@ RendezvousServer = importlib.import_module(pkg.__name__ + ".rendezvous_server").
 class Server:
     """A RendezvousServer on 127.0.0.1 with its events recorded."""
 
-    def __init__(self, min_np=1, deadline=0.3, expect=()):
+    def __init__(self, min_np=1, deadline=0.3, expect=(), formation_timeout=2.0):
         self.events = []
         self.cond = threading.Condition()
-        self.rdv = RendezvousServer(min_np, deadline, self._event)
+        self.rdv = RendezvousServer(min_np, deadline, formation_timeout, self._event)
         self.port = self.rdv.serve_on("127.0.0.1")
         for uid in expect:
             self.rdv.expect(uid)
@@ -41,9 +41,12 @@ class Server:
             self.events.append((kind, fields))
             self.cond.notify_all()
 
-    def wait_event(self, kind, timeout=5.0):
+    def wait_event(self, kind, timeout=5.0, **match):
+        """Every event ``kind`` so far, once one with the fields ``match`` came."""
+        def found():
+            return any(k == kind and all(f.get(n) == v for n, v in match.items()) for k, f in self.events)
         with self.cond:
-            assert self.cond.wait_for(lambda: any(k == kind for k, _ in self.events), timeout), self.events
+            assert self.cond.wait_for(found, timeout), self.events
             return [f for k, f in self.events if k == kind]
 
     def connect(self, line):
@@ -57,12 +60,17 @@ class Server:
         return f
 
     def join(self, uid):
-        return self.connect("JOIN %d port-of-%d" % (uid, uid))[1]
+        s, f = self.connect("JOIN %d port-of-%d" % (uid, uid))
+        f.sock = s
+        return f
 
 
-def member(reply):
+def member(reply, done=True):
+    """The MEMBER answer; with ``done`` the rank then says it holds the communicator."""
     words = reply.readline().split()
     assert words[0] == "MEMBER", words
+    if done:
+        reply.sock.sendall(b"DONE\n")
     return {"generation": int(words[1]), "rank": int(words[2]), "size": int(words[3]),
             "hosts_version": int(words[4]), "uids": [int(u) for u in words[5].split(",")],
             "port": words[6]}
@@ -119,6 +127,31 @@ def test_a_member_that_does_not_join_by_the_deadline_is_left_out():
         assert srv.wait_event("left_out")[0]["uid"] == 1
         late = srv.join(1).readline().split(" ", 2)
         assert late[:2] == ["OUT", "left-out"] and "did not join generation 1" in late[2]
+    finally:
+        srv.rdv.close()
+
+
+def test_a_member_stuck_forming_the_generation_is_left_out():
+    """A member that never says DONE is stuck in MPI's connect/accept; the
+    members whose accept timed out meanwhile join again and go on."""
+    srv = Server(min_np=2, deadline=0.3, formation_timeout=1.0, expect=[0, 1, 2, 3])
+    try:
+        [member(r) for r in [srv.join(u) for u in (0, 1, 2, 3)]]
+        srv.rdv.lost(3, "was killed by SIGKILL")
+        replies = {u: srv.join(u) for u in (0, 1, 2)}
+        got = {u: member(r, done=u != 2) for u, r in replies.items()}     # uid 2 stays in MPI
+        assert got[0]["generation"] == 1
+        started = time.monotonic()
+        again = {u: srv.join(u) for u in (0, 1)}        # their accept timed out: they join again
+        time.sleep(0.5)
+        assert srv.rdv.generation == 1      # no join deadline while generation 1 still forms
+        got = {u: member(r) for u, r in again.items()}
+        assert got[0]["uids"] == [0, 1] and got[0]["generation"] == 2
+        assert 0.9 <= time.monotonic() - started < 3.0
+        left = srv.wait_event("left_out")[0]
+        assert left["uid"] == 2 and "did not finish forming generation 1" in left["why"], left
+        formed = srv.wait_event("formed", generation=2)
+        assert [f["generation"] for f in formed] == [0, 2], formed      # generation 1 never formed
     finally:
         srv.rdv.close()
 
