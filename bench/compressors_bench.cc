@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "transport/abort_signal.h"
 #include "transport/mpi/mpi_transport.h"
 #include "compressors/bf16.h"
 #include "compressors/compressor.h"
@@ -195,7 +196,7 @@ int main(int argc, char** argv) {
       mats.push_back({s0.name, off, c, rows});
       off += c;
     }
-    std::atomic<bool> never{false};
+    AbortSignal never;
     MpiTransport self(MPI_COMM_SELF, WaitPolicy(), &never);
     for (int rank : {1, 4}) {
       PowerSGDCompressor psgd(rank, 0);
