@@ -123,7 +123,8 @@ def test_a_member_that_does_not_join_by_the_deadline_is_left_out():
         replies = {u: srv.join(u) for u in (0, 2)}      # uid 1 never comes
         got = {u: member(r) for u, r in replies.items()}
         took = time.monotonic() - started
-        assert got[0]["uids"] == [0, 2] and 0.25 <= took < 2.0, (got, took)
+        # (at least the deadline: waited for uid 1; no upper bound, a loaded host is slow)
+        assert got[0]["uids"] == [0, 2] and took >= 0.25, (got, took)
         assert srv.wait_event("left_out")[0]["uid"] == 1
         late = srv.join(1).readline().split(" ", 2)
         assert late[:2] == ["OUT", "left-out"] and "did not join generation 1" in late[2]
@@ -147,7 +148,7 @@ def test_a_member_stuck_forming_the_generation_is_left_out():
         assert srv.rdv.generation == 1      # no join deadline while generation 1 still forms
         got = {u: member(r) for u, r in again.items()}
         assert got[0]["uids"] == [0, 1] and got[0]["generation"] == 2
-        assert 0.9 <= time.monotonic() - started < 3.0
+        assert time.monotonic() - started >= 0.9      # waited for the formation timeout
         left = srv.wait_event("left_out")[0]
         assert left["uid"] == 2 and "did not finish forming generation 1" in left["why"], left
         formed = srv.wait_event("formed", generation=2)
