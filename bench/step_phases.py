@@ -75,7 +75,11 @@ def main():
             cpu[name].append(1e3 * (marks[k + 1][0] - marks[k][0]))
             wall[name].append(1e3 * (marks[k + 1][1] - marks[k][1]))
     line = " ".join(f"{n} {statistics.median(cpu[n]):.1f}/{statistics.median(wall[n]):.1f}" for n in PHASES)
-    print(f"{args.mode} rank {comm.rank}, ms cpu/wall: {line}", flush=True)
+    # Rank 0 prints every rank's line: lines written by two processes at once
+    # can interleave in the launcher's output.
+    lines = comm.gather(f"{args.mode} rank {comm.rank}, ms cpu/wall: {line}", root=0)
+    if comm.rank == 0:
+        print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":

@@ -138,6 +138,7 @@ def test_a_member_stuck_forming_the_generation_is_left_out():
     srv = Server(min_np=2, deadline=0.3, formation_timeout=1.0, expect=[0, 1, 2, 3])
     try:
         [member(r) for r in [srv.join(u) for u in (0, 1, 2, 3)]]
+        srv.wait_event("formed", generation=0)      # every DONE read before uid 3 goes
         srv.rdv.lost(3, "was killed by SIGKILL")
         replies = {u: srv.join(u) for u in (0, 1, 2)}
         got = {u: member(r, done=u != 2) for u, r in replies.items()}     # uid 2 stays in MPI
