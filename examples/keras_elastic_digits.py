@@ -104,7 +104,7 @@ def main(argv=None):
 
     @hvd.elastic.run
     def train(state):
-        event("begin", all_ranks=True, step=state.step, epoch=state.epoch, params_sha256=params_sha256())
+        event("begin", all_ranks=True, pid=os.getpid(), step=state.step, epoch=state.epoch, params_sha256=params_sha256())
         rank, size = hvd.rank(), hvd.size()
         steps = len(x_train) // (args.batch_size * size)
         x_shard = x_train[rank::size][:steps * args.batch_size]

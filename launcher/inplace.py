@@ -48,6 +48,10 @@ from .ssh_check import check_hosts
 
 JOIN_DEADLINE_VAR = "HVDLITE_ELASTIC_JOIN_DEADLINE"
 DEFAULT_JOIN_DEADLINE_S = 0.5
+# A survivor that said its engine stopped is coming: its training thread may
+# be in a long step, or in a framework unwinding the error.
+REJOIN_TIMEOUT_VAR = "HVDLITE_ELASTIC_REJOIN_TIMEOUT"
+DEFAULT_REJOIN_TIMEOUT_S = 30.0
 # The ranks' connect/accept timeout (hvdlite/rendezvous.py has the same
 # default; hydra passes hvdrun's environment on to the ranks). A member that
 # has not formed the generation this much later is stuck in MPI.
@@ -67,7 +71,8 @@ class InPlaceJob:
         self.mpi = mpi
         deadline = float(os.environ.get(JOIN_DEADLINE_VAR, DEFAULT_JOIN_DEADLINE_S))
         formation = float(os.environ.get(CONNECT_TIMEOUT_VAR, DEFAULT_CONNECT_TIMEOUT_S)) + FORMATION_MARGIN_S
-        self.server = RendezvousServer(self.opts.min_np, deadline, formation, self._post)
+        rejoin = float(os.environ.get(REJOIN_TIMEOUT_VAR, DEFAULT_REJOIN_TIMEOUT_S))
+        self.server = RendezvousServer(self.opts.min_np, deadline, formation, self._post, rejoin_timeout_s=rejoin)
         self.ranks = {}             # uid -> RankProcess, every one started
         self.next_uid = 0
         self.events = queue.SimpleQueue()

@@ -19,6 +19,9 @@ rank -> hvdrun
                             MEMBER the rank writes ``DONE`` on the same connection
                             once it holds the generation's communicator
   ``version``               answered ``<hosts version>`` (the restart mode's question)
+  ``STOPPED <generation>``  on the WATCH connection: after a notice the rank's
+                            engine has stopped; it joins once its training
+                            thread is out of the failed step
 hvdrun -> rank (on WATCH connections)
   ``DEAD <generation> <uid> <why>``  a member of that generation ended
   ``REFORM <generation> <uid>``      a member of that generation joined the next one
@@ -27,9 +30,12 @@ hvdrun -> rank (on WATCH connections)
 
 A generation forms when every live member of the newest one has joined (for
 the first: every rank hvdrun started), with at least ``min_np`` ranks. A member
-that has not joined ``join_deadline_s`` after the first member did is left
-out: a survivor stuck inside MPI (it happens when a peer dies mid-transfer)
-must not hold the others up; hvdrun then stops it. The same goes for a member
+that has not joined ``join_deadline_s`` after the first member did, and has
+not said STOPPED either, is left out: a survivor stuck inside MPI (it happens
+when a peer dies mid-transfer) must not hold the others up; hvdrun then stops
+it. A member that said STOPPED gets ``rejoin_timeout_s`` from then: its
+training thread may be in a long computation, or unwinding a framework's
+error (TensorFlow's takes a second or more). The same goes for a member
 that has not said DONE ``formation_timeout_s`` (plus FORMATION_S_PER_MEMBER
 for each member: the chain runs one step per member) after the generation
 formed: it is stuck in MPI's connect/accept (members whose accept timed out
@@ -39,6 +45,7 @@ follow, by uid.
 
 import socket
 import threading
+import time
 
 LINE_TIMEOUT_S = 5.0        # a rank writes its request line right after connecting
 FORMATION_S_PER_MEMBER = 0.05
@@ -46,9 +53,10 @@ PUSH_TIMEOUT_S = 1.0        # a watcher that does not read its pushes is dropped
 
 
 class RendezvousServer:
-    def __init__(self, min_np, join_deadline_s, formation_timeout_s, on_event=None):
+    def __init__(self, min_np, join_deadline_s, formation_timeout_s, on_event=None, rejoin_timeout_s=30.0):
         self.min_np = min_np
         self.join_deadline_s = join_deadline_s
+        self.rejoin_timeout_s = rejoin_timeout_s
         self.formation_timeout_s = formation_timeout_s
         # on_event(kind, **fields), from the server's threads, for hvdrun's loop:
         # ("formed", generation, members, hosts_version): every member holds the
@@ -65,6 +73,7 @@ class RendezvousServer:
         self._watchers = {}         # uid -> connection
         self._reformed = set()      # generations some member left (REFORM pushed)
         self._deadline = None       # threading.Timer of the join deadline
+        self._stopped = {}          # uid -> monotonic time it said STOPPED, members of the newest generation
         self._forming = {}          # uid -> connection of a member that has not said DONE yet
         self._formation_timer = None
         self._announced = frozenset()
@@ -176,6 +185,28 @@ class RendezvousServer:
                 return
             self._watchers[uid] = conn
             _send(conn, "WATCHING %d" % self.hosts_version)
+        self._read_watch(uid, conn)
+
+    def _read_watch(self, uid, conn):
+        """The rank's STOPPED lines, until its watch connection ends."""
+        data = b""
+        while True:
+            try:
+                chunk = conn.recv(4096)
+            except socket.timeout:
+                continue            # the timeout is the pushes'; reading waits on
+            except OSError:
+                return
+            if not chunk or len(data) > 65536:
+                return
+            data += chunk
+            while b"\n" in data:
+                line, data = data.split(b"\n", 1)
+                words = line.decode(errors="replace").split()
+                if len(words) == 2 and words[0] == "STOPPED" and words[1].isdigit():
+                    with self._lock:
+                        if int(words[1]) == self.generation and uid in self.members:
+                            self._stopped.setdefault(uid, time.monotonic())
 
     def _join(self, uid, port, conn):
         conn.settimeout(None)
@@ -273,10 +304,21 @@ class RendezvousServer:
             if generation != self.generation or self._over is not None:
                 return
             self._deadline = None
+            now = time.monotonic()
+            coming = []
             for uid in self.members:
-                if uid in self._expected and uid not in self._pending:
+                if uid not in self._expected or uid in self._pending:
+                    continue
+                if uid not in self._stopped:
                     self._leave_out(uid, "did not join generation %d within %g s of the first survivor"
                                     % (generation + 1, self.join_deadline_s))
+                elif now - self._stopped[uid] >= self.rejoin_timeout_s:
+                    self._leave_out(uid, "did not join generation %d within %g s of stopping its engine"
+                                    % (generation + 1, self.rejoin_timeout_s))
+                else:
+                    coming.append(self._stopped[uid] + self.rejoin_timeout_s - now)
+            if coming:
+                self._deadline = _timer(min(coming), self._expire, generation)
             self._progress()
 
     def _leave_out(self, uid, why):
@@ -305,6 +347,7 @@ class RendezvousServer:
         self._pending.clear()
         self.members = order
         self.ever_members.update(order)
+        self._stopped = {}
         self._announced = frozenset()
         self._formation_timer = _timer(self.formation_timeout_s + FORMATION_S_PER_MEMBER * len(order),
                                        self._formation_expired, self.generation)

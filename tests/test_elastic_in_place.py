@@ -181,3 +181,43 @@ def test_in_place_below_min_np_ends_naming_the_lost_host(hosts, tag):
     assert re.search(r"hvdrun: elastic: fewer than --min-np 3 slots for 4 s \(--elastic-timeout\); "
                      r"hosts lost: %s \(lost rank 2 \(was killed by SIGKILL\)\)" % lost, err), err
     assert "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("fault", ["commit", "broadcast", "allgather", "process_set"])
+def test_in_place_rank_lost_inside_an_operation(hosts, tag, fault):
+    """The job's last rank SIGKILLs itself inside a commit, a broadcast, an
+    allgather or an allreduce on a process set of ranks 1.. (4 hosts: the set
+    is added again, over 3 ranks, in the next generation) at step 30."""
+    count = 4 if fault == "process_set" else 3
+    ref = reference(hosts, "torch")
+    job = _in_place_job(hosts, tag, ["-H", hosts_arg(hosts, count)], ["--fault", "%s:30" % fault])
+    job.wait()
+    assert job.rc == 0, job.stderr_text()
+    faults = job.events("fault")
+    assert [e["what"] for e in faults] == [fault], job.stderr_text()
+    took, redone = _check_in_place(job, faults[0]["t"], [faults[0]["pid"]])
+    done = _check_done(job, ref, count - 1)
+    if fault == "process_set":
+        # Added again over the survivors' ranks 1.. and used in the next generation.
+        sets = job.events("process_set")
+        assert [(e["size"], e["ranks"]) for e in sets] == [(4, [1, 2, 3]), (3, [1, 2])], sets
+    print("\nin place, killed inside %s -> next step %.3f s, %d batches redone, accuracy %.2f %% "
+          "(uninterrupted %.2f %%)" % (fault, took, redone, done["accuracy"], ref["accuracy"]))
+
+
+@pytest.mark.parametrize("framework", ["keras3", "tf_keras"])
+def test_in_place_keras_rank_killed_survivors_go_on(hosts, tag, framework):
+    ref = reference(hosts, framework)
+    job = ElasticJob(hosts, tag, ["--min-np", "2", "-H", hosts_arg(hosts, 3)] + IN_PLACE, EVERY_STEP,
+                     framework=framework)
+    job.step_at(30)
+    victims = _first_ranks(job)[hosts.names[2]]
+    killed_at = time.time()
+    for e in victims:
+        os.kill(e["pid"], signal.SIGKILL)
+    job.wait()
+    assert job.rc == 0, job.stderr_text()
+    took, redone = _check_in_place(job, killed_at, [e["pid"] for e in victims])
+    done = _check_done(job, ref, 2)
+    print("\nin place, %s, SIGKILL -> next step %.3f s, %d batches redone, accuracy %.2f %% (uninterrupted %.2f %%)"
+          % (framework, took, redone, done["accuracy"], ref["accuracy"]))

@@ -28,10 +28,11 @@ RendezvousServer = importlib.import_module(pkg.__name__ + ".rendezvous_server").
 class Server:
     """A RendezvousServer on 127.0.0.1 with its events recorded."""
 
-    def __init__(self, min_np=1, deadline=0.3, expect=(), formation_timeout=2.0):
+    def __init__(self, min_np=1, deadline=0.3, expect=(), formation_timeout=2.0, rejoin_timeout=30.0):
         self.events = []
         self.cond = threading.Condition()
-        self.rdv = RendezvousServer(min_np, deadline, formation_timeout, self._event)
+        self.rdv = RendezvousServer(min_np, deadline, formation_timeout, self._event,
+                                    rejoin_timeout_s=rejoin_timeout)
         self.port = self.rdv.serve_on("127.0.0.1")
         for uid in expect:
             self.rdv.expect(uid)
@@ -128,6 +129,48 @@ def test_a_member_that_does_not_join_by_the_deadline_is_left_out():
         assert srv.wait_event("left_out")[0]["uid"] == 1
         late = srv.join(1).readline().split(" ", 2)
         assert late[:2] == ["OUT", "left-out"] and "did not join generation 1" in late[2]
+    finally:
+        srv.rdv.close()
+
+
+def test_a_member_whose_engine_stopped_is_waited_for_past_the_deadline():
+    """uid 1 said STOPPED on its watch connection (its training thread is
+    still unwinding): the generation waits for it beyond the join deadline."""
+    srv = Server(min_np=2, deadline=0.3, expect=[0, 1, 2])
+    try:
+        watch1 = srv.watch(1)
+        watch1.sock = watch1.buffer.raw._sock
+        [member(r) for r in [srv.join(u) for u in (0, 1, 2)]]
+        srv.wait_event("formed", generation=0)
+        srv.rdv.lost(2, "was killed by SIGKILL")
+        assert watch1.readline().startswith("DEAD 0 2")
+        watch1.sock.sendall(b"STOPPED 0\n")
+        first = srv.join(0)
+        time.sleep(1.0)         # past the join deadline
+        assert srv.rdv.pending() == {0} and not [e for e in srv.events if e[0] == "left_out"], srv.events
+        second = srv.join(1)
+        a, b = member(first), member(second)
+        assert (a["uids"], a["generation"], b["rank"]) == ([0, 1], 1, 1)
+    finally:
+        srv.rdv.close()
+
+
+def test_a_member_whose_engine_stopped_is_left_out_after_the_rejoin_timeout():
+    srv = Server(min_np=2, deadline=0.3, expect=[0, 1, 2, 3], rejoin_timeout=1.0)
+    try:
+        watch1 = srv.watch(1)
+        watch1.sock = watch1.buffer.raw._sock
+        [member(r) for r in [srv.join(u) for u in (0, 1, 2, 3)]]
+        srv.wait_event("formed", generation=0)
+        srv.rdv.lost(3, "was killed by SIGKILL")
+        assert watch1.readline().startswith("DEAD 0 3")
+        watch1.sock.sendall(b"STOPPED 0\n")
+        started = time.monotonic()
+        replies = {u: srv.join(u) for u in (0, 2)}      # uid 1 never comes
+        got = {u: member(r) for u, r in replies.items()}
+        assert got[0]["uids"] == [0, 2] and time.monotonic() - started >= 0.9, got
+        left = srv.wait_event("left_out")
+        assert [e["uid"] for e in left] == [1] and "of stopping its engine" in left[0]["why"], left
     finally:
         srv.rdv.close()
 

@@ -59,15 +59,18 @@ def peer_lost(error):
     None when it is not about one. The engine's error may come wrapped:
     chained (``raise ... from``), or as text only, where torch ran the code
     that raised it (a torch.distributed backend's future: DDP's backward
-    raises a RuntimeError whose message carries the engine error)."""
+    raises a RuntimeError whose message carries the engine error), or in a
+    TensorFlow op's error (its text names the class, a line or more down
+    in a graph's error)."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        first = str(error).splitlines()[0] if str(error) else ""
+        text = str(error)
+        first = text.splitlines()[0] if text else ""
         if isinstance(error, _PEER_ERRORS):
             return "%s: %s" % (type(error).__name__, first)
-        if isinstance(error, RuntimeError):
-            found = _PEER_ERROR_TEXT.search(first)
+        if isinstance(error, RuntimeError) or type(error).__module__.startswith("tensorflow"):
+            found = _PEER_ERROR_TEXT.search(first if isinstance(error, RuntimeError) else text)
             if found:
                 return found.group(0)
         error = error.__cause__ or error.__context__

@@ -99,6 +99,16 @@ def _describe(entries, limit=6):
     return f"[{shown}{more}]"
 
 
+def _in_a_generation_formed_in_place():
+    """After in-place recovery the survivors' functions are traced already
+    (their once-per-signature checks ran in the first generation) while new
+    ranks trace theirs: a check at tracing time would be a collective that
+    only the new ranks reach."""
+    from .. import rendezvous
+    generation = rendezvous.current() if rendezvous.in_place() else None
+    return generation is not None and generation.number > 0
+
+
 def check_same_on_all_ranks(entries, what, pset=0, once_key=None):
     """Raises InvalidArgumentError on every rank when ``entries`` (a list of
     (name, shape, dtype) tuples) differ across the ranks of ``pset``.
@@ -107,6 +117,8 @@ def check_same_on_all_ranks(entries, what, pset=0, once_key=None):
     process sees it (the check is a collective: ranks running the same program
     reach it at the same point). Works eagerly and while tracing."""
     entries = [(str(n), tuple(s) if s is not None else None, str(d)) for n, s, d in entries]
+    if once_key is not None and _in_a_generation_formed_in_place():
+        return
     if once_key is not None:
         digest = hashlib.sha1(repr((once_key, entries)).encode()).hexdigest()
         with _checked_lock:

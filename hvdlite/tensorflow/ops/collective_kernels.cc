@@ -33,17 +33,18 @@ namespace errors = ::tensorflow::errors;
 
 // Engine ErrorKind -> TensorFlow status, the classes Horovod's ops raise:
 // bad input InvalidArgument, ranks disagreeing FailedPrecondition, a stopped
-// engine Aborted.
+// engine Aborted. The errors of a lost peer also name hvdlite's Python class:
+// hvd.elastic.run recognises a lost peer in a TensorFlow error by it.
 Status EngineError(int kind, const std::string& message) {
   const std::string text = "hvdlite: " + message;
   switch (kind) {
     case HVD_ERROR_INVALID_ARGUMENT: return errors::InvalidArgument(text);
     case HVD_ERROR_MISMATCH: return errors::FailedPrecondition(text);
     case HVD_ERROR_NOT_INITIALIZED: return errors::FailedPrecondition(text);
-    case HVD_ERROR_SHUTDOWN: return errors::Aborted(text);
+    case HVD_ERROR_SHUTDOWN: return errors::Aborted("hvdlite: HvdliteShutdownError: " + message);
     case HVD_ERROR_STALL: return errors::Aborted(text);
-    case HVD_ERROR_TIMEOUT: return errors::DeadlineExceeded(text);
-    case HVD_ERROR_MPI: return errors::Unknown(text);
+    case HVD_ERROR_TIMEOUT: return errors::DeadlineExceeded("hvdlite: HvdliteTimeoutError: " + message);
+    case HVD_ERROR_MPI: return errors::Unknown("hvdlite: MPIError: " + message);
     default: return errors::Internal(text);
   }
 }
