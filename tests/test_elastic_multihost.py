@@ -7,13 +7,10 @@ hvdrun runs on host 1 and the job uses hosts 1-3 (host 4 joins in the growth
 test); the lost host is always host 3.  Each test prints what it measured
 (run with -s).
 """
-import json
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 import uuid
 
@@ -21,7 +18,8 @@ import pytest
 
 from harness.checks import require
 from harness.hosts import REPO, hosts_or_skip, wait_until_gone
-from test_launcher_multihost import LINE, SCRIPTS, _describe, hvdrun_env
+from harness.hvdrun_job import HvdrunJob
+from test_launcher_multihost import SCRIPTS, _describe, hvdrun_env
 
 ELASTIC = os.path.join(SCRIPTS, "elastic_digits.py")
 COMMIT_EVERY = 4
@@ -85,8 +83,9 @@ def _nothing_left(hosts, tag, timeout=20.0):
     raise AssertionError("left behind: %s; per host: %s" % (left, per_host))
 
 
-class ElasticJob:
+class ElasticJob(HvdrunJob):
     """hvdrun --min-np ... on host 1, its output read as it comes."""
+    poll_s = 0.2
 
     def __init__(self, hosts, tag, hvdrun_args, script_args=(), framework="torch", timeout=240):
         script, extra_env = FRAMEWORKS[framework]
@@ -99,59 +98,13 @@ class ElasticJob:
                              hvdrun_args +
                              [sys.executable, ELASTIC, tag, script, "--events",
                               "--commit-every", str(COMMIT_EVERY)] + list(script_args), cwd=REPO)
-        self.lines = []             # (time, stream, text)
-        self._cond = threading.Condition()
-        self.proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=env)
-        self.deadline = time.time() + timeout
-        self.rc = None
-        self._readers = [threading.Thread(target=self._read, args=(s, n), daemon=True)
-                         for s, n in ((self.proc.stdout, "out"), (self.proc.stderr, "err"))]
-        for r in self._readers:
-            r.start()
-
-    def _read(self, stream, name):
-        for line in stream:
-            with self._cond:
-                self.lines.append((time.time(), name, line.rstrip("\n")))
-                self._cond.notify_all()
+        super().__init__(full, env, timeout)
 
     def events(self, kind=None, rank=None):
-        out = []
-        with self._cond:
-            lines = list(self.lines)
-        for _, stream, text in lines:
-            m = LINE.match(text)
-            if stream == "out" and m and m.group(2) == "stdout" and m.group(3).startswith("{"):
-                ev = json.loads(m.group(3))
-                if (kind is None or ev["ev"] == kind) and (rank is None or ev["rank"] == rank):
-                    out.append(ev)
-        return out
+        return [ev for ev in self.json_events(kind) if rank is None or ev["rank"] == rank]
 
-    def wait_for(self, predicate, what):
-        with self._cond:
-            while True:
-                found = predicate()
-                if found:
-                    return found
-                if self.proc.poll() is not None or time.time() > self.deadline:
-                    raise AssertionError("never saw %s; hvdrun output:\n%s" % (what, self.stderr_text()))
-                self._cond.wait(0.2)
-
-    def wait(self):
-        try:
-            self.rc = self.proc.wait(timeout=max(1, self.deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.rc = self.proc.wait()
-            raise AssertionError("hvdrun did not end in time:\n" + self.stderr_text())
-        for r in self._readers:
-            r.join(5)
-        return self.rc
-
-    def stderr_text(self):
-        with self._cond:
-            return "\n".join(t for _, s, t in self.lines if s == "err" or "<stderr>" in t)[-6000:]
+    def failure_text(self):
+        return self.stderr_text()
 
     def step_at(self, step):
         """Waits until rank 0 of the first generation reports ``step``."""
