@@ -2,8 +2,9 @@
 side): the same model, data, seed, batch and learning-rate rule, trained by N replica
 groups of one process each under torchft's Lighthouse and Manager on ProcessGroupGloo.
 
-Needs torchft (``pip install torchft``, 0.2.0 here) in the Python that runs it; hvdlite
-is not imported. Roles:
+Needs torchft (``pip install torchft``, 0.2.0 here) in the Python that runs it, and
+hvdlite: examples/pytorch_digits.py, whose load_data and make_model serve here, imports
+it (nothing here initialises it). Roles:
 
     # a lighthouse (prints {"ev": "lighthouse", "address": ...} and runs until stdin closes)
     python bench/torchft_digits.py lighthouse --min-replicas 2 --heartbeat-timeout-ms 500
@@ -41,32 +42,12 @@ import sys
 import time
 from datetime import timedelta
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-
-# ---- the data and the model: as examples/pytorch_digits.py (load_data, make_model) ----------
-
-def load_data(seed):
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-    digits = load_digits()
-    x = digits.data.astype(np.float32) / 16.0
-    y = digits.target.astype(np.int64)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, y, test_size=0.25, random_state=seed, stratify=y)
-    mean, std = x_train.mean(0), x_train.std(0) + 1e-3
-    x_train, x_test = (x_train - mean) / std, (x_test - mean) / std
-    return ((torch.from_numpy(x_train), torch.from_numpy(y_train)),
-            (torch.from_numpy(x_test), torch.from_numpy(y_test)))
-
-
-def make_model():
-    return torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.ReLU(),
-        torch.nn.Linear(128, 64), torch.nn.ReLU(),
-        torch.nn.Linear(64, 10))
+# The data and the model are examples/pytorch_digits.py's (load_data, make_model).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+from pytorch_digits import load_data, make_model  # noqa: E402
 
 
 def params_sha256(model):
@@ -199,7 +180,7 @@ def train_torchft(args):
     event = make_event(args, replica=args.replica)
     event("start", pid=os.getpid(), host=socket.gethostname())
     torch.manual_seed(args.seed)
-    (x_train, y_train), test = load_data(args.seed)
+    (x_train, y_train), test = (ds.tensors for ds in load_data(args.seed))
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     split = EpochSplit(len(x_train), args.seed)
@@ -304,7 +285,7 @@ def train_plain(args):
     event = make_event(args, rank=args.rank)
     event("start", pid=os.getpid(), host=socket.gethostname())
     torch.manual_seed(args.seed)
-    (x_train, y_train), test = load_data(args.seed)
+    (x_train, y_train), test = (ds.tensors for ds in load_data(args.seed))
     model = make_model()
     size, rank = args.world_size, args.rank
     host, port = args.master.rsplit(":", 1)

@@ -472,6 +472,13 @@ def run_plain(args, place, log_dir):
                 "--master", "%s:%d" % (place.addr(1), port), "--events", "--epochs",
                 str(args.epochs), "--wait-go"]
         procs.append(Proc("plain%d" % r, place.argv(k, argv), child_env(place, k, args.env), log_dir))
+    run_to_done(args, procs)
+    return procs
+
+
+def run_to_done(args, procs):
+    """Starts the ranks together once each is ready and waits until every one printed its
+    done event and ended; any still running when that fails is SIGKILLed."""
     try:
         wait_ready(procs, args.start_timeout)
         for p in procs:
@@ -486,29 +493,16 @@ def run_plain(args, place, log_dir):
             if p.popen.poll() is None:
                 os.kill(p.pid, signal.SIGKILL)
                 p.popen.wait()
-    return procs
 
 
 def run_torchft(args, place, log_dir):
     lh, address = start_lighthouse(args, place, args.replicas + 1 if place.name == "netns" else 0,
                                    log_dir)
-    procs = []
     try:
         procs = [start_replica(args, place, r + 1, r, address, log_dir, "r%d" % r)
                  for r in range(args.replicas)]
-        wait_ready(procs, args.start_timeout)
-        for p in procs:
-            p.send("go\n")
-            p.close_stdin()
-        for p in procs:
-            if p.wait_event(lambda e: e["ev"] == "done", args.run_timeout) is None:
-                raise RuntimeError("%s did not finish:\n%s" % (p.name, p.stderr_tail()))
-            p.stop()
+        run_to_done(args, procs)
     finally:
-        for p in procs:
-            if p.popen.poll() is None:
-                os.kill(p.pid, signal.SIGKILL)
-                p.popen.wait()
         lh.close_stdin()
         lh.stop(5)
     return procs

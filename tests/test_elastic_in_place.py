@@ -18,7 +18,7 @@ import time
 import pytest
 
 from test_elastic_multihost import (ElasticJob, _check_done, _nothing_left, hosts,  # noqa: F401 (fixtures)
-                                    hosts_arg, reference, tag)
+                                    _discovered_host_joins, hosts_arg, reference, tag)
 
 IN_PLACE = ["--recovery", "in-place"]
 EVERY_STEP = ["--commit-every", "1"]
@@ -141,30 +141,14 @@ def test_in_place_host_link_down(hosts, tag):
 
 
 def test_in_place_discovered_host_joins_at_the_next_commit(hosts, tag, tmp_path):
-    listing = tmp_path / "hosts.txt"
-    listing.write_text("\n".join(hosts.names[:3]) + "\n")
-    script = tmp_path / "discover.sh"
-    script.write_text("#!/bin/sh\ncat %s\n" % listing)
-    script.chmod(0o755)
     # Slow steps: the new rank's process (ssh, Python, torch) must be up before training ends.
-    job = _in_place_job(hosts, tag, ["--host-discovery-script", str(script)], ["--step-sleep", "0.06"])
-    job.step_at(10)
-    first_pids = {e["pid"] for e in job.events("start")}
-    listed_at = time.time()
-    listing.write_text("\n".join(hosts.names[:4]) + "\n")
-    job.wait()
-    assert job.rc == 0, job.stderr_text()
-    begins = [e for e in job.events("begin") if e["t"] > listed_at]
-    assert len(begins) == 4 and {e["size"] for e in begins} == {4}, job.stderr_text()
-    assert first_pids <= {e["pid"] for e in begins}, "a first rank was started again"
-    assert len({e["params_sha256"] for e in begins}) == 1, "the new rank began apart from the others"
-    before = [e for e in job.events("step", 0) if e["size"] == 3]
-    assert begins[0]["step"] == before[-1]["step"], (begins[0], before[-3:])
-    done = job.events("done")
-    assert len(done) == 4 and len({e["params_sha256"] for e in done}) == 1
-    grown = min(e["t"] for e in job.events("step", 0) if e["size"] == 4)
+    grew = _discovered_host_joins(hosts, tmp_path, 10, lambda discovery: _in_place_job(
+        hosts, tag, discovery, ["--step-sleep", "0.06"]))
+    begins = grew.begins
+    assert {e["pid"] for e in grew.started} <= {e["pid"] for e in begins}, "a first rank was started again"
+    assert begins[0]["step"] == grew.before[-1]["step"], (begins[0], grew.before[-3:])
     print("\nin place, listed -> first step on 4 ranks %.2f s, resumed at step %d"
-          % (grown - listed_at, begins[0]["step"]))
+          % (grew.took, begins[0]["step"]))
 
 
 def test_in_place_below_min_np_ends_naming_the_lost_host(hosts, tag):

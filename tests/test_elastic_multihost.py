@@ -7,21 +7,20 @@ hvdrun runs on host 1 and the job uses hosts 1-3 (host 4 joins in the growth
 test); the lost host is always host 3.  Each test prints what it measured
 (run with -s).
 """
-import json
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 import uuid
+from types import SimpleNamespace
 
 import pytest
 
 from harness.checks import require
 from harness.hosts import REPO, hosts_or_skip, wait_until_gone
-from test_launcher_multihost import LINE, SCRIPTS, _describe, hvdrun_env
+from harness.hvdrun_job import HvdrunJob, discovery_script
+from test_launcher_multihost import SCRIPTS, _describe, hvdrun_env
 
 ELASTIC = os.path.join(SCRIPTS, "elastic_digits.py")
 COMMIT_EVERY = 4
@@ -85,8 +84,9 @@ def _nothing_left(hosts, tag, timeout=20.0):
     raise AssertionError("left behind: %s; per host: %s" % (left, per_host))
 
 
-class ElasticJob:
+class ElasticJob(HvdrunJob):
     """hvdrun --min-np ... on host 1, its output read as it comes."""
+    poll_s = 0.2
 
     def __init__(self, hosts, tag, hvdrun_args, script_args=(), framework="torch", timeout=240):
         script, extra_env = FRAMEWORKS[framework]
@@ -99,59 +99,13 @@ class ElasticJob:
                              hvdrun_args +
                              [sys.executable, ELASTIC, tag, script, "--events",
                               "--commit-every", str(COMMIT_EVERY)] + list(script_args), cwd=REPO)
-        self.lines = []             # (time, stream, text)
-        self._cond = threading.Condition()
-        self.proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=env)
-        self.deadline = time.time() + timeout
-        self.rc = None
-        self._readers = [threading.Thread(target=self._read, args=(s, n), daemon=True)
-                         for s, n in ((self.proc.stdout, "out"), (self.proc.stderr, "err"))]
-        for r in self._readers:
-            r.start()
-
-    def _read(self, stream, name):
-        for line in stream:
-            with self._cond:
-                self.lines.append((time.time(), name, line.rstrip("\n")))
-                self._cond.notify_all()
+        super().__init__(full, env, timeout)
 
     def events(self, kind=None, rank=None):
-        out = []
-        with self._cond:
-            lines = list(self.lines)
-        for _, stream, text in lines:
-            m = LINE.match(text)
-            if stream == "out" and m and m.group(2) == "stdout" and m.group(3).startswith("{"):
-                ev = json.loads(m.group(3))
-                if (kind is None or ev["ev"] == kind) and (rank is None or ev["rank"] == rank):
-                    out.append(ev)
-        return out
+        return [ev for ev in self.json_events(kind) if rank is None or ev["rank"] == rank]
 
-    def wait_for(self, predicate, what):
-        with self._cond:
-            while True:
-                found = predicate()
-                if found:
-                    return found
-                if self.proc.poll() is not None or time.time() > self.deadline:
-                    raise AssertionError("never saw %s; hvdrun output:\n%s" % (what, self.stderr_text()))
-                self._cond.wait(0.2)
-
-    def wait(self):
-        try:
-            self.rc = self.proc.wait(timeout=max(1, self.deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.rc = self.proc.wait()
-            raise AssertionError("hvdrun did not end in time:\n" + self.stderr_text())
-        for r in self._readers:
-            r.join(5)
-        return self.rc
-
-    def stderr_text(self):
-        with self._cond:
-            return "\n".join(t for _, s, t in self.lines if s == "err" or "<stderr>" in t)[-6000:]
+    def failure_text(self):
+        return self.stderr_text()
 
     def step_at(self, step):
         """Waits until rank 0 of the first generation reports ``step``."""
@@ -234,36 +188,45 @@ def test_host_link_down_training_continues_on_the_others(hosts, tag):
           "accuracy %.2f %%" % (took, redone, done["accuracy"]))
 
 
-def test_discovered_host_joins_at_the_next_commit(hosts, tag, tmp_path):
-    listing = tmp_path / "hosts.txt"
-    listing.write_text("\n".join(hosts.names[:3]) + "\n")
-    script = tmp_path / "discover.sh"
-    script.write_text("#!/bin/sh\ncat %s\n" % listing)
-    script.chmod(0o755)
-    job = ElasticJob(hosts, tag, ["--min-np", "2", "--host-discovery-script", str(script)],
-                     ["--step-sleep", "0.02"])
-    job.step_at(20)
+def _discovered_host_joins(hosts, tmp_path, at_step, start):
+    """The discovered-host case of either recovery mode: ``start(hvdrun's discovery
+    arguments)`` starts the job with hosts 1-3 listed; host 4 is listed too once rank 0
+    reported ``at_step``. Checks that hvdrun ended well, that the 4 ranks began the
+    generation after the listing with identical parameters and ended with identical
+    parameters. Returns, for the test's own checks: job, started (the start events before
+    the listing), begins (the begin events after it), before (rank 0's steps on 3 ranks)
+    and took (seconds from the listing to rank 0's first step on 4 ranks)."""
+    script, listing = discovery_script(tmp_path, hosts.names[:3])
+    job = start(["--host-discovery-script", str(script)])
+    job.step_at(at_step)
+    started = job.events("start")
     listed_at = time.time()
     listing.write_text("\n".join(hosts.names[:4]) + "\n")
     job.wait()
     assert job.rc == 0, job.stderr_text()
     begins = [e for e in job.events("begin") if e["t"] > listed_at]
     assert len(begins) == 4 and {e["size"] for e in begins} == {4}, job.stderr_text()
-    newcomer = [e for e in job.events("start") if e["host"] == hosts.names[3]]
-    assert newcomer and newcomer[0]["generation"] == 2
     assert len({e["params_sha256"] for e in begins}) == 1, "the new rank began apart from the others"
-    # The commit that noticed the new host is the one resumed from: nothing is redone.
-    # Commits come every COMMIT_EVERY steps and at each epoch's end; the one that raised
-    # HostsUpdatedInterrupt saved its state but printed no "commit" event.
-    before = [e for e in job.events("step", 0) if e["size"] == 3]
-    last = before[-1]
-    at_commit = last["step"] % COMMIT_EVERY == 0 or begins[0]["epoch"] != last["epoch"]
-    assert begins[0]["step"] == last["step"] and at_commit, (begins[0], before[-3:])
     done = job.events("done")
     assert len(done) == 4 and len({e["params_sha256"] for e in done}) == 1
     grown = min(e["t"] for e in job.events("step", 0) if e["size"] == 4)
-    print("\nlisted -> first step on 4 ranks %.2f s, resumed at step %d"
-          % (grown - listed_at, begins[0]["step"]))
+    return SimpleNamespace(job=job, started=started, begins=begins, took=grown - listed_at,
+                           before=[e for e in job.events("step", 0) if e["size"] == 3])
+
+
+def test_discovered_host_joins_at_the_next_commit(hosts, tag, tmp_path):
+    grew = _discovered_host_joins(hosts, tmp_path, 20, lambda discovery: ElasticJob(
+        hosts, tag, ["--min-np", "2"] + discovery, ["--step-sleep", "0.02"]))
+    begins = grew.begins
+    newcomer = [e for e in grew.job.events("start") if e["host"] == hosts.names[3]]
+    assert newcomer and newcomer[0]["generation"] == 2
+    # The commit that noticed the new host is the one resumed from: nothing is redone.
+    # Commits come every COMMIT_EVERY steps and at each epoch's end; the one that raised
+    # HostsUpdatedInterrupt saved its state but printed no "commit" event.
+    last = grew.before[-1]
+    at_commit = last["step"] % COMMIT_EVERY == 0 or begins[0]["epoch"] != last["epoch"]
+    assert begins[0]["step"] == last["step"] and at_commit, (begins[0], grew.before[-3:])
+    print("\nlisted -> first step on 4 ranks %.2f s, resumed at step %d" % (grew.took, begins[0]["step"]))
 
 
 def test_below_min_np_gives_up_naming_the_lost_host(hosts, tag):

@@ -13,8 +13,9 @@ import uuid
 
 import pytest
 
-from harness.hosts import hvdrun_argv, wait_until_gone
-from harness.inplace_job import InPlaceJob, script_argv
+from harness.hosts import hvdrun_argv
+from harness.hvdrun_job import discovery_script
+from harness.inplace_job import InPlaceJob, end_jobs, script_argv
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 # Kill -> the survivors' next allreduce on the new communicator. The prototype
@@ -32,17 +33,7 @@ _jobs = []
 def tag():
     t = "hvdltag-" + uuid.uuid4().hex[:10]
     yield t
-    left = {}
-    while _jobs:
-        job = _jobs.pop()
-        job.stop()
-        left.update(job.leftovers())
-    left.update(wait_until_gone(t, timeout=10))
-    for pid in left:
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
+    left = end_jobs(_jobs, t)
     assert not left, "processes left behind: %s" % left
 
 
@@ -155,11 +146,7 @@ def test_below_min_np_ends_the_job_naming_the_lost_host(tag):
 
 
 def test_hosts_found_by_discovery_join_at_the_next_check(tag, tmp_path):
-    listing = tmp_path / "hosts.txt"
-    listing.write_text("localhost:2\n")
-    script = tmp_path / "discover.sh"
-    script.write_text("#!/bin/sh\ncat %s\n" % listing)
-    script.chmod(0o755)
+    script, listing = discovery_script(tmp_path, ["localhost:2"])
     job = start(["--min-np", "2", "--host-discovery-script", str(script)], tag, "--steps", 200)
     job.wait_step(20)
     listing.write_text("localhost:3\n")

@@ -5,7 +5,6 @@ later joins at the next generation. hvdrun runs on host 1; each rank is its
 own ``mpiexec -n 1`` (through hydra's proxy over ssh for hosts 2-4), on MPICH's
 ofi netmod with the tcp provider. Each test prints what it measured (-s)."""
 
-import os
 import re
 import time
 import uuid
@@ -13,7 +12,8 @@ import uuid
 import pytest
 
 from harness.hosts import REPO, hosts_or_skip
-from harness.inplace_job import InPlaceJob, script_argv
+from harness.hvdrun_job import discovery_script
+from harness.inplace_job import InPlaceJob, end_jobs, script_argv
 from test_elastic_multihost import _nothing_left
 from test_launcher_multihost import hvdrun_env
 
@@ -36,16 +36,7 @@ _jobs = []
 def tag(hosts):
     t = "hvdltag-" + uuid.uuid4().hex[:10]
     yield t
-    left = {}
-    while _jobs:
-        job = _jobs.pop()
-        job.stop()
-        left.update(job.leftovers())
-    for pid in left:
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
+    left = end_jobs(_jobs)
     assert not left, "processes of hvdrun left behind: %s" % left
     _nothing_left(hosts, t)
 
@@ -126,11 +117,7 @@ def test_survivor_left_out_on_a_healthy_host_is_replaced(hosts, tag):
 
 def test_discovered_host_joins_at_the_next_generation(hosts, tag, tmp_path):
     names = hosts.names
-    listing = tmp_path / "hosts.txt"
-    listing.write_text("\n".join(names[:3]) + "\n")
-    script = tmp_path / "discover.sh"
-    script.write_text("#!/bin/sh\ncat %s\n" % listing)
-    script.chmod(0o755)
+    script, listing = discovery_script(tmp_path, names[:3])
     job = start(hosts, tag, ["--min-np", "2", "--host-discovery-script", str(script)], "--steps", 300)
     job.wait_step(20)
     listed_at = time.time()

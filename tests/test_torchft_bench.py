@@ -14,6 +14,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _bench():
+    # The bench takes the data and the model from examples/pytorch_digits.py, which
+    # imports sklearn and hvdlite.
+    require("sklearn", import_module=False)
+    require("hvdlite._engine", import_module=False)
     spec = importlib.util.spec_from_file_location(
         "torchft_digits", os.path.join(REPO, "bench", "torchft_digits.py"))
     module = importlib.util.module_from_spec(spec)

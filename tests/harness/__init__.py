@@ -10,6 +10,9 @@ the outer side; tests/scripts/, the rank side and scripts tests launch).
   engines.
 - hosts, slurm: emulated SSH hosts in network namespaces, and a SLURM cluster
   on them (root only).
+- hvdrun_job: an hvdrun job whose output a test reads as it comes (its ranks'
+  JSON events, with times); inplace_job: one under in-place recovery running
+  tests/scripts/inplace_allreduce.py.
 
 tests/conftest.py puts tests/ on sys.path, and ranks put it on the ranks'
 PYTHONPATH, so both sides import ``harness.<module>``.

@@ -1,40 +1,31 @@
 """An elastic hvdrun job under in-place recovery, run by a test: its output read
-as it comes (with the time each line arrived), the JSON events of
+as it comes (harness.hvdrun_job), the JSON events of
 tests/scripts/inplace_allreduce.py picked out, SIGKILL of a rank by uid, the
 measure the tests report (from a kill to the survivors' next completed
 allreduce on the new communicator), and every process hvdrun started on this
 host, seen while it ran: hydra's proxies carry no tag in their command line,
-and one left behind would be reparented away from hvdrun."""
+and one left behind would be reparented away from hvdrun (``end_jobs`` stops a
+test's jobs and kills what they left)."""
 
-import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 
-from .hosts import REPO
+from .hosts import REPO, wait_until_gone
+from .hvdrun_job import HvdrunJob
 
 SCRIPT = os.path.join(REPO, "tests", "scripts", "inplace_allreduce.py")
-LINE = re.compile(r"^\[(\d+)\]<(stdout|stderr)>: (.*)$")
 
 
-class InPlaceJob:
+class InPlaceJob(HvdrunJob):
     def __init__(self, argv, env, timeout=180):
-        self.lines = []             # (arrival time, stream, text)
-        self._cond = threading.Condition()
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=env, cwd=REPO)
-        self.deadline = time.time() + timeout
-        self.rc = None
+        super().__init__(argv, env, timeout, cwd=REPO)
         self.seen = {}              # pid -> command line of hvdrun's descendants
-        self._readers = [threading.Thread(target=self._read, args=(s, n), daemon=True)
-                         for s, n in ((self.proc.stdout, "out"), (self.proc.stderr, "err"))]
         self._readers.append(threading.Thread(target=self._sample, daemon=True))
-        for r in self._readers:
-            r.start()
+        self._readers[-1].start()
 
     def _sample(self):
         while self.proc.poll() is None:
@@ -50,34 +41,9 @@ class InPlaceJob:
                 return left
             time.sleep(0.1)
 
-    def _read(self, stream, name):
-        for line in stream:
-            with self._cond:
-                self.lines.append((time.time(), name, line.rstrip("\n")))
-                self._cond.notify_all()
-
     def events(self, kind=None, uid=None, **match):
-        out = []
-        with self._cond:
-            lines = list(self.lines)
-        for _, stream, text in lines:
-            m = LINE.match(text)
-            if stream == "out" and m and m.group(2) == "stdout" and m.group(3).startswith("{"):
-                ev = json.loads(m.group(3))
-                if (kind is None or ev["ev"] == kind) and (uid is None or ev["uid"] == uid) and \
-                        all(ev.get(k) == v for k, v in match.items()):
-                    out.append(ev)
-        return out
-
-    def wait_for(self, predicate, what):
-        with self._cond:
-            while True:
-                found = predicate()
-                if found:
-                    return found
-                if self.proc.poll() is not None or time.time() > self.deadline:
-                    raise AssertionError("never saw %s; hvdrun's output:\n%s" % (what, self.text()))
-                self._cond.wait(0.1)
+        return [ev for ev in self.json_events(kind) if (uid is None or ev["uid"] == uid) and
+                all(ev.get(k) == v for k, v in match.items())]
 
     def wait_step(self, step, generation=None):
         """Waits until some rank completed ``step`` (in ``generation``)."""
@@ -120,25 +86,6 @@ class InPlaceJob:
                 self.proc.kill()
                 self.proc.wait()
 
-    def wait(self):
-        try:
-            self.rc = self.proc.wait(timeout=max(1, self.deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.rc = self.proc.wait()
-            raise AssertionError("hvdrun did not end in time:\n" + self.text())
-        for r in self._readers:
-            r.join(5)
-        return self.rc
-
-    def stderr(self):
-        with self._cond:
-            return "\n".join(t for _, s, t in self.lines if s == "err")
-
-    def text(self):
-        with self._cond:
-            return "\n".join(t for _, _, t in self.lines)[-8000:]
-
 
 def _cmdline(pid):
     """The command line of a running (not zombie) process, or None."""
@@ -174,3 +121,23 @@ def _descendants(root):
 
 def script_argv(tag, *args):
     return [sys.executable, SCRIPT, tag] + [str(a) for a in args]
+
+
+def end_jobs(jobs, tag=None):
+    """Ends a test's jobs (the list ``jobs``, emptied): stops each hvdrun still running
+    and SIGKILLs what was left behind: hvdrun's descendants still running and, with
+    ``tag``, whatever process of this host carries the tag after 10 s. Returns what was
+    left behind, {pid: command line}."""
+    left = {}
+    while jobs:
+        job = jobs.pop()
+        job.stop()
+        left.update(job.leftovers())
+    if tag is not None:
+        left.update(wait_until_gone(tag, timeout=10))
+    for pid in left:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    return left
