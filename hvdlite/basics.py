@@ -106,15 +106,19 @@ def init(comm=None, process_sets=None):
 
 # Functions a framework adapter runs after every start of the engine (on
 # every rank: they may be collective) and after every stop: the torch
-# adapter's device executor lives and dies with the engine.
+# adapter's device executor lives and dies with the engine. After abandon()
+# the abandon hook runs instead of the stop hook: a peer is gone, so it must
+# not wait for anything that waits for one.
 _start_hooks = []
 _stop_hooks = []
+_abandon_hooks = []
 
 
-def add_engine_hooks(on_start, on_stop):
+def add_engine_hooks(on_start, on_stop, on_abandon=None):
     if on_start not in _start_hooks:
         _start_hooks.append(on_start)
         _stop_hooks.append(on_stop)
+        _abandon_hooks.append(on_abandon or on_stop)
 
 
 def _start(comm):
@@ -198,7 +202,7 @@ def abandon(reason, grace_s=1.0):
             _state_lock.release()
     if error is not None:
         _peer_lost = True  # MPI_Finalize would wait for the stuck thread's peer
-    for hook in _stop_hooks:
+    for hook in _abandon_hooks:
         hook()
     if error is not None:
         raise error

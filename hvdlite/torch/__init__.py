@@ -45,7 +45,7 @@ HorovodInternalError = HvdliteError  # the name Horovod scripts catch
 
 # The device executor (NCCL for CUDA tensors, docs/gpu.md) starts with every
 # engine start, whichever module's init() started it, and stops with it.
-_hvdlite.basics.add_engine_hooks(device.start, device.stop)
+_hvdlite.basics.add_engine_hooks(device.start, device.stop, device.abandon)
 
 
 def _report_compute_threads():

@@ -132,11 +132,26 @@ def _reset_compression():
 def stop():
     """After the engine stopped: the executor's thread has nothing left to
     take; wait for it to end (it tears its process group down)."""
+    ex = _close()
+    if ex is not None and ex._thread is not None and ex._thread is not threading.current_thread():
+        ex._thread.join(timeout=30)
+
+
+def abandon():
+    """After hvdlite.abandon(): as stop(), without waiting. The thread may be
+    in a collective that waits for the lost peer (gloo waits until the peer's
+    socket closes or the group's timeout); it ends by itself then, and its
+    jobs have failed already."""
+    _close()
+
+
+def _close():
     global _executor
     with _lock:
         ex, _executor = _executor, None
-    if ex is not None and ex._thread is not None and ex._thread is not threading.current_thread():
-        ex._thread.join(timeout=30)
+    if ex is not None:
+        ex.close()
+    return ex
 
 
 def executor_for(tensor):
@@ -213,6 +228,12 @@ class DeviceExecutor:
         self._thread = None
         self._streams = {}      # CUDA device -> the executor's stream on it
         self._last_device = None
+        # Held while the thread takes or reports a job: once closed, it never
+        # reaches the engine again. The engine of a later init() would
+        # otherwise hand its jobs to a thread still on the old groups, or
+        # take this one's report for a job of its own (ids restart per engine).
+        self._gate = threading.Lock()
+        self._closed = False
 
     # ---- set-up -----------------------------------------------------------------
     def start(self):
@@ -254,7 +275,13 @@ class DeviceExecutor:
         return group
 
     def alive(self):
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive() and not self._closed
+
+    def close(self):
+        """The engine stopped (every job it gave failed with it): take and
+        report no further job, whichever engine runs next."""
+        with self._gate:
+            self._closed = True
 
     def _group(self, job):
         pid = job["process_set"]
@@ -309,7 +336,11 @@ class DeviceExecutor:
         status = ffi.new("int *")
         try:
             while True:
-                text = lib.hvd_device_next_job(_NEXT_JOB_WAIT_S, status)
+                with self._gate:
+                    # Closed: the engine's queue is too, so a wait here is short.
+                    if self._closed:
+                        return
+                    text = lib.hvd_device_next_job(_NEXT_JOB_WAIT_S, status)
                 if status[0] == 0:
                     continue
                 if status[0] < 0:
@@ -349,14 +380,19 @@ class DeviceExecutor:
             else:
                 run(job, entries)
             counts["device_jobs"] += 1
-            lib.hvd_device_job_done(job["id"], 0, _binding.ffi.NULL)
+            self._report(job["id"], 0, _binding.ffi.NULL)
         except Exception as e:  # noqa: BLE001 - reported to every waiting handle
             kind = lib.HVD_ERROR_SHUTDOWN if isinstance(e, (RuntimeError, dist.DistBackendError)) \
                 else lib.HVD_ERROR_INTERNAL
             message = "device %s (%s) failed: %s: %s" % (job["op"], self.backend, type(e).__name__, e)
             if os.environ.get("HVDLITE_DEVICE_DEBUG"):
                 traceback.print_exc()
-            lib.hvd_device_job_done(job["id"], kind, message.encode(errors="replace"))
+            self._report(job["id"], kind, message.encode(errors="replace"))
+
+    def _report(self, job_id, kind, message):
+        with self._gate:
+            if not self._closed:
+                _binding.lib.hvd_device_job_done(job_id, kind, message)
 
     # ---- the collectives ------------------------------------------------------------------
     def _device(self):
@@ -551,4 +587,4 @@ def _all_to_all(output, tensor, output_splits, input_splits, group):
 
 engine_control.reset_hooks.append(_reset_compression)
 
-__all__ = ["start", "stop", "executor_for", "needs_staging", "backend_name", "nccl_usable", "mode", "counts"]
+__all__ = ["start", "stop", "abandon", "executor_for", "needs_staging", "backend_name", "nccl_usable", "mode", "counts"]
