@@ -83,9 +83,17 @@ class Netns:
     mount namespace with a veth on one bridge."""
     name = "netns"
 
-    def __init__(self, count):
+    def __init__(self, count, attach=None):
         sys.path.insert(0, os.path.join(REPO, "tests"))
         from harness.hosts import NetnsHosts, cleanup_stale, missing_requirements
+        self.attached = attach is not None
+        if self.attached:
+            # Hosts that bench/elastic_recovery.py made, for hvdlite's trials too.
+            with open(attach) as f:
+                self.hosts = NetnsHosts.attach(json.load(f))
+            if self.hosts.count < count:
+                raise SystemExit("--netns-attach: %d hosts, %d needed" % (self.hosts.count, count))
+            return
         reasons = missing_requirements()
         if reasons:
             raise SystemExit("cannot make netns hosts: " + "; ".join(reasons))
@@ -103,7 +111,8 @@ class Netns:
         return {"GLOO_SOCKET_IFNAME": "eth0"}
 
     def close(self):
-        self.hosts.down()
+        if not self.attached:
+            self.hosts.down()
 
 
 class Proc:
@@ -419,7 +428,7 @@ def summarize(trials, reference):
 
 def cmd_recovery(args):
     random.seed(args.seed)
-    place = Netns(args.replicas + 1) if args.netns else Loopback()
+    place = Netns(args.replicas + 1, args.netns_attach) if args.netns else Loopback()
     log_root = tempfile.mkdtemp(prefix="torchft-recovery-")
     result = {"config": vars(args).copy(), "place": place.name, "torchft": torchft_version(),
               "trials": [], "reference": None}
@@ -634,6 +643,9 @@ def parse_args(argv=None):
         q.add_argument("--epochs", type=int, default=12)
         q.add_argument("--netns", action="store_true",
                        help="one replica per network-namespace host, the lighthouse on another")
+        q.add_argument("--netns-attach", metavar="FILE",
+                       help="with --netns: run on hosts another process made (the JSON of "
+                            "tests/harness/hosts.py NetnsHosts.describe())")
         q.add_argument("--min-replicas", type=int, default=2, help="the lighthouse's")
         q.add_argument("--join-timeout-ms", type=int, default=60000)
         q.add_argument("--quorum-tick-ms", type=int, default=100)

@@ -152,20 +152,26 @@ class Watch:
             if notice is None or self._joining or self._generation.number in self._noticed:
                 return
             self._noticed.add(self._generation.number)
-            number = self._generation.number
         callback = self.on_notice
         if callback is not None:
             try:
                 callback(notice)
             except Exception as e:  # noqa: BLE001 - the watch thread must go on
                 sys.stderr.write("hvdlite rendezvous: the notice callback raised %r\n" % e)
+
+    def say_stopped(self):
+        """Tells hvdrun that this rank's collectives of its generation have
+        stopped (after a notice): hvdrun then waits for its join past the join
+        deadline, up to its rejoin timeout, since nothing can hold the rank in
+        MPI any more; its training thread may take a while to get to join()."""
+        with self._lock:
+            if self._generation is None or self._joining:
                 return
-            # The engine has stopped: hvdrun waits for this rank's join past the
-            # join deadline (its training thread may take a while to get there).
-            try:
-                self._sock.sendall(b"STOPPED %d\n" % number)
-            except OSError:
-                pass
+            number = self._generation.number
+        try:
+            self._sock.sendall(b"STOPPED %d\n" % number)
+        except OSError:
+            pass
 
     def leave(self):
         """This rank leaves its generation on its own (it is going to join the

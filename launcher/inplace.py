@@ -313,13 +313,20 @@ class InPlaceJob:
         self.failure = (rp, how, len(running))
         self._stop_all("rank %d failed" % rp.uid)
 
-    def _stop_all(self, why, sig=signal.SIGTERM):
+    def _stop_all(self, why, sig=signal.SIGTERM, spare_waiting=False):
+        """Ends the job. With ``spare_waiting`` the ranks waiting in join() get
+        no signal: the rendezvous' OUT ends them, with the reason in their
+        output (the timers kill them if they do not end)."""
         if self.stop_at is None:
             self.stop_at = time.monotonic()
+        waiting = self.server.pending() if spare_waiting else set()
         self.server.end(why)
         for rp in self.ranks.values():
             if rp.ended is None:
-                rp.stop(why, sig)
+                if rp.uid in waiting:
+                    rp.stop(why, sig=None)
+                else:
+                    rp.stop(why, sig)
 
     def _check_min_np(self):
         live = len(self._live())
@@ -348,7 +355,7 @@ class InPlaceJob:
             self.below_since = None
             self.gave_up = True
             self.exit_code = EXIT_LAUNCH_ERROR
-            self._stop_all("hvdrun gave up: fewer than --min-np %d ranks" % self.opts.min_np)
+            self._stop_all("hvdrun gave up: fewer than --min-np %d ranks" % self.opts.min_np, spare_waiting=True)
 
     def _stop_lost(self, rp, why):
         """Stop a rank hvdrun gives up on. A rank stuck inside MPI says nothing

@@ -57,11 +57,14 @@ class RankProcess:
         return self.ended is None and self.stop_reason is None
 
     def stop(self, reason, sig=signal.SIGTERM):
-        """Ask the rank to end: mpiexec passes the signal on to it."""
+        """Ask the rank to end: mpiexec passes the signal on to it (``sig``
+        None: the rank was told otherwise; hvdrun's timers kill it later if
+        it does not end)."""
         if self.stop_reason is None:
             self.stop_reason = reason
             self.stopped_at = time.monotonic()
-        self.signal(sig)
+        if sig is not None:
+            self.signal(sig)
 
     def signal(self, sig):
         if self.proc is not None and self.proc.poll() is None:

@@ -142,7 +142,7 @@ def test_below_min_np_ends_the_job_naming_the_lost_host(tag):
     last = job.stderr().strip().splitlines()[-1]
     assert re.match(r"hvdrun: elastic: fewer than --min-np 3 slots for 2 s \(--elastic-timeout\); "
                     r"hosts lost: localhost \(lost rank 2 \(was killed by SIGKILL\)\)$", last), last
-    assert "hvdrun ended the job: hvdrun gave up" in job.text()     # the survivors' JobOverError
+    assert "hvdrun ended the job: hvdrun gave up" in job.text(), "\n".join(t for _, _, t in job.lines)     # the survivors' JobOverError
 
 
 def test_hosts_found_by_discovery_join_at_the_next_check(tag, tmp_path):

@@ -40,6 +40,8 @@ def _on_notice(reason):
         basics.abandon(reason, grace_s=ABANDON_GRACE_S)
     except Exception as e:  # noqa: BLE001 - any failure to stop leaves a restart as the way out
         worker.leave("the engine did not stop after the notice (%s)" % e)
+        return
+    rendezvous.watch().say_stopped()
 
 
 def _install_notices():

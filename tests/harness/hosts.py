@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import types
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -138,6 +139,19 @@ class NetnsHosts:
         self.net = None
         self.anchors = {}          # k -> Popen of the anchor process
         self.guard_route = None
+
+    def describe(self):
+        """What another process needs to run things on these hosts (``attach``)."""
+        return {"count": self.count, "prefix": self.prefix, "net": self.net, "scratch": self.scratch,
+                "anchors": {str(k): a.pid for k, a in self.anchors.items()}}
+
+    @classmethod
+    def attach(cls, description):
+        """Hosts another process made and keeps (it alone calls ``down()``)."""
+        hosts = cls(description["count"], prefix=description["prefix"])
+        hosts.net, hosts.scratch = description["net"], description["scratch"]
+        hosts.anchors = {int(k): types.SimpleNamespace(pid=pid) for k, pid in description["anchors"].items()}
+        return hosts
 
     # ---- names -------------------------------------------------------------
     def name(self, k):
