@@ -148,23 +148,23 @@ def torchft_trial(hosts_file, heartbeat_ms, kill, args, log_dir):
 
 
 def summarize_side(result):
-    lines = ["%-16s %6s %10s %8s %8s %10s %10s" % ("mode", "trials", "next (s)", "min", "max", "redone",
-                                                  "accuracy")]
+    lines = ["%-16s %6s %10s %8s %8s %8s %10s %16s" % ("mode", "trials", "next (s)", "min", "max", "redone",
+                                                        "kept", "accuracy (ref)")]
     for mode in result["modes"]:
         ts = [t for t in result["trials"] if t["mode"] == mode]
         ok = [t for t in ts if t.get("next_s") is not None]
         nexts = [t["next_s"] for t in ok]
         ref = result["reference"].get(mode, {})
-        lines.append("%-16s %6d %10s %8s %8s %10s %10s" % (
+        kept = [t.get("kept_processes") for t in ts]
+        lines.append("%-16s %6d %10s %8s %8s %8s %8s %16s" % (
             mode, len(ts), "%.2f" % med(nexts) if nexts else "-",
             "%.2f" % min(nexts) if nexts else "-", "%.2f" % max(nexts) if nexts else "-",
             "%s" % max((t.get("redone") or 0 for t in ok), default="-"),
+            "%d/%d" % (sum(1 for k in kept if k), len(ts)),
             "%.2f (%.2f)" % (med([t.get("accuracy") for t in ts]) or 0, ref.get("accuracy") or 0)))
-        bad = [t for t in ts if t.get("error") or t.get("failed") or not t.get("same_params")
-               or t.get("kept_processes") is False]
+        bad = [t for t in ts if t.get("error") or t.get("failed") or not t.get("same_params")]
         if bad:
-            lines.append("    %d trial(s) with an error, differing parameters or a process started again"
-                         % len(bad))
+            lines.append("    %d trial(s) with an error or differing parameters" % len(bad))
     return "\n".join(lines)
 
 

@@ -36,6 +36,8 @@ import hvdlite.torch as hvd_torch
 from hvdlite import HvdliteShutdownError
 from hvdlite.torch import device as hvd_device
 
+from engine_abandon import abandon_later  # noqa: E402 (the scripts folder is on the path)
+
 torch.set_num_threads(1)
 
 WORLD = MPI.COMM_WORLD
@@ -115,21 +117,6 @@ def check_device_set(members, set_members, what):
             np.testing.assert_array_equal(got.numpy(), sum(values(r, 20, 5) for r in set_members))
     finally:
         hvd.remove_process_set(ps)
-
-
-def abandon_later(reason, delay, timings):
-    """A watcher thread: abandons the engine ``delay`` s from now."""
-    def run():
-        time.sleep(delay)
-        timings["abandon_called"] = start = time.monotonic()
-        try:
-            hvd.abandon(reason)
-        except BaseException as e:  # noqa: BLE001 - reported by the case
-            timings["error"] = e
-        timings["abandon_s"] = time.monotonic() - start
-    watcher = threading.Thread(target=run, name="peer-watcher")
-    watcher.start()
-    return watcher
 
 
 def wait_until(condition, seconds, what):
