@@ -225,7 +225,7 @@ def cmd_soak(args):
     hosts = NetnsHosts(4).up()
     # A step of ~(compute + sleep); the job should last --minutes on 3-4 ranks.
     steps_per_epoch = 1347 // (32 * 4)
-    epochs = max(1, int(args.minutes * 60 / (steps_per_epoch * (args.step_sleep + 0.03))))
+    epochs = max(1, int(args.minutes * 60 / (steps_per_epoch * (args.step_sleep + 0.04))))
     hvdrun_args = ["--min-np", "2", "--max-np", "4", "-H", ",".join(hosts.names), "--recovery", "in-place",
                    "--blacklist-cooldown-range", str(args.cooldown_s), str(args.cooldown_s)]
     result = {"config": {k: v for k, v in vars(args).items() if k != "func"}, "epochs": epochs, "kills": []}
@@ -252,7 +252,9 @@ def cmd_soak(args):
                     if kb is not None:
                         rss.setdefault(pid, []).append((now - started, kb))
             if now >= next_kill and not job.events("done"):
-                pids = job.live_pids()
+                # Members only: ranks that began training (not one still starting up).
+                began = {e["pid"] for e in job.events("begin")}
+                pids = [p for p in job.live_pids() if p in began]
                 starts = {e["pid"]: e for e in job.events("start")}
                 size = max((e["size"] for e in job.events("step", 0)[-1:]), default=4)
                 if len(pids) >= 2:
@@ -334,7 +336,7 @@ def parse_args(argv=None):
     soak.add_argument("--kill-every-s", type=float, default=60.0)
     soak.add_argument("--cooldown-s", type=float, default=10.0,
                       help="hvdrun's --blacklist-cooldown-range: a killed rank's host is back after this")
-    soak.add_argument("--step-sleep", type=float, default=0.05)
+    soak.add_argument("--step-sleep", type=float, default=0.2)
     soak.add_argument("--sample-s", type=float, default=5.0, help="resident memory sampled this often")
     soak.add_argument("--seed", type=int, default=1)
     soak.add_argument("--json")
