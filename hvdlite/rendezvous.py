@@ -20,6 +20,7 @@ from the ranks hvdrun started for new hosts.
 
 This module needs no torch and no engine; it imports mpi4py when it joins.
 """
+import atexit
 import os
 import socket
 import sys
@@ -110,7 +111,17 @@ class Watch:
                                "(the job is over or this rank was left out)")
         self.hosts_version = int(first[1])
         self._sock.settimeout(None)
+        # A watch connection that closes without BYE tells hvdrun at once that
+        # this process ended (killed, or left with os._exit): the kernel closes
+        # it, sooner than the rank's exit reaches hvdrun through MPI's launcher.
+        atexit.register(self._say_bye)
         threading.Thread(target=self._run, name="hvdlite-rendezvous-watch", daemon=True).start()
+
+    def _say_bye(self):
+        try:
+            self._sock.sendall(b"BYE\n")
+        except OSError:
+            pass
 
     def hosts_changed(self):
         """True when hvdrun pushed a hosts version newer than the one of the

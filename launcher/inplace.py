@@ -94,6 +94,7 @@ class InPlaceJob:
         self.below_since = None     # fewer than --min-np ranks since
         self.loss = None            # (monotonic time, what) of the newest loss not yet recovered from
         self.declared = []          # (uid, how) of the ranks lost, for the flight report
+        self.closed_early = set()   # uids whose death the rendezvous saw first
         self.failure = None         # (RankProcess, how, ranks stopped with it) that ended the job
         self.gave_up = False
         self._stop_discovery = threading.Event()
@@ -294,7 +295,8 @@ class InPlaceJob:
         if rp.stop_reason is not None or code == 0:
             self._check_min_np()   # stopped by hvdrun (counted when stopped), or ended before joining
             return
-        self.loss = (time.monotonic(), "rank %d on %s" % (rp.uid, rp.host))
+        if rp.uid not in self.closed_early:     # else counted from its watch connection's end
+            self.loss = (time.monotonic(), "rank %d on %s" % (rp.uid, rp.host))
         self.declared.append((rp.uid, how))
         if code == EXIT_RESTART:
             # It left on its own (hvdlite's stuck-engine path): its host is fine.
@@ -383,6 +385,14 @@ class InPlaceJob:
             % (generation, describe([Host(h, n) for h, n in per_host.items()]), len(members),
                "" if len(members) == 1 else "s", ",".join(map(str, members)), since))
         self._check_min_np()
+
+    def _on_closed(self, uid):
+        """The rendezvous told the members that ``uid`` died (its watch
+        connection closed); its exit's report follows."""
+        self.closed_early.add(uid)
+        rp = self.ranks.get(uid)
+        if rp is not None and self.loss is None:
+            self.loss = (time.monotonic(), "rank %d on %s" % (uid, rp.host))
 
     def _on_left_out(self, uid, why):
         rp = self.ranks[uid]

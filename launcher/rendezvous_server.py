@@ -22,6 +22,11 @@ rank -> hvdrun
   ``STOPPED <generation>``  on the WATCH connection: after a notice the rank's
                             engine has stopped; it joins once its training
                             thread is out of the failed step
+  ``BYE``                   on the WATCH connection: the rank's process ends
+                            normally. A member's watch connection that closes
+                            without it means the process died: the members hear
+                            DEAD at once, without waiting for hvdrun to learn of
+                            the exit through MPI's launcher
 hvdrun -> rank (on WATCH connections)
   ``DEAD <generation> <uid> <why>``  a member of that generation ended
   ``REFORM <generation> <uid>``      a member of that generation joined the next one
@@ -188,7 +193,7 @@ class RendezvousServer:
         self._read_watch(uid, conn)
 
     def _read_watch(self, uid, conn):
-        """The rank's STOPPED lines, until its watch connection ends."""
+        """The rank's STOPPED and BYE lines, until its watch connection ends."""
         data = b""
         while True:
             try:
@@ -196,17 +201,35 @@ class RendezvousServer:
             except socket.timeout:
                 continue            # the timeout is the pushes'; reading waits on
             except OSError:
-                return
+                chunk = b""
             if not chunk or len(data) > 65536:
+                self._watch_closed(uid, conn)
                 return
             data += chunk
             while b"\n" in data:
                 line, data = data.split(b"\n", 1)
                 words = line.decode(errors="replace").split()
+                if words == ["BYE"]:
+                    return
                 if len(words) == 2 and words[0] == "STOPPED" and words[1].isdigit():
                     with self._lock:
                         if int(words[1]) == self.generation and uid in self.members:
                             self._stopped.setdefault(uid, time.monotonic())
+
+    def _watch_closed(self, uid, conn):
+        """A member's process ended without BYE (its watch connection closed):
+        it is lost now; hvdrun's lost() follows when it hears of the exit."""
+        with self._lock:
+            if self._watchers.get(uid) is not conn or self._over is not None:
+                return          # replaced, dropped by hvdrun, or the job is over
+            del self._watchers[uid]
+            if uid not in self.members or uid not in self._expected:
+                return
+            self._expected.discard(uid)
+            self._gone.setdefault(uid, "ended (its connection to hvdrun closed)")
+            self._push("DEAD %d %d %s" % (self.generation, uid, "ended (its connection to hvdrun closed)"))
+            self.on_event("closed", uid=uid)
+            self._progress()
 
     def _join(self, uid, port, conn):
         conn.settimeout(None)

@@ -133,6 +133,47 @@ def test_a_member_that_does_not_join_by_the_deadline_is_left_out():
         srv.rdv.close()
 
 
+def test_a_member_whose_watch_connection_closes_is_dead_at_once():
+    """The kernel closes a killed rank's watch connection: the others hear
+    DEAD and form the next generation without waiting for hvdrun's lost()."""
+    srv = Server(min_np=2, expect=[0, 1, 2])
+    try:
+        watchers = {u: srv.watch(u) for u in (0, 1, 2)}
+        [member(r) for r in [srv.join(u) for u in (0, 1, 2)]]
+        srv.wait_event("formed", generation=0)
+        sock = watchers[2].buffer.raw._sock
+        watchers[2].close()
+        sock.close()
+        for u in (0, 1):
+            assert watchers[u].readline().strip() == "DEAD 0 2 ended (its connection to hvdrun closed)"
+        assert srv.wait_event("closed")[0]["uid"] == 2
+        replies = [srv.join(u) for u in (0, 1)]
+        assert [member(r)["uids"] for r in replies] == [[0, 1]] * 2
+        srv.rdv.lost(2, "was killed by SIGKILL")       # hvdrun's word comes later: nothing more
+        assert srv.rdv.generation == 1 and srv.wait_event("formed", generation=1)
+    finally:
+        srv.rdv.close()
+
+
+def test_a_member_that_says_bye_is_not_dead():
+    """BYE before the connection closes: the process ended normally (the
+    training finished); hvdrun decides what its exit means."""
+    srv = Server(min_np=2, expect=[0, 1, 2])
+    try:
+        watchers = {u: srv.watch(u) for u in (0, 1, 2)}
+        [member(r) for r in [srv.join(u) for u in (0, 1, 2)]]
+        srv.wait_event("formed", generation=0)
+        sock = watchers[2].buffer.raw._sock
+        sock.sendall(b"BYE\n")
+        watchers[2].close()
+        sock.close()
+        time.sleep(0.3)
+        assert not [e for e in srv.events if e[0] == "closed"], srv.events
+        assert 2 in srv.rdv.members and srv.rdv.generation == 0
+    finally:
+        srv.rdv.close()
+
+
 def test_a_member_whose_engine_stopped_is_waited_for_past_the_deadline():
     """uid 1 said STOPPED on its watch connection (its training thread is
     still unwinding): the generation waits for it beyond the join deadline."""
