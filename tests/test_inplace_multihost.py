@@ -99,8 +99,9 @@ def test_survivor_left_out_on_a_healthy_host_is_replaced(hosts, tag):
     host 2 still answers SSH, so a new rank starts there and joins the others
     at their next check."""
     names = hosts.names
+    # Slow steps: the new rank's process (ssh, Python) must be up before the 300 steps are done.
     job = start(hosts, tag, ["--min-np", "2", "-H", "%s:2,%s,%s" % tuple(names[:3])], "--steps", 300,
-                "--pause", "3:30", "--withhold", 2)
+                "--step-sleep", 0.03, "--pause", "3:30", "--withhold", 2)
     took = job.recovery_s(job.kill(3), 1)
     job.wait_for(lambda: job.events("gen", 4), "the new rank's first generation")
     assert job.wait() == 0, job.text()
