@@ -133,15 +133,21 @@ def test_a_member_that_does_not_join_by_the_deadline_is_left_out():
         srv.rdv.close()
 
 
+def first_generation_watched(srv, uids):
+    """Generation 0 of ``uids``, each watching; returns the watch files and
+    the last uid's watch socket."""
+    watchers = {u: srv.watch(u) for u in uids}
+    [member(r) for r in [srv.join(u) for u in uids]]
+    srv.wait_event("formed", generation=0)
+    return watchers, watchers[uids[-1]].buffer.raw._sock
+
+
 def test_a_member_whose_watch_connection_closes_is_dead_at_once():
     """The kernel closes a killed rank's watch connection: the others hear
     DEAD and form the next generation without waiting for hvdrun's lost()."""
     srv = Server(min_np=2, expect=[0, 1, 2])
     try:
-        watchers = {u: srv.watch(u) for u in (0, 1, 2)}
-        [member(r) for r in [srv.join(u) for u in (0, 1, 2)]]
-        srv.wait_event("formed", generation=0)
-        sock = watchers[2].buffer.raw._sock
+        watchers, sock = first_generation_watched(srv, (0, 1, 2))
         watchers[2].close()
         sock.close()
         for u in (0, 1):
@@ -160,10 +166,7 @@ def test_a_member_that_says_bye_is_not_dead():
     training finished); hvdrun decides what its exit means."""
     srv = Server(min_np=2, expect=[0, 1, 2])
     try:
-        watchers = {u: srv.watch(u) for u in (0, 1, 2)}
-        [member(r) for r in [srv.join(u) for u in (0, 1, 2)]]
-        srv.wait_event("formed", generation=0)
-        sock = watchers[2].buffer.raw._sock
+        watchers, sock = first_generation_watched(srv, (0, 1, 2))
         sock.sendall(b"BYE\n")
         watchers[2].close()
         sock.close()
