@@ -38,7 +38,7 @@ REPO = os.path.dirname(HERE)
 EXAMPLE = os.path.join(REPO, "examples", "pytorch_elastic_digits.py")
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-from harness.hosts import NetnsHosts, hvdrun_argv, missing_requirements  # noqa: E402
+from harness.hosts import NetnsHosts, hvdrun_env, missing_requirements  # noqa: E402
 from harness.hvdrun_job import HvdrunJob  # noqa: E402
 
 
@@ -51,11 +51,7 @@ class Job(HvdrunJob):
     """hvdrun on host 1 running the elastic digits example with --events."""
 
     def __init__(self, hosts, hvdrun_args, script_args, timeout):
-        base, extra_env = hvdrun_argv()
-        env = dict(os.environ, **extra_env)
-        env.update(PATH=hosts.bin_dir + os.pathsep + env["PATH"], UCX_TLS="tcp,self", OMP_NUM_THREADS="1",
-                   PYTHONUNBUFFERED="1", HVDLITE_TIMEOUT_SECONDS="3")
-        env.pop("HVDLITE_MPIEXEC", None)
+        base, env = hvdrun_env(hosts, {"HVDLITE_TIMEOUT_SECONDS": "3"})
         argv = hosts.on_host(1, base + ["-i", hosts.key, "--ssh-connect-timeout", "1"] + hvdrun_args +
                              [sys.executable, EXAMPLE, "--events", "--commit-every", "1"] + script_args,
                              cwd=REPO)

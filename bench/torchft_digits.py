@@ -172,16 +172,22 @@ def fixed_comm_hook(manager, bucket):
     return fut
 
 
+def start_role(args, **who):
+    """What both training roles do first, in this order (the same seed, data
+    and initial model): the start event, then the data and the model."""
+    event = make_event(args, **who)
+    event("start", pid=os.getpid(), host=socket.gethostname())
+    torch.manual_seed(args.seed)
+    (x_train, y_train), test = (ds.tensors for ds in load_data(args.seed))
+    return event, (x_train, y_train), test, make_model()
+
+
 def train_torchft(args):
     torch.set_num_threads(1)
     from torch.distributed import TCPStore
     from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
 
-    event = make_event(args, replica=args.replica)
-    event("start", pid=os.getpid(), host=socket.gethostname())
-    torch.manual_seed(args.seed)
-    (x_train, y_train), test = (ds.tensors for ds in load_data(args.seed))
-    model = make_model()
+    event, (x_train, y_train), test, model = start_role(args, replica=args.replica)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     split = EpochSplit(len(x_train), args.seed)
     lr = {"now": args.lr}
@@ -282,11 +288,7 @@ def train_plain(args):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    event = make_event(args, rank=args.rank)
-    event("start", pid=os.getpid(), host=socket.gethostname())
-    torch.manual_seed(args.seed)
-    (x_train, y_train), test = (ds.tensors for ds in load_data(args.seed))
-    model = make_model()
+    event, (x_train, y_train), test, model = start_role(args, rank=args.rank)
     size, rank = args.world_size, args.rank
     host, port = args.master.rsplit(":", 1)
     store = dist.TCPStore(host, int(port), size, is_master=rank == 0,

@@ -18,9 +18,9 @@ from types import SimpleNamespace
 import pytest
 
 from harness.checks import require
-from harness.hosts import REPO, hosts_or_skip, wait_until_gone
+from harness.hosts import REPO, hosts_or_skip, hvdrun_env, wait_until_gone
 from harness.hvdrun_job import HvdrunJob, discovery_script
-from test_launcher_multihost import SCRIPTS, _describe, hvdrun_env
+from test_launcher_multihost import SCRIPTS, _describe
 
 ELASTIC = os.path.join(SCRIPTS, "elastic_digits.py")
 COMMIT_EVERY = 4

@@ -11,11 +11,10 @@ import uuid
 
 import pytest
 
-from harness.hosts import REPO, hosts_or_skip
+from harness.hosts import REPO, hosts_or_skip, hvdrun_env
 from harness.hvdrun_job import discovery_script
 from harness.inplace_job import InPlaceJob, end_jobs, script_argv
 from test_elastic_multihost import _nothing_left
-from test_launcher_multihost import hvdrun_env
 
 # Kill -> the survivors' next allreduce; the prototype measured 89-114 ms
 # between two of these hosts. The bound leaves room for a loaded machine.

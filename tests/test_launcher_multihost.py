@@ -18,7 +18,7 @@ import uuid
 import pytest
 
 from harness.checks import require
-from harness.hosts import REPO, hosts_or_skip, hvdrun_argv, wait_until_gone
+from harness.hosts import REPO, hosts_or_skip, hvdrun_env, wait_until_gone
 
 SCRIPTS = os.path.join(REPO, "tests", "scripts")
 RANK = os.path.join(SCRIPTS, "launcher_rank.py")
@@ -74,19 +74,6 @@ def _describe(pids):
         except OSError:
             pass
     return out
-
-
-def hvdrun_env(hosts, extra=None):
-    argv, extra_env = hvdrun_argv()
-    env = dict(os.environ)
-    env.update(extra_env)
-    # The hosts' ssh (their known_hosts) first in PATH; MPI over TCP so traffic
-    # really crosses the test network instead of shared memory.
-    env.update(PATH=hosts.bin_dir + os.pathsep + env["PATH"], UCX_TLS="tcp,self",
-               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.pop("HVDLITE_MPIEXEC", None)
-    env.update(extra or {})
-    return argv, env
 
 
 def hvdrun(hosts, args, key=None, timeout=120, extra_env=None):

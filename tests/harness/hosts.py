@@ -553,3 +553,16 @@ if __name__ == "__main__":
         env = dict(os.environ, PATH=h.bin_dir + os.pathsep + os.environ["PATH"], HVDL_KEY=h.key)
         status = subprocess.call(h.on_host(1, command), env=env)
     sys.exit(status)
+
+
+def hvdrun_env(hosts, extra=None):
+    argv, extra_env = hvdrun_argv()
+    env = dict(os.environ)
+    env.update(extra_env)
+    # The hosts' ssh (their known_hosts) first in PATH; MPI over TCP so traffic
+    # really crosses the test network instead of shared memory.
+    env.update(PATH=hosts.bin_dir + os.pathsep + env["PATH"], UCX_TLS="tcp,self",
+               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("HVDLITE_MPIEXEC", None)
+    env.update(extra or {})
+    return argv, env
