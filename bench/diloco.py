@@ -4,6 +4,11 @@ the same number of steps (equal samples), each against the synchronous run
 measured in the same job.
 
     hvdrun -np 4 python bench/diloco.py --runs sync,diloco50,streaming50 --steps 300 --json out.json
+    hvdrun -np 4 python bench/diloco.py --runs sync,diloco50x3 --steps 300   # DiLoCo to 900 steps
+
+A run's name may end in ``xK``: that run takes K times ``--steps`` (its own
+learning-rate schedule over them), for the time to synchronous's final loss
+of a method that needs more samples to reach it.
 
 For each run: the final validation loss and its ratio to synchronous, the
 time (evaluations excluded) to first reach synchronous's final validation
@@ -13,6 +18,7 @@ rank put on the wire in all and in its busiest step, and the loss curve.
 import argparse
 import json
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
@@ -32,6 +38,17 @@ def runs_table(topk_ratio, dgc_lr):
         out["diloco%d" % h] = ("DiLoCo H=%d" % h, ["--diloco", str(h)])
         out["streaming%d" % h] = ("Streaming DiLoCo H=%d F=4" % h, ["--diloco", str(h), "--fragments", "4"])
     return out
+
+
+def parse_run(name, table, steps):
+    """(label, example arguments, steps) of a run name such as ``diloco50x3``."""
+    base, _, factor = name.rpartition("x") if re.fullmatch(r".+x\d+", name) else (name, "", "")
+    if base not in table:
+        return None
+    label, argv = table[base]
+    if factor:
+        label, steps = "%s, %sx the steps" % (label, factor), steps * int(factor)
+    return label, argv, steps
 
 
 def time_to(curve, target):
@@ -66,7 +83,8 @@ def summarise(results, labels):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", default="sync,dgc,powersgd,diloco50,streaming50",
-                   help="comma list: sync, dgc, powersgd, dilocoH, streamingH (H in 5..200)")
+                   help="comma list: sync, dgc, powersgd, dilocoH, streamingH (H in 5..200), each "
+                   "optionally followed by xK (K times --steps)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--topk-ratio", type=float, default=0.01)
@@ -77,23 +95,25 @@ def main():
     args = p.parse_args()
     table = runs_table(args.topk_ratio, args.dgc_lr)
     names = args.runs.split(",")
-    unknown = [n for n in names if n not in table]
+    runs = {n: parse_run(n, table, args.steps) for n in names}
+    unknown = [n for n, r in runs.items() if r is None]
     if unknown:
-        raise SystemExit("unknown run(s) %s (one of %s)" % (", ".join(unknown), ", ".join(table)))
+        raise SystemExit("unknown run(s) %s (one of %s, each optionally followed by xK for K times "
+                         "the steps)" % (", ".join(unknown), ", ".join(table)))
     pytorch_lm.hvd.init()
     results = {}
     for name in names:
         hvdlite.reset_compression_state()  # fresh residuals and warm-ups for each run
-        argv = table[name][1] + args.model.split() + [
-            "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--curve", "--json", "-"]
+        argv = runs[name][1] + args.model.split() + [
+            "--steps", str(runs[name][2]), "--eval-every", str(args.eval_every), "--curve", "--json", "-"]
         results[name] = pytorch_lm.train(pytorch_lm.parse_args(argv))
     if pytorch_lm.hvd.rank() != 0:
         return
     first = next(iter(results.values()))
     out = {"ranks": pytorch_lm.hvd.size(), "steps": args.steps, "batch_size": first["batch_size"],
            "seq_len": first["seq_len"], "params": first["params"], "eval_every": args.eval_every,
-           "model_args": args.model, "runs": summarise(results, {n: table[n][0] for n in names})}
-    print("LM %d params, %d ranks, %d steps of %d x %d bytes per rank"
+           "model_args": args.model, "runs": summarise(results, {n: runs[n][0] for n in names})}
+    print("LM %d params, %d ranks, %d steps (xK runs: K times) of %d x %d bytes per rank"
           % (out["params"], out["ranks"], args.steps, out["batch_size"], out["seq_len"]))
     print("%-30s %8s %7s %9s %10s %10s %8s" % ("run", "val loss", "x sync", "seconds", "MB total",
                                                 "peak MB", "x bytes"))

@@ -46,6 +46,7 @@ TRAIN = os.path.join(BENCH, "train_step.py")
 BREAKDOWN = os.path.join(BENCH, "breakdown.py")
 ACCURACY = os.path.join(BENCH, "compression_accuracy.py")
 DILOCO = os.path.join(BENCH, "diloco.py")
+LM_STEP_TIME = os.path.join(BENCH, "lm_step_time.py")
 CASES = ["allreduce", "train_step", "ddp", "kernels", "network", "hosts", "hosts_train", "scaling",
          "negotiation", "sweep", "autotune", "compression", "diloco"]
 TINY_CASES = ["allreduce", "train_step", "sweep"]
@@ -74,7 +75,7 @@ FULL = dict(
     diloco_np=4, diloco_model="", diloco_steps=300, diloco_eval_every=25,
     diloco_runs="sync,dgc,powersgd,diloco50,streaming50", diloco_layouts="4x1",
     diloco_rates="1gbit,100mbit", diloco_conv_runs="sync,diloco10,diloco50,diloco100",
-    diloco_conv_steps=600, diloco_conv_model="",
+    diloco_conv_steps=600, diloco_conv_model="", diloco_chart_models="128,192,256,384,512,768",
     job_timeout=2400,
 )
 # The language model of the diloco case cut to a smoke test's size.
@@ -99,6 +100,7 @@ TINY = dict(
     diloco_np=2, diloco_model=TINY_LM, diloco_steps=20, diloco_eval_every=5,
     diloco_runs="sync,dgc,powersgd,diloco5,streaming5", diloco_layouts="", diloco_rates="1gbit",
     diloco_conv_runs="sync,diloco5,diloco10", diloco_conv_steps=20, diloco_conv_model=TINY_LM,
+    diloco_chart_models="16,32",
     job_timeout=300,
 )
 
@@ -491,6 +493,20 @@ def case_compression(R, P, args, tiny):
                                               "--seeds", P["accuracy_seeds"]])
 
 
+def _without_width(model_args):
+    """The example's arguments less --d-model/--heads (the step-time job sets them per width)."""
+    words, out = model_args.split(), []
+    skip = False
+    for w in words:
+        if skip:
+            skip = False
+        elif w in ("--d-model", "--heads"):
+            skip = True
+        elif not w.startswith(("--d-model=", "--heads=")):
+            out.append(w)
+    return " ".join(out)
+
+
 def diloco_job(R, np, runs, steps, model, P, **kw):
     return R.job(np, DILOCO, ["--runs", runs, "--steps", str(steps), "--eval-every",
                               str(P["diloco_eval_every"]), "--model=" + model], **kw)
@@ -499,9 +515,13 @@ def diloco_job(R, np, runs, steps, model, P, **kw):
 def case_diloco(R, P, args, tiny):
     """The byte-level LM (examples/pytorch_lm.py) to equal samples: synchronous, top-k +
     DGC's preset, PowerSGD, DiLoCo and Streaming DiLoCo between emulated hosts at each
-    rate of diloco_rates; and DiLoCo at several H against synchronous on this host (the
-    convergence sub-case). Every ratio is to the synchronous run of the same job."""
+    rate of diloco_rates; DiLoCo at several H against synchronous on this host (the
+    convergence sub-case); one rank's step time at each width of diloco_chart_models (the
+    chart's compute side). Every ratio is to the synchronous run of the same job."""
     out = {}
+    if P["diloco_chart_models"]:
+        out["compute"] = R.job(1, LM_STEP_TIME, ["--d-models", P["diloco_chart_models"],
+                                                 "--model=" + _without_width(P["diloco_model"])])
     if P["diloco_conv_runs"]:   # --set diloco_conv_runs= leaves it out
         out["convergence"] = diloco_job(R, P["diloco_np"], P["diloco_conv_runs"], P["diloco_conv_steps"],
                                         P["diloco_conv_model"], P)

@@ -64,10 +64,10 @@ def check_fragments(fragments, sync_every, what):
     return int(fragments)
 
 
-def check_fragments_fit(fragments, n_tensors, what):
-    if fragments > n_tensors:
-        raise bad(f"{what}: fragments={fragments} but the model has only {n_tensors} "
-                  f"trainable parameter tensors; use fragments <= {n_tensors}")
+def check_fragments_fit(fragments, n_elements, what):
+    if fragments > n_elements:
+        raise bad(f"{what}: fragments={fragments} but the model has only {n_elements} "
+                  f"trainable elements; use fragments <= {n_elements}")
 
 
 def check_overlap(overlap_steps, fragments, sync_every, what):
@@ -82,18 +82,29 @@ def check_overlap(overlap_steps, fragments, sync_every, what):
 
 def split_fragments(sizes, n):
     """Tensors of ``sizes`` elements, in model order, cut into ``n``
-    contiguous runs of about equal size: the index lists of the runs."""
+    contiguous runs of equal element counts (to one element), so that each
+    sync moves 1/n of the model: per run, its pieces ``(tensor index, first
+    element, end element)`` in the tensors' flattened (row-major) order. A
+    tensor may be cut across two or more runs."""
     total = sum(sizes)
-    cuts, acc, f = [], 0, 1
+    ends = [total * (f + 1) // n for f in range(n)]
+    out = [[] for _ in range(n)]
+    f, start = 0, 0
     for i, size in enumerate(sizes):
-        acc += size
-        left = len(sizes) - i - 1       # tensors after this one
-        need = n - f                    # fragments still to start
-        if need > 0 and (acc >= total * f / n or left == need) and left >= need:
-            cuts.append(i + 1)
-            f += 1
-    bounds = [0] + cuts + [len(sizes)]
-    return [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
+        at, stop = start, start + size
+        while at < stop:
+            while ends[f] <= at:
+                f += 1
+            cut = min(stop, ends[f])
+            out[f].append((i, at - start, cut - start))
+            at = cut
+        start = stop
+    return out
+
+
+def whole(piece, size):
+    """Whether ``piece`` (tensor, first, end) is all of a tensor of ``size`` elements."""
+    return piece[1] == 0 and piece[2] == size
 
 
 def fragment_offsets(fragments, sync_every):
@@ -172,14 +183,21 @@ class OuterSGD:
         self.lr, self.momentum, self.nesterov = float(lr), float(momentum), bool(nesterov)
         self.momentum_buffers = [None] * n
 
-    def step(self, params, grads, which):
-        """``params[i] -= lr * update(grads[i])`` in place for i in ``which``."""
-        for i, g in zip(which, grads):
-            p = params[i]
+    def step(self, params, grads, pieces):
+        """``params[i][first:end] -= lr * update(grad)`` in place, in the
+        flattened tensor, for each piece ``(i, first, end)`` and its grad.
+        The momentum buffer of a tensor is one array; a piece updates its
+        slice (the update is elementwise, so a tensor cut across fragments
+        steps as if whole; zeros stand for torch's not-yet-stepped buffer)."""
+        for (i, first, end), g in zip(pieces, grads):
+            p = params[i].reshape(-1)[first:end]
+            g = g.reshape(-1)
             if self.momentum:
                 m = p.dtype.type(self.momentum)
-                buf = self.momentum_buffers[i]
-                buf = g.astype(p.dtype, copy=True) if buf is None else m * buf + g
-                self.momentum_buffers[i] = buf
+                if self.momentum_buffers[i] is None:
+                    self.momentum_buffers[i] = np.zeros_like(params[i])
+                buf = self.momentum_buffers[i].reshape(-1)[first:end]
+                buf *= m
+                buf += g
                 g = g + m * buf if self.nesterov else buf
             p -= p.dtype.type(self.lr) * g

@@ -277,6 +277,10 @@ def test_tiny_diloco_case(tmp_path):
     doc = (tmp_path / "benchmarks.md").read_text()
     assert "## Case 12: DiLoCo against compression" in doc and "| DiLoCo H=10 |" in doc
     _check_png(str(tmp_path / "img" / "bench_diloco.png"))
+    widths = case["compute"]["models"]   # the chart's compute side: one rank per width
+    assert [w["d_model"] for w in widths] == [16, 32], widths
+    assert widths[0]["params"] < widths[1]["params"] and all(w["seconds_per_step"] > 0 for w in widths)
+    assert "**One rank's step without communication**" in doc
     hosts = case["hosts"]["1gbit"]
     if "skipped" in hosts:  # no network namespaces here (not root): CI has them
         assert not REQUIRE_ALL, hosts["skipped"]
@@ -288,6 +292,65 @@ def test_tiny_diloco_case(tmp_path):
     assert links["streaming5"]["peak_wire_bytes_per_step"] < sync["peak_wire_bytes_per_step"]
     assert links["dgc"]["wire_bytes"] < sync["wire_bytes"]
     assert "**Between emulated hosts, 1gbit 2x1**" in doc
+
+
+def _diloco_chart_case():
+    """A diloco case measured at two rates whose step times follow a + b / rate exactly."""
+    fits = {"sync": (0.5, 4e8, 1.0), "diloco50x3": (0.45, 8e6, 2.0), "powersgd": (0.6, 5e7, None)}
+    hosts = {}
+    for rate, bits in (("1gbit", 1e9), ("100mbit", 1e8)):
+        runs = {}
+        for name, (a, b, factor) in fits.items():
+            steps = 100 * (3 if name.endswith("x3") else 1)
+            seconds = steps * (a + b / bits)
+            reached = None if factor is None else int(100 * factor)
+            runs[name] = {"label": name, "steps": steps, "seconds": seconds, "val_loss": 2.0,
+                          "wire_bytes": 1, "peak_wire_bytes_per_step": 1, "curve": [[steps, seconds, 1, 2.0]],
+                          "steps_to_sync_loss": reached,
+                          "seconds_to_sync_loss": None if reached is None else reached * (a + b / bits)}
+        hosts[rate] = {"layouts": {"4x1": {"ranks": 4, "steps": 100, "params": 7e6, "runs": runs}}}
+    compute = {"models": [{"d_model": 192, "params": 2e6, "seconds_per_step": 0.1},
+                          {"d_model": 384, "params": 7e6, "seconds_per_step": 0.3}]}
+    return fits, {"hosts": hosts, "compute": compute}
+
+
+def test_diloco_chart_fits_each_run_and_picks_the_soonest(tmp_path):
+    """The chart's model: a run's step fitted as a + b / rate over the measured rates, its
+    steps to synchronous's final loss as a factor, runs that never reached it left out; at
+    the measured width, time to the target relative to synchronous's is exact."""
+    require("matplotlib", import_module=False)
+    from hvdlite.bench import diloco_report as dr
+    fits, case = _diloco_chart_case()
+    models = dr.step_models(case)
+    for name, (a, b, factor) in fits.items():
+        got_a, got_b, got_factor, _ = models[name]
+        assert abs(got_a - a) < 1e-9 and abs(got_b - b) < 1e-3 and got_factor == factor, (name, models[name])
+    params, grid = dr.chart_grid(case, [1e8, 1e9, 1e10])
+    assert params == [2e6, 7e6] and set(grid) == {"sync", "diloco50x3"}   # powersgd never reached it
+    for j, bits in enumerate((1e8, 1e9, 1e10)):
+        want = 2.0 * (0.45 + 8e6 / bits) / (0.5 + 4e8 / bits)
+        assert abs(grid["diloco50x3"][1][j] - want) < 1e-9 and grid["sync"][1][j] == 1.0
+    # 100 Mbit/s: DiLoCo at 2 x 0.53 s against 4.5 s; 10 Gbit/s: 2 x 0.4508 against 0.54.
+    table = dr.chart_table(case)
+    assert "| 7.0 M | 100 Mbit/s | 1.00 | 0.24 | diloco50x3 |" in table, table
+    assert "| 7.0 M | 10 Gbit/s | 1.00 | 1.67 | sync |" in table, table
+    dr.plot_chart(str(tmp_path / "chart.png"), case)
+    _check_png(str(tmp_path / "chart.png"))
+
+
+def test_diloco_bench_run_names_take_a_steps_factor():
+    """bench/diloco.py: ``diloco50x3`` is DiLoCo H=50 for three times --steps."""
+    require("torch", import_module=False)
+    require("hvdlite._engine", import_module=False)
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    try:
+        import diloco
+    finally:
+        sys.path.pop(0)
+    table = diloco.runs_table(0.01, 0.05)
+    assert diloco.parse_run("diloco50x3", table, 150) == ("DiLoCo H=50, 3x the steps", ["--diloco", "50"], 450)
+    assert diloco.parse_run("sync", table, 150) == ("synchronous", [], 150)
+    assert diloco.parse_run("diloco7", table, 150) is None and diloco.parse_run("syncx", table, 150) is None
 
 
 REPORT_WITHOUT_RAW = """

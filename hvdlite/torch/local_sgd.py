@@ -22,7 +22,7 @@ from hvdlite.local_sgd import bad as _bad
 from hvdlite.local_sgd import check_compression as _check_compression
 from hvdlite.local_sgd import check_process_set as _check_process_set
 from hvdlite.local_sgd import check_sync_every as _check_sync_every
-from hvdlite.local_sgd import FragmentSyncs, split_fragments
+from hvdlite.local_sgd import FragmentSyncs, check_fragments_fit, split_fragments
 from hvdlite.process_sets import global_process_set
 
 from . import mpi_ops
@@ -154,9 +154,10 @@ def default_outer_optimizer(params):
     return torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
 
 
-def _split_fragments(params, n):
-    """``params`` in model order cut into ``n`` contiguous runs of about equal size."""
-    return split_fragments([p.numel() for p in params], n)
+def _piece(tensor, first, end):
+    """Elements [first, end) of ``tensor`` flattened, as a view; the tensor itself when that
+    is all of it."""
+    return tensor if first == 0 and end == tensor.numel() else tensor.view(-1)[first:end]
 
 
 class DiLoCo(_Periodic, FragmentSyncs):
@@ -172,9 +173,10 @@ class DiLoCo(_Periodic, FragmentSyncs):
             diloco.zero_grad(); loss_fn(model(x), y).backward(); diloco.step()
         diloco.synchronize()      # equal parameters everywhere at the end
 
-    With ``fragments=F`` > 1 the trainable parameters are split, in model
-    order, into F runs of about equal size; fragment f syncs after the steps
-    t > f*H//F where ``(t - f*H//F) % H == 0``, so a sync moves ~1/F of the model. Its
+    With ``fragments=F`` > 1 the trainable parameters' elements are split, in
+    model order, into F runs of equal size (a tensor may be cut between two);
+    fragment f syncs after the steps t > f*H//F where ``(t - f*H//F) % H ==
+    0``, so a sync moves 1/F of the model. Its
     reduction starts after step t and is finished ``overlap_steps`` steps
     later (the outer step is applied then, and that fragment's parameters
     are set to its new anchor, dropping the local progress made meanwhile).
@@ -187,7 +189,8 @@ class DiLoCo(_Periodic, FragmentSyncs):
             parameters; its state stays local.
         outer_optimizer: ``None`` for SGD(lr=0.7, momentum=0.9,
             nesterov=True), or a callable that builds a torch optimizer from
-            a list of tensors (the anchor), e.g.
+            a list of tensors (the fragment's pieces of the anchor: whole
+            tensors, or flat views of a cut one), e.g.
             ``lambda params: torch.optim.SGD(params, lr=1.0)``; called once
             per fragment.
         sync_every: H, inner steps between two syncs of a fragment.
@@ -220,9 +223,7 @@ class DiLoCo(_Periodic, FragmentSyncs):
                        "them with requires_grad_(False) first)")
         if isinstance(fragments, bool) or not isinstance(fragments, int) or fragments < 1:
             raise _bad(f"DiLoCo: fragments must be an int >= 1, not {fragments!r}")
-        if fragments > len(named):
-            raise _bad(f"DiLoCo: fragments={fragments} but the model has only {len(named)} "
-                       f"trainable parameter tensors; use fragments <= {len(named)}")
+        check_fragments_fit(fragments, sum(p.numel() for _, p in named), "DiLoCo")
         if fragments > self.sync_every:
             raise _bad(f"DiLoCo: fragments={fragments} > sync_every={self.sync_every}: the "
                        "fragments' staggered sync steps would collide; use fragments <= "
@@ -247,7 +248,15 @@ class DiLoCo(_Periodic, FragmentSyncs):
         self.overlap_steps = overlap_steps
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
-        self.fragment_indices = _split_fragments(self.params, fragments)
+        # Pieces (parameter, first, end element): each fragment 1/F of the elements.
+        self.fragment_pieces = split_fragments([p.numel() for p in self.params], fragments)
+        self.fragment_indices = [sorted({i for i, _, _ in pieces}) for pieces in self.fragment_pieces]
+        cut = [self.names[i] for pieces in self.fragment_pieces for i, a, b in pieces
+               if (a, b) != (0, self.params[i].numel()) and not self.params[i].is_contiguous()]
+        if cut:
+            raise _bad(f"DiLoCo: fragments={fragments} cuts the non-contiguous parameter(s) "
+                       f"{', '.join(sorted(set(cut))[:5])}; make them contiguous "
+                       "(`p.data = p.data.contiguous()`) before building DiLoCo")
         self.offsets = [f * self.sync_every // fragments for f in range(fragments)]
         self.buffers = [b for _, b in _float_buffers(model)] if sync_buffers else []
         self._make_outer = outer_optimizer
@@ -261,9 +270,12 @@ class DiLoCo(_Periodic, FragmentSyncs):
         if self.anchor is not None:
             return
         self.anchor = [p.detach().clone() for p in self.params]
+        # The outer optimizers step on views of the anchor, one per piece.
+        self.anchor_pieces = [[_piece(self.anchor[i], a, b) for i, a, b in pieces]
+                              for pieces in self.fragment_pieces]
         self.outer_optimizers = []
-        for idx in self.fragment_indices:
-            opt = self._make_outer([self.anchor[i] for i in idx])
+        for views in self.anchor_pieces:
+            opt = self._make_outer(views)
             if not isinstance(opt, torch.optim.Optimizer):
                 raise _bad("DiLoCo: outer_optimizer(params) must return a torch.optim.Optimizer, "
                            f"not {type(opt).__name__}")
@@ -283,11 +295,11 @@ class DiLoCo(_Periodic, FragmentSyncs):
         return loss
 
     def _start(self, f):
-        idx = self.fragment_indices[f]
         with torch.no_grad():
             # The outer gradient is taken now; the reduction runs while the
             # inner optimizer goes on.
-            deltas = [self.anchor[i] - self.params[i].detach() for i in idx]
+            deltas = [a - _piece(self.params[i].detach(), first, end)
+                      for a, (i, first, end) in zip(self.anchor_pieces[f], self.fragment_pieces[f])]
             buffers = [b.detach().clone() for b in self.buffers] if f == 0 else []
         handle = self._reduce_async(deltas + buffers, f"fragment{f}")
         self._pending[f] = (self.local_step + self.overlap_steps, handle, deltas, buffers)
@@ -295,15 +307,14 @@ class DiLoCo(_Periodic, FragmentSyncs):
     def _finish(self, f):
         _, handle, deltas, buffers = self._pending.pop(f)
         mpi_ops.synchronize(handle)
-        idx = self.fragment_indices[f]
-        opt = self.outer_optimizers[f]
-        for i, d in zip(idx, deltas):
-            self.anchor[i].grad = d
-        opt.step()
+        views = self.anchor_pieces[f]
+        for a, d in zip(views, deltas):
+            a.grad = d
+        self.outer_optimizers[f].step()
         with torch.no_grad():
-            for i in idx:
-                self.anchor[i].grad = None
-                self.params[i].copy_(self.anchor[i])
+            for a, (i, first, end) in zip(views, self.fragment_pieces[f]):
+                a.grad = None
+                _piece(self.params[i].detach(), first, end).copy_(a)
             for b, avg in zip(self.buffers, buffers):
                 b.copy_(avg)
 

@@ -164,11 +164,18 @@ def test_local_sgd_and_diloco_on_a_process_set(rank, size):
 
 # ---------------------------------------------------------------- DiLoCo
 
-def np_outer(anchor, grads, bufs, which):
-    for i in which:
-        g = grads[i]
-        bufs[i] = g.copy() if bufs[i] is None else np.float32(OUTER_MOMENTUM) * bufs[i] + g
-        anchor[i] = anchor[i] - np.float32(OUTER_LR) * (g + np.float32(OUTER_MOMENTUM) * bufs[i])
+def piece(array, first, end):
+    return array.reshape(-1)[first:end]
+
+
+def np_outer(anchor, grads, bufs, pieces):
+    """torch.optim.SGD's Nesterov update on each piece (i, first, end), a buffer per piece."""
+    for (i, a, b), g in zip(pieces, grads):
+        buf = bufs.get((i, a))
+        buf = g.copy() if buf is None else np.float32(OUTER_MOMENTUM) * buf + g
+        bufs[(i, a)] = buf
+        piece(anchor[i], a, b)[:] = piece(anchor[i], a, b) - np.float32(OUTER_LR) * (
+            g + np.float32(OUTER_MOMENTUM) * buf)
 
 
 def check_diloco(flavor, rank, size, H, fragments, overlap, steps, compression=None):
@@ -180,12 +187,15 @@ def check_diloco(flavor, rank, size, H, fragments, overlap, steps, compression=N
                                       sync_on_train_end=False, **kwargs)
     probe = Probe(cb)
     fit(model, rank, steps, [cb, probe])
-    frags = cb.fragment_indices
-    assert [i for f in frags for i in f] == [0, 1], frags
+    frags = cb.fragment_pieces     # the kernel's 12 elements and the bias's 3, cut 15 // F
+    flat = [(i, e) for f in frags for i, a, b in f for e in range(a, b)]
+    assert flat == [(0, e) for e in range(IN * OUT)] + [(1, e) for e in range(OUT)], frags
+    sizes = [sum(b - a for _, a, b in f) for f in frags]
+    assert len(sizes) == fragments and max(sizes) - min(sizes) <= 1, sizes
     assert cb.offsets == [f * H // fragments for f in range(fragments)], cb.offsets
     tol = TOL if compression is None else 2e-3
     ref = [initial() for _ in range(size)]
-    anchor, bufs = initial(), [None, None]
+    anchor, bufs = initial(), {}
     pending, synced = {}, []
     quantized = None    # every rank's quantizer, residuals kept per reduction name
     if isinstance(compression, hvdlite.compression.QuantizeCompressor):
@@ -197,8 +207,8 @@ def check_diloco(flavor, rank, size, H, fragments, overlap, steps, compression=N
     def finish(f, g):
         np_outer(anchor, g, bufs, frags[f])
         for r in range(size):
-            for i in frags[f]:
-                ref[r][i] = anchor[i].copy()
+            for i, a, b in frags[f]:
+                piece(ref[r][i], a, b)[:] = piece(anchor[i], a, b)
 
     for t in range(1, steps + 1):
         ref = [np_step(ref[r], r) for r in range(size)]
@@ -208,15 +218,15 @@ def check_diloco(flavor, rank, size, H, fragments, overlap, steps, compression=N
             finished.append(f)
         for f in range(fragments):
             if t > cb.offsets[f] and (t - cb.offsets[f]) % H == 0:
-                g = [None, None]
-                for j, i in enumerate(frags[f]):
-                    deltas = [anchor[i] - ref[r][i] for r in range(size)]
+                g = []
+                for j, (i, a, b) in enumerate(frags[f]):
+                    deltas = [piece(anchor[i], a, b) - piece(ref[r][i], a, b) for r in range(size)]
                     if quantized is not None:   # the grouped reduction's j-th tensor
-                        g[i] = quantized.reduce(deltas, f"diloco.fragment{f}.{j}", average=True)
+                        g.append(quantized.reduce(deltas, f"diloco.fragment{f}.{j}", average=True))
                         continue
                     if compression is hvd.Compression.fp16:
                         deltas = [d.astype(np.float16).astype(np.float32) for d in deltas]
-                    g[i] = sum(deltas) / np.float32(size)
+                    g.append(sum(deltas) / np.float32(size))
                 if overlap == 0:
                     finish(f, g)
                     finished.append(f)
@@ -229,8 +239,8 @@ def check_diloco(flavor, rank, size, H, fragments, overlap, steps, compression=N
                 d = float(np.max(np.abs(a - b)))
                 assert d <= tol, f"{flavor} step {t}: {what} {i} off the reference by {d}"
         for f in finished:
-            assert all(np.array_equal(everyone[0][t - 1][i], e[t - 1][i])
-                       for e in everyone for i in frags[f]), \
+            assert all(np.array_equal(piece(everyone[0][t - 1][i], a, b), piece(e[t - 1][i], a, b))
+                       for e in everyone for i, a, b in frags[f]), \
                 f"{flavor} step {t}: fragment {f} differs across ranks after its outer step"
     return synced
 
@@ -271,7 +281,8 @@ def test_diloco_4bit_quantized_outer_gradient(rank, size):
     synced = check_diloco("keras3", rank, size, H=4, fragments=2, overlap=1, steps=13,
                           compression=hvd.Compression.quantize())
     sent = hvdlite.engine_stats()["wire_bytes_quantize"] - before
-    per_sync = {0: wire_bytes(IN * OUT), 1: wire_bytes(OUT)}
+    # 15 elements cut 7 / 8: the kernel's first 7; its last 5 and the bias's 3.
+    per_sync = {0: wire_bytes(7), 1: wire_bytes(5) + wire_bytes(OUT)}
     assert sent == sum(per_sync[f] for _, f in synced), (sent, synced)
 
 
@@ -377,8 +388,8 @@ def test_bad_arguments_say_what_to_do(rank, size):
     expect_raises(ValueError, lambda: C.DiLoCoCallback().synchronize(), "no model yet",
                   "model.fit")
     model = linear_model("keras3")
-    expect_raises(ValueError, lambda: fit(model, rank, 4, [C.DiLoCoCallback(4, fragments=3)]),
-                  "fragments=3", "only 2 trainable", "fragments <= 2")
+    expect_raises(ValueError, lambda: fit(model, rank, 4, [C.DiLoCoCallback(20, fragments=16)]),
+                  "fragments=16", "only 15 trainable elements", "fragments <= 15")
     for flavor in ("keras3", "tf_keras"):
         k = keras_module(flavor)
         dist = k.Sequential([k.Input((IN,)), k.layers.Dense(OUT)])

@@ -166,12 +166,40 @@ def test_local_sgd_on_a_process_set(rank, size):
 
 # ---------------------------------------------------------------- DiLoCo
 
-def np_split(diloco):
-    """The fragments and offsets DiLoCo chose, checked to be a partition in order."""
-    flat = [i for idx in diloco.fragment_indices for i in idx]
-    check("fragments partition the parameters in order", flat == list(range(len(SHAPES))),
-          str(diloco.fragment_indices))
-    return diloco.fragment_indices, diloco.offsets
+def np_split(diloco, fragments):
+    """The fragments' pieces and offsets DiLoCo chose, checked to cut the
+    parameters' elements, in order, into runs of equal size (to one element)."""
+    pieces = diloco.fragment_pieces
+    flat = [(i, e) for frag in pieces for i, a, b in frag for e in range(a, b)]
+    want = [(i, e) for i, shape in enumerate(SHAPES) for e in range(int(np.prod(shape)))]
+    check("fragments cover every element once, in order", flat == want, str(pieces))
+    sizes = [sum(b - a for _, a, b in frag) for frag in pieces]
+    check(f"{fragments} fragments of equal size", len(sizes) == fragments and
+          max(sizes) - min(sizes) <= 1, str(sizes))
+    return pieces, diloco.offsets
+
+
+def piece(array, first, end):
+    return array.reshape(-1)[first:end]
+
+
+class NpPieceSGD:
+    """torch.optim.SGD's update (dampening 0) on pieces of NumPy arrays,
+    a momentum buffer per piece."""
+
+    def __init__(self, lr, momentum, nesterov):
+        self.lr, self.momentum, self.nesterov = lr, momentum, nesterov
+        self.buf = {}
+
+    def step(self, params, pieces, grads):
+        for (i, a, b), g in zip(pieces, grads):
+            buf = self.buf.get((i, a))
+            buf = g.copy() if buf is None else np.float32(self.momentum) * buf + g
+            self.buf[(i, a)] = buf
+            g = g + np.float32(self.momentum) * buf if self.nesterov else buf
+            p = params[i].reshape(-1).copy()
+            p[a:b] = p[a:b] - np.float32(self.lr) * g
+            params[i] = p.reshape(params[i].shape)
 
 
 def run_diloco_against_reference(rank, size, H, fragments, overlap, steps, compression=None,
@@ -180,12 +208,12 @@ def run_diloco_against_reference(rank, size, H, fragments, overlap, steps, compr
     kwargs = {} if compression is None else {"compression": compression}
     diloco = hvd.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=LR), sync_every=H,
                         fragments=fragments, overlap_steps=overlap, **kwargs)
-    frags, offsets = np_split(diloco)
+    frags, offsets = np_split(diloco, fragments)
     check("offsets are f*H//F", offsets == [f * H // fragments for f in range(fragments)],
           str(offsets))
     ref = [initial() for _ in range(size)]
     anchor = initial()
-    outer = NpSGD(len(SHAPES), OUTER_LR, OUTER_MOMENTUM, nesterov=True)
+    outer = NpPieceSGD(OUTER_LR, OUTER_MOMENTUM, nesterov=True)
     quantized = None    # every rank's quantizer, residuals kept per reduction name
     if isinstance(compression, hvdlite.compression.QuantizeCompressor):
         quantized = QuantizeReference(size, compression.bits, compression.block_size,
@@ -202,25 +230,25 @@ def run_diloco_against_reference(rank, size, H, fragments, overlap, steps, compr
         def outer_step(f):
             """The outer step of fragment f's pending gradient; every rank takes the anchor."""
             _, g = pending.pop(f)
-            outer.step(anchor, g, which=frags[f])
+            outer.step(anchor, frags[f], g)
             for r in range(size):
-                for i in frags[f]:
-                    ref[r][i] = anchor[i].copy()
+                for i, a, b in frags[f]:
+                    piece(ref[r][i], a, b)[:] = piece(anchor[i], a, b)
             finished.append(f)
 
         for f in sorted(f for f, (due, _) in pending.items() if due <= t):
             outer_step(f)
         for f in range(fragments):
             if t > offsets[f] and (t - offsets[f]) % H == 0:
-                g = [None] * len(SHAPES)
-                for j, i in enumerate(frags[f]):
-                    deltas = [anchor[i] - ref[r][i] for r in range(size)]
+                g = []
+                for j, (i, a, b) in enumerate(frags[f]):
+                    deltas = [piece(anchor[i], a, b) - piece(ref[r][i], a, b) for r in range(size)]
                     if quantized is not None:   # the grouped reduction's j-th tensor
-                        g[i] = quantized.reduce(deltas, f"diloco.fragment{f}.{j}", average=True)
+                        g.append(quantized.reduce(deltas, f"diloco.fragment{f}.{j}", average=True))
                         continue
                     if compression is hvd.Compression.fp16:
                         deltas = [d.astype(np.float16).astype(np.float32) for d in deltas]
-                    g[i] = sum(deltas) / np.float32(size)
+                    g.append(sum(deltas) / np.float32(size))
                 pending[f] = (t + overlap, g)
                 if overlap == 0:
                     outer_step(f)
@@ -233,7 +261,8 @@ def run_diloco_against_reference(rank, size, H, fragments, overlap, steps, compr
         everyone = hvd.allgather_object(mine)
         for f in finished:
             check(f"step {t}: fragment {f} equal on every rank after its outer step",
-                  all(np.array_equal(everyone[0][i], e[i]) for e in everyone for i in frags[f]))
+                  all(np.array_equal(piece(everyone[0][i], a, b), piece(e[i], a, b))
+                      for e in everyone for i, a, b in frags[f]))
     check("every fragment had outer steps", {f for _, f in synced_at} == set(range(fragments)),
           str(synced_at))
     return synced_at
@@ -269,7 +298,8 @@ def test_diloco_4bit_quantized_outer_gradient(rank, size):
     synced = run_diloco_against_reference(rank, size, H=4, fragments=2, overlap=1, steps=13,
                                           compression=hvd.Compression.quantize())
     sent = hvdlite.engine_stats()["wire_bytes_quantize"] - before
-    per_sync = {0: wire_bytes(12), 1: wire_bytes(3) + wire_bytes(5)}
+    # 20 elements cut 10 / 10: the first 10 of the (4, 3) tensor; its last 2, then (3,) and (5,).
+    per_sync = {0: wire_bytes(10), 1: wire_bytes(2) + wire_bytes(3) + wire_bytes(5)}
     check("each sync sent its fragment's 4-bit form", sent == sum(per_sync[f] for _, f in synced),
           f"({sent} bytes for syncs {synced})")
 
@@ -310,9 +340,9 @@ def diloco_setup(rank, momentum=MOMENTUM):
 
 def snapshot(model, diloco):
     return (params_of(model), [a.numpy().copy() for a in diloco.anchor],
-            [diloco.outer_optimizers[f].state[a]["momentum_buffer"].numpy().copy()
-             for f, idx in enumerate(diloco.fragment_indices) for a in
-             (diloco.anchor[i] for i in idx) if a in diloco.outer_optimizers[f].state],
+            [opt.state[a]["momentum_buffer"].numpy().copy()
+             for opt, views in zip(diloco.outer_optimizers, diloco.anchor_pieces) for a in views
+             if a in opt.state],
             diloco.local_step)
 
 
@@ -345,7 +375,8 @@ def test_torch_state_commit_restore_and_sync_diloco(rank, size):
     for _ in range(9):
         local_step(model, diloco, rank)
     committed = snapshot(model, diloco)
-    check("the outer optimizer has momentum to keep", len(committed[2]) == len(SHAPES))
+    check("the outer optimizer has momentum to keep, one buffer per anchor piece",
+          len(committed[2]) == sum(len(views) for views in diloco.anchor_pieces) == 4)
     state.commit()
     for _ in range(5):
         local_step(model, diloco, rank)
@@ -387,8 +418,8 @@ def test_bad_arguments_say_what_to_do(rank, size):
         return torch.optim.SGD(model.parameters(), lr=LR)
     expect(ValueError, lambda: hvd.LocalSGD(inner(), sync_every=0), "sync_every must be an int >= 1")
     expect(ValueError, lambda: hvd.DiLoCo(model, inner(), sync_every=0), "sync_every must be")
-    expect(ValueError, lambda: hvd.DiLoCo(model, inner(), sync_every=8, fragments=4),
-           "fragments=4", "only 3 trainable", "fragments <= 3")
+    expect(ValueError, lambda: hvd.DiLoCo(model, inner(), sync_every=30, fragments=21),
+           "fragments=21", "only 20 trainable elements", "fragments <= 20")
     expect(ValueError, lambda: hvd.DiLoCo(model, inner(), sync_every=2, fragments=3),
            "use fragments <= sync_every")
     expect(ValueError, lambda: hvd.DiLoCo(model, inner(), sync_every=4, overlap_steps=4),
@@ -404,3 +435,8 @@ def test_bad_arguments_say_what_to_do(rank, size):
            "does not optimize", "b, v")
     expect(ValueError, lambda: hvd.DiLoCo(model, inner(), compression="fp16"),
            "compression must be one of hvdlite's Compression")
+    strided = Quad()
+    strided.w.data = strided.w.data.t().contiguous().t()      # (4, 3), column-major
+    expect(ValueError, lambda: hvd.DiLoCo(strided, torch.optim.SGD(strided.parameters(), lr=LR),
+                                          sync_every=4, fragments=2),
+           "cuts the non-contiguous parameter(s) w", "contiguous()")

@@ -37,6 +37,11 @@ def _is_float(variable):
     return tf.as_dtype(variable.dtype).is_floating
 
 
+def _piece(array, first, end):
+    """Elements [first, end) of ``array`` flattened; the array itself when that is all of it."""
+    return array if first == 0 and end == array.size else array.reshape(-1)[first:end]
+
+
 def _value(variable):
     return np.array(variable.numpy(), copy=True, order="C")
 
@@ -196,8 +201,9 @@ class DiLoCoCallback(_PeriodicCallback, common.FragmentSyncs):
     kept in host memory; the outer step is torch.optim.SGD's update computed
     on it with NumPy (``outer_lr``, ``outer_momentum``, ``outer_nesterov``;
     defaults 0.7, 0.9, True as in hvdlite.torch.DiLoCo). With
-    ``fragments=F`` > 1 the trainable variables are split, in model order,
-    into F runs of about equal size; fragment f syncs after the batches
+    ``fragments=F`` > 1 the trainable variables' elements are split, in model
+    order, into F runs of equal size (a variable may be cut between two; as
+    torch's); fragment f syncs after the batches
     t > f*H//F where ``(t - f*H//F) % H == 0``. Its reduction starts then (an
     engine async handle) and is finished ``overlap_steps`` batches later,
     while those batches train; the outer step is applied then and that
@@ -240,18 +246,24 @@ class DiLoCoCallback(_PeriodicCallback, common.FragmentSyncs):
                                                   self.sync_every, self.what)
         self.outer = common.OuterSGD(0, outer_lr, outer_momentum, outer_nesterov, self.what)
         self.offsets = common.fragment_offsets(self.fragments, self.sync_every)
-        self.fragment_indices = None
+        self.fragment_pieces = None  # per fragment: (variable, first, end element) pieces
         self.anchor = None           # taken at the first batch (after the broadcast)
         self._pending = {}           # fragment -> (finish after step, handles, n outer grads)
 
     # ---------------------------------------------------------------- anchor
     def _layout(self):
         params = self._params()
-        if self.fragment_indices is None:
-            common.check_fragments_fit(self.fragments, len(params), self.what)
-            self.fragment_indices = common.split_fragments(
-                [int(np.prod(v.shape)) for v in params], self.fragments)
+        if self.fragment_pieces is None:
+            sizes = [int(np.prod(v.shape)) for v in params]
+            common.check_fragments_fit(self.fragments, sum(sizes), self.what)
+            self.fragment_pieces = common.split_fragments(sizes, self.fragments)
         return params
+
+    @property
+    def fragment_indices(self):
+        """The variables each fragment touches (a variable cut across two fragments is in both)."""
+        return None if self.fragment_pieces is None else \
+            [sorted({i for i, _, _ in pieces}) for pieces in self.fragment_pieces]
 
     def _check_model(self):
         super()._check_model()
@@ -274,10 +286,11 @@ class DiLoCoCallback(_PeriodicCallback, common.FragmentSyncs):
 
     def _start(self, f):
         params = self._ensure_anchor()
-        idx = self.fragment_indices[f]
+        pieces = self.fragment_pieces[f]
+        values = {i: _value(params[i]) for i in {i for i, _, _ in pieces}}
         # The outer gradient is taken now; the engine reduces it while the
         # next batches train.
-        deltas = [self.anchor[i] - _value(params[i]) for i in idx]
+        deltas = [_piece(self.anchor[i], a, b) - _piece(values[i], a, b) for i, a, b in pieces]
         buffers = [_value(b) for b in self._buffers()] if f == 0 else []
         handles = self._reduce_async(deltas + buffers, f"fragment{f}")
         self._pending[f] = (self.local_step + self.overlap_steps, handles, len(deltas))
@@ -286,10 +299,18 @@ class DiLoCoCallback(_PeriodicCallback, common.FragmentSyncs):
         _, handles, n = self._pending.pop(f)
         reduced = self._wait(handles)
         params = self._params()
-        idx = self.fragment_indices[f]
-        self.outer.step(self.anchor, reduced[:n], idx)
-        for i in idx:
-            params[i].assign(self.anchor[i])
+        pieces = self.fragment_pieces[f]
+        self.outer.step(self.anchor, reduced[:n], pieces)
+        for i in {i for i, _, _ in pieces}:
+            # A variable cut across fragments keeps its other pieces' local values.
+            mine = [(a, b) for j, a, b in pieces if j == i]
+            if mine == [(0, self.anchor[i].size)]:
+                params[i].assign(self.anchor[i])
+                continue
+            value = _value(params[i])
+            for a, b in mine:
+                value.reshape(-1)[a:b] = self.anchor[i].reshape(-1)[a:b]
+            params[i].assign(value)
         for b, avg in zip(self._buffers() if n < len(reduced) else [], reduced[n:]):
             b.assign(avg)
 
