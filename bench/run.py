@@ -72,10 +72,11 @@ FULL = dict(
     autotune_sweep="1MB:0.5,1MB:1,1MB:5,4MB:0.5,4MB:1,4MB:5,16MB:0.5,16MB:1,16MB:5,64MB:0.5,64MB:1,64MB:5",
     autotune_rounds=4, autotune_steps=3, autotune_steps_per_sample=3, autotune_layout="",
     accuracy_np=4, accuracy_epochs=12, accuracy_seeds="42,1,2",
-    diloco_np=4, diloco_model="", diloco_steps=300, diloco_eval_every=25,
-    diloco_runs="sync,dgc,powersgd,diloco50,streaming50", diloco_layouts="4x1",
+    diloco_np=4, diloco_model="", diloco_steps=150, diloco_eval_every=25,
+    diloco_runs="sync,dgc,powersgd,diloco50x3,streaming50x3", diloco_layouts="4x1",
     diloco_rates="1gbit,100mbit", diloco_conv_runs="sync,diloco10,diloco50,diloco100",
-    diloco_conv_steps=600, diloco_conv_model="", diloco_chart_models="128,192,256,384,512,768",
+    diloco_conv_steps=1200, diloco_conv_eval_every=100, diloco_conv_model="--d-model 192",
+    diloco_chart_models="128,192,256,384,512,768",
     job_timeout=2400,
 )
 # The language model of the diloco case cut to a smoke test's size.
@@ -99,7 +100,8 @@ TINY = dict(
     accuracy_np=2, accuracy_epochs=1, accuracy_seeds="42",
     diloco_np=2, diloco_model=TINY_LM, diloco_steps=20, diloco_eval_every=5,
     diloco_runs="sync,dgc,powersgd,diloco5,streaming5", diloco_layouts="", diloco_rates="1gbit",
-    diloco_conv_runs="sync,diloco5,diloco10", diloco_conv_steps=20, diloco_conv_model=TINY_LM,
+    diloco_conv_runs="sync,diloco5,diloco10", diloco_conv_steps=20, diloco_conv_eval_every=5,
+    diloco_conv_model=TINY_LM,
     diloco_chart_models="16,32",
     job_timeout=300,
 )
@@ -507,9 +509,9 @@ def _without_width(model_args):
     return " ".join(out)
 
 
-def diloco_job(R, np, runs, steps, model, P, **kw):
-    return R.job(np, DILOCO, ["--runs", runs, "--steps", str(steps), "--eval-every",
-                              str(P["diloco_eval_every"]), "--model=" + model], **kw)
+def diloco_job(R, np, runs, steps, model, eval_every, **kw):
+    return R.job(np, DILOCO, ["--runs", runs, "--steps", str(steps), "--eval-every", str(eval_every),
+                              "--model=" + model], **kw)
 
 
 def case_diloco(R, P, args, tiny):
@@ -524,7 +526,7 @@ def case_diloco(R, P, args, tiny):
                                                  "--model=" + _without_width(P["diloco_model"])])
     if P["diloco_conv_runs"]:   # --set diloco_conv_runs= leaves it out
         out["convergence"] = diloco_job(R, P["diloco_np"], P["diloco_conv_runs"], P["diloco_conv_steps"],
-                                        P["diloco_conv_model"], P)
+                                        P["diloco_conv_model"], P["diloco_conv_eval_every"])
         progress("      diloco: convergence on one host done (load %s)" % load_average())
     if not P["diloco_layouts"]:
         return out
@@ -534,8 +536,8 @@ def case_diloco(R, P, args, tiny):
         out["hosts"][rate] = over_layouts(
             shaped, P["diloco_layouts"], "diloco at %s" % rate,
             lambda n_hosts, per_host, hv, env, wrap: diloco_job(
-                R, n_hosts * per_host, P["diloco_runs"], P["diloco_steps"], P["diloco_model"], P,
-                env=env, hvdrun_args=hv, wrap=wrap))
+                R, n_hosts * per_host, P["diloco_runs"], P["diloco_steps"], P["diloco_model"],
+                P["diloco_eval_every"], env=env, hvdrun_args=hv, wrap=wrap))
     return out
 
 

@@ -239,6 +239,10 @@ def train(args):
         peak_step_bytes = max(peak_step_bytes, _wire_bytes() - before)
         losses.append(loss.item())
         if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
+            if hasattr(optimizer, "wait_reductions"):
+                # A Streaming DiLoCo sync in flight finishes on training's time and bytes,
+                # not the evaluation's (its outer step stays on schedule).
+                optimizer.wait_reductions()
             curve.append(evaluator.point(step + 1, time.time() - start - evaluator.seconds,
                                          _wire_bytes() - wire_start - evaluator.wire))
     if (args.local_sgd or args.diloco) and not in_sync_after(args):

@@ -66,4 +66,4 @@ PIP=(.venv/bin/pip install -q -c constraints.txt)
 
 export HVDLITE_TEST_REQUIRE_ALL=${HVDLITE_TEST_REQUIRE_ALL:-$ROOT}
 if [ $# -eq 0 ]; then set -- tests; fi
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q --durations=25 "$@"

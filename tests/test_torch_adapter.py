@@ -196,6 +196,20 @@ def test_lm_example_sync_and_diloco():
     assert abs(ratio - 1 / h) < 1e-3, ratio
 
 
+def test_lm_example_streaming_diloco_counts_every_sync():
+    """Streaming DiLoCo (H=10, F=2, overlap 1) in the LM example: fragment 0's syncs
+    after steps 10, 20, 30 are in flight at the evaluations of those steps, and their
+    bytes are still the training's (the evaluation waits for them first); each sync
+    moves half of the model's elements, so the busiest step is half a model."""
+    r, sums = _lm("--diloco", "10", "--fragments", "2")
+    assert set(sums) == {"0", "1"} and len(set(sums.values())) == 1, sums
+    half = (r["params"] + 1) // 2
+    # Fragment 0 after steps 10, 20, 30, 40; fragment 1 after 15, 25, 35 and at the final
+    # synchronize(): four models in all.
+    assert r["wire_bytes"] == 4 * 4 * r["params"], r
+    assert r["peak_wire_bytes_per_step"] == 4 * half, r
+
+
 @pytest.mark.parametrize("case", CUDA.cases)
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_cuda_tensors(ranks, case, rank_launch):

@@ -318,6 +318,14 @@ class DiLoCo(_Periodic, FragmentSyncs):
             for b, avg in zip(self.buffers, buffers):
                 b.copy_(avg)
 
+    def wait_reductions(self):
+        """Waits until the reductions of the syncs in flight have completed,
+        without applying their outer steps (those stay on schedule, after
+        their ``overlap_steps``): e.g. before timing an evaluation, so that the
+        network time and bytes of a sync in flight are not the evaluation's."""
+        for pending in self._pending.values():
+            mpi_ops.synchronize(pending[1])   # the result is kept for _finish
+
     # ---------------------------------------------------------------- state
     def state_dict(self):
         """Anchor, outer and inner optimizer states and the step count: what
