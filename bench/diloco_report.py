@@ -152,13 +152,14 @@ def plot_chart(path, case):
     for k, n in enumerate(names):
         ax.plot([], [], "s", color=colours[k], alpha=0.7, label=fits[n][3])
     job = next(iter(hosts_results(case).values()))
-    for where, j in hosts_results(case).items():
+    for k, (where, j) in enumerate(hosts_results(case).items()):
         win = min((r for r in j["runs"].values() if r.get("seconds_to_sync_loss") is not None),
                   key=lambda r: r["seconds_to_sync_loss"])
         L = rate_bits(where.split()[0])
         ax.plot([L], [j["params"]], "k*", markersize=11)
-        ax.annotate("measured: %s" % win["label"], (L, j["params"]), textcoords="offset points",
-                    xytext=(6, 6), fontsize=7)
+        # Alternately above and below, so neighbouring rates' labels do not overlap.
+        ax.annotate("measured at %s:\n%s" % (_rate_name(L), win["label"]), (L, j["params"]),
+                    textcoords="offset points", xytext=(6, 8 if k % 2 == 0 else -22), fontsize=7)
     ax.set_xlabel("link speed (bits/s)", fontsize=8)
     ax.set_ylabel("model parameters", fontsize=8)
     ax.set_title("soonest to synchronous's final loss (%d ranks, compute as in the measured runs)" % job["ranks"],
@@ -225,9 +226,10 @@ def plot_diloco(path, case):
             sent = [p for p in curve if p[2] > 0]   # nothing sent yet: no place on a log axis
             ax_b.plot([p[2] for p in sent], [p[3] for p in sent], **kw)
             ax_t.plot([p[1] for p in curve], [p[3] for p in curve], **kw)
-        # A first evaluation before any sync (DiLoCo's anchor is still the initial
-        # model) would squash the rest: the axis starts at the runs' later points.
-        later = [p[3] for r in job["runs"].values() for p in r["curve"][1:]]
+        # Evaluations before the first syncs (DiLoCo's anchor still the initial model)
+        # would squash the rest: the axis covers each run's last 80 % of steps.
+        later = [p[3] for r in job["runs"].values() for p in r["curve"]
+                 if r["curve"] and p[0] > 0.2 * r["curve"][-1][0]]
         if later:
             for ax in (ax_b, ax_t):
                 ax.set_ylim(top=max(later) + 0.05 * (max(later) - min(later) or 1))
