@@ -102,11 +102,6 @@ def split_fragments(sizes, n):
     return out
 
 
-def whole(piece, size):
-    """Whether ``piece`` (tensor, first, end) is all of a tensor of ``size`` elements."""
-    return piece[1] == 0 and piece[2] == size
-
-
 def fragment_offsets(fragments, sync_every):
     """Fragment f syncs after the steps t > f*H//F with (t - f*H//F) % H == 0."""
     return [f * sync_every // fragments for f in range(fragments)]
