@@ -495,20 +495,6 @@ def case_compression(R, P, args, tiny):
                                               "--seeds", P["accuracy_seeds"]])
 
 
-def _without_width(model_args):
-    """The example's arguments less --d-model/--heads (the step-time job sets them per width)."""
-    words, out = model_args.split(), []
-    skip = False
-    for w in words:
-        if skip:
-            skip = False
-        elif w in ("--d-model", "--heads"):
-            skip = True
-        elif not w.startswith(("--d-model=", "--heads=")):
-            out.append(w)
-    return " ".join(out)
-
-
 def diloco_job(R, np, runs, steps, model, eval_every, **kw):
     return R.job(np, DILOCO, ["--runs", runs, "--steps", str(steps), "--eval-every", str(eval_every),
                               "--model=" + model], **kw)
@@ -522,8 +508,9 @@ def case_diloco(R, P, args, tiny):
     chart's compute side). Every ratio is to the synchronous run of the same job."""
     out = {}
     if P["diloco_chart_models"]:
+        # lm_step_time.py puts its own --d-model/--heads last: argparse keeps the last.
         out["compute"] = R.job(1, LM_STEP_TIME, ["--d-models", P["diloco_chart_models"],
-                                                 "--model=" + _without_width(P["diloco_model"])])
+                                                 "--model=" + P["diloco_model"]])
     if P["diloco_conv_runs"]:   # --set diloco_conv_runs= leaves it out
         out["convergence"] = diloco_job(R, P["diloco_np"], P["diloco_conv_runs"], P["diloco_conv_steps"],
                                         P["diloco_conv_model"], P["diloco_conv_eval_every"])

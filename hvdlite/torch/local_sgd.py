@@ -250,7 +250,6 @@ class DiLoCo(_Periodic, FragmentSyncs):
         self.params = [p for _, p in named]
         # Pieces (parameter, first, end element): each fragment 1/F of the elements.
         self.fragment_pieces = split_fragments([p.numel() for p in self.params], fragments)
-        self.fragment_indices = [sorted({i for i, _, _ in pieces}) for pieces in self.fragment_pieces]
         cut = [self.names[i] for pieces in self.fragment_pieces for i, a, b in pieces
                if (a, b) != (0, self.params[i].numel()) and not self.params[i].is_contiguous()]
         if cut:

@@ -259,12 +259,6 @@ class DiLoCoCallback(_PeriodicCallback, common.FragmentSyncs):
             self.fragment_pieces = common.split_fragments(sizes, self.fragments)
         return params
 
-    @property
-    def fragment_indices(self):
-        """The variables each fragment touches (a variable cut across two fragments is in both)."""
-        return None if self.fragment_pieces is None else \
-            [sorted({i for i, _, _ in pieces}) for pieces in self.fragment_pieces]
-
     def _check_model(self):
         super()._check_model()
         self._layout()
