@@ -5,6 +5,7 @@ measured in the same job.
 
     hvdrun -np 4 python bench/diloco.py --runs sync,diloco50,streaming50 --steps 300 --json out.json
     hvdrun -np 4 python bench/diloco.py --runs sync,diloco50x3 --steps 300   # DiLoCo to 900 steps
+    hvdrun -np 4 python bench/diloco.py --runs sync,diloco50q --steps 300    # 4-bit outer gradients
 
 A run's name may end in ``xK``: that run takes K times ``--steps`` (its own
 learning-rate schedule over them), for the time to synchronous's final loss
@@ -37,6 +38,9 @@ def runs_table(topk_ratio, dgc_lr):
     for h in (5, 10, 20, 25, 50, 100, 200):
         out["diloco%d" % h] = ("DiLoCo H=%d" % h, ["--diloco", str(h)])
         out["streaming%d" % h] = ("Streaming DiLoCo H=%d F=4" % h, ["--diloco", str(h), "--fragments", "4"])
+        for name in ("diloco%d" % h, "streaming%d" % h):   # a "q": 4-bit outer gradients
+            label, argv = out[name]
+            out[name + "q"] = (label + ", 4-bit", argv + ["--compression", "quantize"])
     return out
 
 
@@ -83,8 +87,9 @@ def summarise(results, labels):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", default="sync,dgc,powersgd,diloco50,streaming50",
-                   help="comma list: sync, dgc, powersgd, dilocoH, streamingH (H in 5..200), each "
-                   "optionally followed by xK (K times --steps)")
+                   help="comma list: sync, dgc, powersgd, dilocoH, streamingH (H in 5..200; a "
+                   "trailing q: 4-bit outer gradients, e.g. diloco50q), each optionally followed "
+                   "by xK (K times --steps)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--topk-ratio", type=float, default=0.01)

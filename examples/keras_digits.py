@@ -11,7 +11,7 @@ with ``TF_USE_LEGACY_KERAS=1``.
     mpiexec -n 2 python examples/keras_digits.py --checkpoint /tmp/digits.keras
     mpiexec -n 2 python examples/keras_digits.py --resume /tmp/digits.keras --epochs 2
     hvdrun -np 4 python examples/keras_digits.py --local-sgd 4              # average every 4 steps
-    hvdrun -np 4 python examples/keras_digits.py --diloco 20 --outer-momentum 0.5     # DiLoCo
+    hvdrun -np 4 python examples/keras_digits.py --diloco 20                          # DiLoCo
     hvdrun -np 4 python examples/keras_digits.py --diloco 20 --fragments 2 --compression fp16
 
 Each rank trains on its own shard of the training set; gradients are averaged
@@ -59,7 +59,8 @@ def parse_args(argv=None):
                    help="DiLoCo: steps a fragment's reduction overlaps (default 1 with "
                         "--fragments > 1, else 0)")
     p.add_argument("--outer-lr", type=float, default=0.7)
-    p.add_argument("--outer-momentum", type=float, default=0.9)
+    p.add_argument("--outer-momentum", type=float, default=0.5,
+                   help="DiLoCo's outer Nesterov momentum (0: plain SGD)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
     args = p.parse_args(argv)

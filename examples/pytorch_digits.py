@@ -9,7 +9,7 @@ offline). A Horovod-style script: change the import and it is the same.
     hvdrun -np 4 python examples/pytorch_digits.py --compression powersgd --powersgd-rank 2
     mpiexec -n 2 python examples/pytorch_digits.py --check     # verify every step
     hvdrun -np 4 python examples/pytorch_digits.py --local-sgd 4           # average every 4 steps
-    hvdrun -np 4 python examples/pytorch_digits.py --diloco 20 --outer-momentum 0.5   # DiLoCo
+    hvdrun -np 4 python examples/pytorch_digits.py --diloco 20                        # DiLoCo
     hvdrun -np 4 python examples/pytorch_digits.py --diloco 20 --fragments 3 --compression fp16
     hvdrun -np 4 python examples/pytorch_digits.py --diloco 20 --compression quantize   # 4-bit outer gradients
 
@@ -74,7 +74,8 @@ def parse_args(argv=None):
                    help="DiLoCo: inner steps a fragment's reduction overlaps (default 1 with "
                         "--fragments > 1, else 0)")
     p.add_argument("--outer-lr", type=float, default=0.7)
-    p.add_argument("--outer-momentum", type=float, default=0.9)
+    p.add_argument("--outer-momentum", type=float, default=0.5,
+                   help="DiLoCo's outer Nesterov momentum (0: plain SGD)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--check", action="store_true",
                    help="verify identical parameters and the single-process reference every step")

@@ -13,6 +13,7 @@ makes it the example for comparing ways to communicate less.
     hvdrun -np 4 python examples/pytorch_lm.py --diloco 50             # DiLoCo, outer Nesterov
     hvdrun -np 4 python examples/pytorch_lm.py --diloco 50 --fragments 4   # Streaming DiLoCo
     hvdrun -np 4 python examples/pytorch_lm.py --diloco 50 --compression bf16 --json --curve
+    hvdrun -np 4 python examples/pytorch_lm.py --diloco 50 --compression quantize   # 4-bit
 
 Every mode runs ``--steps`` steps of ``--batch-size`` windows of ``--seq-len``
 bytes per rank (each rank its own deterministic stream of windows), so runs
@@ -62,9 +63,10 @@ def parse_args(argv=None):
     p.add_argument("--lr-warmup", type=int, default=None, help="warm-up steps (default steps/20)")
     p.add_argument("--momentum", type=float, default=0.9, help="sgd")
     p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--compression", choices=["none", "fp16", "bf16", "topk", "dgc", "powersgd"],
+    p.add_argument("--compression", choices=["none", "fp16", "bf16", "topk", "dgc", "powersgd",
+                                              "quantize"],
                    default="none", help="synchronous: the gradients'; --diloco: the outer "
-                   "gradients' (none, fp16, bf16)")
+                   "gradients' (none, fp16, bf16, quantize: 4 bits per value, as Streaming DiLoCo)")
     p.add_argument("--topk-ratio", type=float, default=0.01)
     p.add_argument("--max-norm", type=float, default=None, help="dgc: the global clipping norm")
     p.add_argument("--dgc-epoch", type=int, default=None,
@@ -79,7 +81,8 @@ def parse_args(argv=None):
     p.add_argument("--fragments", type=int, default=1, help="DiLoCo: Streaming DiLoCo's fragments")
     p.add_argument("--overlap-steps", type=int, default=None)
     p.add_argument("--outer-lr", type=float, default=0.7)
-    p.add_argument("--outer-momentum", type=float, default=0.9)
+    p.add_argument("--outer-momentum", type=float, default=0.5,
+                   help="DiLoCo's outer Nesterov momentum (0: plain SGD)")
     p.add_argument("--eval-every", type=int, default=0,
                    help="evaluate every N steps (0: only at the end)")
     p.add_argument("--eval-windows", type=int, default=64, help="validation windows")
@@ -96,7 +99,7 @@ def parse_args(argv=None):
     if args.fragments != 1 and not args.diloco:
         p.error("--fragments applies to --diloco")
     if local and args.compression in ("topk", "dgc", "powersgd"):
-        p.error("with --local-sgd/--diloco use --compression none, fp16 or bf16")
+        p.error("with --local-sgd/--diloco use --compression none, fp16, bf16 or quantize")
     if args.compression == "dgc" and args.optimizer != "sgd":
         p.error("--compression dgc moves SGD's momentum into the engine (momentum correction): "
                 "use --optimizer sgd")
@@ -171,6 +174,8 @@ def compression_of(args):
         return hvd.Compression.topk(args.topk_ratio)
     if args.compression == "powersgd":
         return hvd.Compression.powersgd(rank=args.powersgd_rank, start_iter=args.start_iter)
+    if args.compression == "quantize":
+        return hvd.Compression.quantize(bits=4)
     return {"fp16": hvd.Compression.fp16, "bf16": hvd.Compression.bf16}.get(
         args.compression, hvd.Compression.none)
 

@@ -167,7 +167,7 @@ class OuterSGD:
     in host memory. ``momentum_buffers[i]`` is None until tensor i's first
     step, as in torch."""
 
-    def __init__(self, n, lr=0.7, momentum=0.9, nesterov=True, what="DiLoCo"):
+    def __init__(self, n, lr=0.7, momentum=0.5, nesterov=True, what="DiLoCo"):
         for label, value in (("outer_lr", lr), ("outer_momentum", momentum)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                     not np.isfinite(value) or value < 0:

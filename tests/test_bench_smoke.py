@@ -339,7 +339,8 @@ def test_diloco_chart_fits_each_run_and_picks_the_soonest(tmp_path):
 
 
 def test_diloco_bench_run_names_take_a_steps_factor():
-    """bench/diloco.py: ``diloco50x3`` is DiLoCo H=50 for three times --steps."""
+    """bench/diloco.py: ``diloco50x3`` is DiLoCo H=50 for three times --steps; a
+    ``q`` after H sends 4-bit outer gradients."""
     require("torch", import_module=False)
     require("hvdlite._engine", import_module=False)
     sys.path.insert(0, os.path.join(REPO, "bench"))
@@ -349,6 +350,8 @@ def test_diloco_bench_run_names_take_a_steps_factor():
         sys.path.pop(0)
     table = diloco.runs_table(0.01, 0.05)
     assert diloco.parse_run("diloco50x3", table, 150) == ("DiLoCo H=50, 3x the steps", ["--diloco", "50"], 450)
+    assert diloco.parse_run("diloco50qx2", table, 150) == (
+        "DiLoCo H=50, 4-bit, 2x the steps", ["--diloco", "50", "--compression", "quantize"], 300)
     assert diloco.parse_run("sync", table, 150) == ("synchronous", [], 150)
     assert diloco.parse_run("diloco7", table, 150) is None and diloco.parse_run("syncx", table, 150) is None
 
