@@ -22,6 +22,7 @@ from hvdlite.local_sgd import bad as _bad
 from hvdlite.local_sgd import check_compression as _check_compression
 from hvdlite.local_sgd import check_process_set as _check_process_set
 from hvdlite.local_sgd import check_sync_every as _check_sync_every
+from hvdlite.local_sgd import OUTER_LR, OUTER_MOMENTUM
 from hvdlite.local_sgd import FragmentSyncs, check_fragments_fit, split_fragments
 from hvdlite.process_sets import global_process_set
 
@@ -150,11 +151,9 @@ class LocalSGD(_Periodic):
 
 
 def default_outer_optimizer(params):
-    """DiLoCo's default outer optimizer: SGD, lr 0.7, Nesterov momentum 0.5.
-    The DiLoCo paper's 0.9 is for thousands of inner steps per outer step;
-    over hvdlite's measured runs (a few to a hundred outer steps, H of 10 to
-    100) 0.5 lost less to synchronous training on every model and H tried."""
-    return torch.optim.SGD(params, lr=0.7, momentum=0.5, nesterov=True)
+    """DiLoCo's default outer optimizer: SGD, lr 0.7, Nesterov momentum 0.5
+    (hvdlite.local_sgd.OUTER_LR / OUTER_MOMENTUM, shared with Keras)."""
+    return torch.optim.SGD(params, lr=OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True)
 
 
 def _piece(tensor, first, end):

@@ -235,8 +235,8 @@ class DiLoCoCallback(_PeriodicCallback, common.FragmentSyncs):
 
     what = "DiLoCoCallback"
 
-    def __init__(self, sync_every=100, fragments=1, overlap_steps=None, outer_lr=0.7,
-                 outer_momentum=0.5, outer_nesterov=True, compression=Compression.none,
+    def __init__(self, sync_every=100, fragments=1, overlap_steps=None, outer_lr=common.OUTER_LR,
+                 outer_momentum=common.OUTER_MOMENTUM, outer_nesterov=True, compression=Compression.none,
                  sync_buffers=False, process_set=global_process_set, name="diloco",
                  sync_on_train_end=True):
         super().__init__(sync_every, sync_buffers, compression, process_set, name,
