@@ -5,20 +5,35 @@ killed, stopped or cut off, restore their last commit from memory, form the
 next generation among themselves and go on; a listed host joins at the next
 commit; below --min-np the job ends cleanly.
 
-hvdrun runs on host 1 and the job uses hosts 1-3 (host 4 joins in the growth
-test); the lost rank is always on host 3. The state is committed every step,
-so at most the failed step is redone. Each test prints what it measured (run
+hvdrun runs on host 1 and most jobs use hosts 1-3 (host 4 joins in the growth
+test), the lost rank on host 3; the jobs that lose ranks in turn use hosts 1-4
+or 1-5, and each case reads its own loss from the job that its fixture ran
+once. The state is committed every step, so at most the failed step is redone. Each test prints what it measured (run
 with -s); the times are checked by bench/, not here.
 """
 import os
 import re
 import signal
 import time
+import uuid
+from types import SimpleNamespace
 
 import pytest
 
-from test_elastic_multihost import (ElasticJob, _check_done, _nothing_left, hosts,  # noqa: F401 (fixtures)
-                                    _discovered_host_joins, hosts_arg, reference, tag)
+from harness.checks import require
+from harness.hosts import hosts_or_skip
+from test_elastic_multihost import (ElasticJob, _check_done, _nothing_left, _discovered_host_joins,  # noqa: F401
+                                    hosts_arg, reference, tag)  # (tag: a fixture)
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    """5 hosts: the job of the faults inside operations uses them all."""
+    require("torch")
+    h = hosts_or_skip(5)
+    yield h
+    h.down()
+
 
 IN_PLACE = ["--recovery", "in-place"]
 EVERY_STEP = ["--commit-every", "1"]
@@ -32,10 +47,12 @@ def _first_ranks(job):
     return out
 
 
-def _check_in_place(job, lost_at, lost_pids):
+def _check_in_place(job, lost_at, lost_pids, until=None):
     """The survivors went on in their own processes from their last commit:
-    returns (seconds from the loss to the next completed step, batches redone)."""
-    begins = [e for e in job.events("begin") if e["t"] > lost_at]
+    returns (seconds from the loss to the next completed step, batches redone).
+    ``lost_pids``: every rank lost by then; ``until``: when the next loss came
+    (a job that loses ranks in turn)."""
+    begins = [e for e in job.events("begin") if e["t"] > lost_at and (until is None or e["t"] < until)]
     assert begins, job.stderr_text()
     first_pids = {e["pid"] for e in job.events("start")}
     survivors = first_pids - set(lost_pids)
@@ -56,44 +73,56 @@ def _in_place_job(hosts, tag, hvdrun_args, script_args=()):
     return job
 
 
-def test_in_place_rank_killed_survivors_go_on(hosts, tag):
-    lost = hosts.names[2]
+@pytest.fixture(scope="module")
+def kills_job(hosts):
+    """Four hosts, --min-np 1: the ranks on hosts 4, 3 and 2 are SIGKILLed one
+    after the other, each once the survivors of the one before trained on; rank
+    0's process trains on alone to the end."""
+    tag = "hvdltag-" + uuid.uuid4().hex[:10]
+    job = ElasticJob(hosts, tag, ["--min-np", "1", "-H", hosts_arg(hosts, 4)] + IN_PLACE, EVERY_STEP)
+    kills = []      # (time of the kill, pids killed)
+    try:
+        for k, at in ((3, 20), (2, 35), (1, 50)):
+            job.step_at(at)
+            victims = _first_ranks(job)[hosts.names[k]]
+            killed_at = time.time()
+            for e in victims:
+                os.kill(e["pid"], signal.SIGKILL)
+            kills.append((killed_at, [e["pid"] for e in victims]))
+            size = 4 - len(kills)
+            job.wait_for(lambda: [e for e in job.events("step", 0) if e["t"] > killed_at and e["size"] == size],
+                         "a step on %d ranks after kill %d" % (size, len(kills)))
+        job.wait()
+    finally:
+        _nothing_left(hosts, tag)
+    return SimpleNamespace(job=job, kills=kills)
+
+
+def test_in_place_rank_killed_survivors_go_on(hosts, kills_job):
+    """The first kill of kills_job: the rank on host 4 of 4."""
     ref = reference(hosts, "torch")
-    job = _in_place_job(hosts, tag, ["-H", hosts_arg(hosts, 3)])
-    job.step_at(42)
-    victims = _first_ranks(job)[lost]
-    killed_at = time.time()
-    for e in victims:
-        os.kill(e["pid"], signal.SIGKILL)
-    job.wait()
+    job = kills_job.job
     assert job.rc == 0, job.stderr_text()
     assert re.search(r"hvdrun: elastic: .*in-place", job.stderr_text()), job.stderr_text()
-    took, redone = _check_in_place(job, killed_at, [e["pid"] for e in victims])
-    done = _check_done(job, ref, 2)
+    (killed_at, victims), (next_at, _) = kills_job.kills[:2]
+    took, redone = _check_in_place(job, killed_at, victims, until=next_at)
+    done = _check_done(job, ref, 1)
     print("\nin place, SIGKILL -> next step %.3f s, %d batches redone, accuracy %.2f %% (uninterrupted %.2f %%)"
           % (took, redone, done["accuracy"], ref["accuracy"]))
 
 
-def test_in_place_three_failures_in_a_row(hosts, tag):
-    """Four hosts, --min-np 1: ranks on hosts 4, 3 and 2 are killed one after
-    the other; rank 0's process trains on alone to the end."""
+def test_in_place_three_failures_in_a_row(hosts, kills_job):
+    """All three kills of kills_job: each time the survivors go on in place,
+    and rank 0's process ends the job alone."""
     ref = reference(hosts, "torch")
-    job = ElasticJob(hosts, tag, ["--min-np", "1", "-H", hosts_arg(hosts, 4)] + IN_PLACE, EVERY_STEP)
+    job = kills_job.job
+    assert job.rc == 0, job.stderr_text()
     lost_pids, times = [], []
-    for k, at in ((3, 20), (2, 35), (1, 50)):
-        job.step_at(at)
-        victims = _first_ranks(job)[hosts.names[k]]
-        killed_at = time.time()
-        for e in victims:
-            os.kill(e["pid"], signal.SIGKILL)
-        lost_pids += [e["pid"] for e in victims]
-        size = 3 - len(times)
-        job.wait_for(lambda: [e for e in job.events("step", 0) if e["t"] > killed_at and e["size"] == size],
-                     "a step on %d ranks after kill %d" % (size, len(times) + 1))
+    for i, (killed_at, victims) in enumerate(kills_job.kills):
+        lost_pids += victims
+        size = 3 - i
         times.append(min(e["t"] for e in job.events("step", 0) if e["t"] > killed_at and e["size"] == size)
                      - killed_at)
-    job.wait()
-    assert job.rc == 0, job.stderr_text()
     first_pids = {e["pid"] for e in job.events("start")}
     assert len(job.events("start")) == 4 and {e["pid"] for e in job.events("done")} == first_pids - set(lost_pids)
     done = _check_done(job, ref, 1)
@@ -101,40 +130,55 @@ def test_in_place_three_failures_in_a_row(hosts, tag):
           % (", ".join("%.2f" % t for t in times), done["accuracy"], ref["accuracy"]))
 
 
-def test_in_place_rank_stopped_is_left_out(hosts, tag):
-    job = _in_place_job(hosts, tag, ["-H", hosts_arg(hosts, 3)])
-    job.step_at(30)
-    victims = _first_ranks(job)[hosts.names[2]]
-    stopped_at = time.time()
-    for e in victims:
-        os.kill(e["pid"], signal.SIGSTOP)
+@pytest.fixture(scope="module")
+def silent_job(hosts):
+    """One job on 4 hosts (--min-np 2) that loses two ranks that say nothing: the
+    rank on host 4 is stopped (SIGSTOP) at step 30, then, once the other three
+    trained on, host 3's link goes down. The survivors' wait times out each time
+    (HVDLITE_TIMEOUT_SECONDS=3) and they go on without it."""
+    tag = "hvdltag-" + uuid.uuid4().hex[:10]
+    job = _in_place_job(hosts, tag, ["-H", hosts_arg(hosts, 4)])
+    stopped = []
     try:
-        job.wait()
+        job.step_at(30)
+        first = _first_ranks(job)
+        stopped = first[hosts.names[3]]
+        stopped_at = time.time()
+        for e in stopped:
+            os.kill(e["pid"], signal.SIGSTOP)
+        job.wait_for(lambda: [e for e in job.events("step", 0) if e["t"] > stopped_at and e["size"] == 3],
+                     "a step on 3 ranks after the stop")
+        cut = first[hosts.names[2]]
+        cut_at = time.time()
+        hosts.set_link(3, False)
+        try:
+            job.wait()
+        finally:
+            hosts.set_link(3, True)
     finally:
-        for e in victims:
+        for e in stopped:
             try:
                 os.kill(e["pid"], signal.SIGCONT)
             except ProcessLookupError:
                 pass
+        _nothing_left(hosts, tag)
+    return SimpleNamespace(job=job, stopped=[e["pid"] for e in stopped], stopped_at=stopped_at,
+                           cut=[e["pid"] for e in cut], cut_at=cut_at)
+
+
+def test_in_place_rank_stopped_is_left_out(hosts, silent_job):
+    job = silent_job.job
     assert job.rc == 0, job.stderr_text()
-    took, redone = _check_in_place(job, stopped_at, [e["pid"] for e in victims])
+    took, redone = _check_in_place(job, silent_job.stopped_at, silent_job.stopped, until=silent_job.cut_at)
     _check_done(job, reference(hosts, "torch"), 2)
     print("\nin place, SIGSTOP -> next step %.2f s (HVDLITE_TIMEOUT_SECONDS=3), %d batches redone"
           % (took, redone))
 
 
-def test_in_place_host_link_down(hosts, tag):
-    job = _in_place_job(hosts, tag, ["-H", hosts_arg(hosts, 3)])
-    job.step_at(30)
-    victims = _first_ranks(job)[hosts.names[2]]
-    cut_at = time.time()
-    hosts.set_link(3, False)
-    try:
-        job.wait()
-    finally:
-        hosts.set_link(3, True)
+def test_in_place_host_link_down(hosts, silent_job):
+    job = silent_job.job
     assert job.rc == 0, job.stderr_text()
-    took, redone = _check_in_place(job, cut_at, [e["pid"] for e in victims])
+    took, redone = _check_in_place(job, silent_job.cut_at, silent_job.stopped + silent_job.cut)
     _check_done(job, reference(hosts, "torch"), 2)
     print("\nin place, link down -> next step %.2f s (HVDLITE_TIMEOUT_SECONDS=3), %d batches redone"
           % (took, redone))
@@ -153,7 +197,7 @@ def test_in_place_discovered_host_joins_at_the_next_commit(hosts, tag, tmp_path)
 
 def test_in_place_below_min_np_ends_naming_the_lost_host(hosts, tag):
     lost = hosts.names[2]
-    job = ElasticJob(hosts, tag, ["--min-np", "3", "--elastic-timeout", "4", "-H", hosts_arg(hosts, 3)]
+    job = ElasticJob(hosts, tag, ["--min-np", "3", "--elastic-timeout", "2", "-H", hosts_arg(hosts, 3)]
                      + IN_PLACE, EVERY_STEP)
     job.step_at(10)
     victims = _first_ranks(job)[lost]
@@ -162,25 +206,50 @@ def test_in_place_below_min_np_ends_naming_the_lost_host(hosts, tag):
     job.wait()
     assert job.rc != 0
     err = job.stderr_text()
-    assert re.search(r"hvdrun: elastic: fewer than --min-np 3 slots for 4 s \(--elastic-timeout\); "
+    assert re.search(r"hvdrun: elastic: fewer than --min-np 3 slots for 2 s \(--elastic-timeout\); "
                      r"hosts lost: %s \(lost rank 2 \(was killed by SIGKILL\)\)" % lost, err), err
     assert "Traceback" not in err, err
 
 
-@pytest.mark.parametrize("fault", ["commit", "broadcast", "allgather", "process_set"])
-def test_in_place_rank_lost_inside_an_operation(hosts, tag, fault):
-    """The job's last rank SIGKILLs itself inside a commit, a broadcast, an
-    allgather or an allreduce on a process set of ranks 1.. (4 hosts: the set
-    is added again, over 3 ranks, in the next generation) at step 30."""
-    count = 4 if fault == "process_set" else 3
+# One job loses a rank inside each operation in turn (fault_job); the process
+# set's is second, at 4 ranks, so its set of ranks 1-3 is added again over 3.
+FAULTS = [("commit", 20), ("process_set", 35), ("broadcast", 50), ("allgather", 65)]
+
+
+@pytest.fixture(scope="module")
+def fault_job(hosts):
+    """5 hosts, --min-np 1: the job's last rank SIGKILLs itself inside a commit,
+    an allreduce on a process set of ranks 1.., a broadcast and an allgather,
+    one after the other (tests/scripts/elastic_digits.py --fault); rank 0 trains
+    on alone to the end."""
+    tag = "hvdltag-" + uuid.uuid4().hex[:10]
+    faults = [arg for kind, at in FAULTS for arg in ("--fault", "%s:%d" % (kind, at))]
+    # Four hosts answer hvdrun's first SSH check at once: more time for them on a loaded machine.
+    job = ElasticJob(hosts, tag, ["--min-np", "1", "--ssh-connect-timeout", "3", "-H", hosts_arg(hosts, 5)]
+                     + IN_PLACE, EVERY_STEP + faults, timeout=420)
+    try:
+        job.wait()
+    finally:
+        _nothing_left(hosts, tag)
+    return job
+
+
+@pytest.mark.parametrize("fault", [kind for kind, _ in FAULTS])
+def test_in_place_rank_lost_inside_an_operation(hosts, fault_job, fault):
+    """The job's last rank SIGKILLs itself inside a commit, an allreduce on a
+    process set of ranks 1.. (at 4 ranks: the set is added again, over 3 ranks,
+    in the next generation), a broadcast or an allgather: the survivors go on
+    in place from their last commit."""
+    job = fault_job
     ref = reference(hosts, "torch")
-    job = _in_place_job(hosts, tag, ["-H", hosts_arg(hosts, count)], ["--fault", "%s:30" % fault])
-    job.wait()
     assert job.rc == 0, job.stderr_text()
     faults = job.events("fault")
-    assert [e["what"] for e in faults] == [fault], job.stderr_text()
-    took, redone = _check_in_place(job, faults[0]["t"], [faults[0]["pid"]])
-    done = _check_done(job, ref, count - 1)
+    assert [e["what"] for e in faults] == [kind for kind, _ in FAULTS], job.stderr_text()
+    k = [kind for kind, _ in FAULTS].index(fault)
+    assert faults[k]["size"] == 5 - k, faults[k]
+    until = faults[k + 1]["t"] if k + 1 < len(faults) else None
+    took, redone = _check_in_place(job, faults[k]["t"], [e["pid"] for e in faults[:k + 1]], until)
+    done = _check_done(job, ref, 1)
     if fault == "process_set":
         # Added again over the survivors' ranks 1.. and used in the next generation.
         sets = job.events("process_set")

@@ -72,11 +72,11 @@ def _nothing_left(hosts, tag, timeout=20.0):
     left = []
     while time.time() < deadline:
         left = wait_until_gone(tag, timeout=0.5)
-        per_host = {k: _describe(hosts.pids(k)) for k in range(1, 5)}
+        per_host = {k: _describe(hosts.pids(k)) for k in range(1, hosts.count + 1)}
         if not left and not any(per_host.values()):
             return
         time.sleep(0.2)
-    for pid in list(left) + [p for k in range(1, 5) for p in hosts.pids(k)]:
+    for pid in list(left) + [p for k in range(1, hosts.count + 1) for p in hosts.pids(k)]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -231,7 +231,7 @@ def test_discovered_host_joins_at_the_next_commit(hosts, tag, tmp_path):
 
 def test_below_min_np_gives_up_naming_the_lost_host(hosts, tag):
     lost = hosts.names[2]
-    job = ElasticJob(hosts, tag, ["--min-np", "3", "--elastic-timeout", "4", "-H", hosts_arg(hosts, 3)])
+    job = ElasticJob(hosts, tag, ["--min-np", "3", "--elastic-timeout", "2", "-H", hosts_arg(hosts, 3)])
     job.step_at(10)
     victims = _ranks_on(job, lost)
     killed_at = time.time()
@@ -241,6 +241,6 @@ def test_below_min_np_gives_up_naming_the_lost_host(hosts, tag):
     took = time.time() - killed_at
     assert job.rc != 0
     last = job.stderr_text().strip().splitlines()[-1]
-    assert re.match(r"hvdrun: elastic: fewer than --min-np 3 slots for 4 s \(--elastic-timeout\); "
+    assert re.match(r"hvdrun: elastic: fewer than --min-np 3 slots for 2 s \(--elastic-timeout\); "
                     r"hosts lost: %s \(lost rank 2 \(was killed by SIGKILL\)\)" % lost, last), last
     print("\nbelow --min-np: hvdrun gave up %.1f s after the kill" % took)

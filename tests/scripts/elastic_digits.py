@@ -9,7 +9,12 @@ operation at its N-th step, after a ``fault`` event line: ``commit`` (inside
 the state's save), ``broadcast`` or ``allgather`` (every rank runs one per
 step before the optimizer's step; the victim dies with its own in flight),
 ``process_set`` (at 3 ranks or more, ranks 1.. allreduce in a process set
-each step, added again in every generation; the victim dies inside it)."""
+each step, added again in every generation; the victim dies inside it).
+Several ``--fault`` run in turn, one per rank lost, in the order given: the
+k-th is armed once k-1 ranks are gone and fires at the first step (or save)
+from the N-th on, counting each process's steps from its start; each step
+runs the operation of the armed fault, and a process set's allreduce, once
+armed, runs in every later step too."""
 import json
 import os
 import runpy
@@ -22,23 +27,33 @@ SCRIPTS = {"torch": "pytorch_elastic_digits.py", "keras": "keras_elastic_digits.
 FAULTS = ("commit", "broadcast", "allgather", "process_set")
 
 
-def _take_fault(argv):
-    """Removes ``--fault KIND:N`` from argv; returns (KIND, N) or None."""
-    if "--fault" not in argv:
-        return None
-    i = argv.index("--fault")
-    kind, _, at = argv[i + 1].partition(":")
-    del argv[i:i + 2]
-    assert kind in FAULTS, kind
-    return kind, int(at)
+def _take_faults(argv):
+    """Removes every ``--fault KIND:N`` from argv; returns [(KIND, N)] in order."""
+    faults = []
+    while "--fault" in argv:
+        i = argv.index("--fault")
+        kind, _, at = argv[i + 1].partition(":")
+        del argv[i:i + 2]
+        assert kind in FAULTS, kind
+        faults.append((kind, int(at)))
+    return faults
 
 
-def install_fault(kind, at):
+def install_faults(faults):
     import torch
 
     import hvdlite.torch as hvd
     from hvdlite import rendezvous
     from hvdlite.elastic.state import ObjectState
+
+    first_size = []         # the job's size at this process's first step
+
+    def armed():
+        """The fault armed now, (KIND, N), or None: the k-th once k-1 ranks are gone."""
+        if not first_size:
+            first_size.append(hvd.size())
+        lost = first_size[0] - hvd.size()
+        return faults[lost] if lost < len(faults) else None
 
     def victim():
         return hvd.rank() == hvd.size() - 1
@@ -50,30 +65,20 @@ def install_fault(kind, at):
         event("fault", pid=os.getpid(), what=what)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    calls = [0]
-    if kind == "commit":
-        save = ObjectState.save
+    steps = [0]
+    save = ObjectState.save
 
-        def save_then_die(self):
-            save(self)
-            calls[0] += 1
-            if calls[0] == at and victim():
-                die("commit")
-        ObjectState.save = save_then_die
-        return
+    def save_then_die(self):
+        save(self)
+        fault = armed()
+        if fault is not None and fault[0] == "commit" and steps[0] >= fault[1] and victim():
+            die("commit")
+    ObjectState.save = save_then_die
 
     sets = {}       # generation -> the process set of ranks 1.. (None below 3 ranks)
+    process_sets = [False]      # True once the process_set fault was armed
 
-    def in_flight():
-        """Starts this step's extra operation; returns its handle and the
-        result it must give (None, None: not a member)."""
-        if kind == "broadcast":
-            mine = torch.tensor([7.0 + hvd.size() if hvd.rank() == 0 else -1.0])
-            return (hvd.broadcast_async(mine, root_rank=0, name="fault.broadcast"),
-                    torch.tensor([7.0 + hvd.size()]))
-        if kind == "allgather":
-            return (hvd.allgather_async(torch.tensor([[float(hvd.rank())]]), name="fault.allgather"),
-                    torch.arange(hvd.size(), dtype=torch.float32).reshape(-1, 1))
+    def process_set_op():
         generation = rendezvous.current().number
         if generation not in sets:
             # Every rank adds the set, in every generation: the rebuilt engine has none.
@@ -87,18 +92,39 @@ def install_fault(kind, at):
         return (hvd.allreduce_async(torch.ones(4), name="fault.process_set", process_set=ps, op=hvd.Sum),
                 torch.full((4,), float(ps.size())))
 
-    sgd_step = torch.optim.SGD.step
+    def start(kind):
+        """Starts this step's ``kind`` operation; returns its handle and the
+        result it must give (None, None: not a member)."""
+        if kind == "broadcast":
+            mine = torch.tensor([7.0 + hvd.size() if hvd.rank() == 0 else -1.0])
+            return (hvd.broadcast_async(mine, root_rank=0, name="fault.broadcast"),
+                    torch.tensor([7.0 + hvd.size()]))
+        if kind == "allgather":
+            return (hvd.allgather_async(torch.tensor([[float(hvd.rank())]]), name="fault.allgather"),
+                    torch.arange(hvd.size(), dtype=torch.float32).reshape(-1, 1))
+        return process_set_op()
 
-    def step_with_operation(self, *args, **kwargs):
-        calls[0] += 1
-        handle, expect = in_flight()
+    def run(kind, dies):
+        handle, expect = start(kind)
         if handle is not None:
-            if calls[0] == at and victim():
+            if dies:
                 time.sleep(0.05)        # the others are inside the operation by now
                 die(kind)
             got = hvd.synchronize(handle)
             if not torch.equal(got, expect):
                 raise AssertionError("%s gave %s, expected %s" % (kind, got, expect))
+
+    sgd_step = torch.optim.SGD.step
+
+    def step_with_operation(self, *args, **kwargs):
+        steps[0] += 1
+        fault = armed()
+        kind = fault[0] if fault is not None else None
+        process_sets[0] = process_sets[0] or kind == "process_set"
+        if process_sets[0] and kind != "process_set":
+            run("process_set", False)
+        if kind in ("broadcast", "allgather", "process_set"):
+            run(kind, steps[0] >= fault[1] and victim())
         return sgd_step(self, *args, **kwargs)
     torch.optim.SGD.step = step_with_operation
 
@@ -107,8 +133,8 @@ if __name__ == "__main__":
     example = os.path.join(EXAMPLES, SCRIPTS[sys.argv[2]])
     sys.path.insert(0, EXAMPLES)
     argv = sys.argv[3:]
-    fault = _take_fault(argv)
-    if fault is not None:
-        install_fault(*fault)
+    faults = _take_faults(argv)
+    if faults:
+        install_faults(faults)
     sys.argv = [example] + argv
     runpy.run_path(example, run_name="__main__")
