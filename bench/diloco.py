@@ -117,7 +117,8 @@ def main():
     first = next(iter(results.values()))
     out = {"ranks": pytorch_lm.hvd.size(), "steps": args.steps, "batch_size": first["batch_size"],
            "seq_len": first["seq_len"], "params": first["params"], "eval_every": args.eval_every,
-           "model_args": args.model, "runs": summarise(results, {n: runs[n][0] for n in names})}
+           "model_args": args.model, "outer_lr": first["outer_lr"], "outer_momentum": first["outer_momentum"],
+           "runs": summarise(results, {n: runs[n][0] for n in names})}
     print("LM %d params, %d ranks, %d steps (xK runs: K times) of %d x %d bytes per rank"
           % (out["params"], out["ranks"], args.steps, out["batch_size"], out["seq_len"]))
     print("%-30s %8s %7s %9s %10s %10s %8s" % ("run", "val loss", "x sync", "seconds", "MB total",

@@ -209,8 +209,9 @@ def convergence_table(job):
 
 
 def plot_diloco(path, case):
-    """Validation loss against bytes on the wire (log) and against time, one
-    line per run, one row per job (one host, then each rate and layout)."""
+    """Validation loss against bytes on the wire (log) and against steps (one
+    host: equal samples) or time (between hosts), one line per run, one row per
+    job (one host, then each rate and layout)."""
     plt = pyplot()
     jobs = ([("one host", case["convergence"])] if "runs" in case.get("convergence", {}) else []) + \
         list(hosts_results(case).items())
@@ -225,7 +226,8 @@ def plot_diloco(path, case):
             kw = dict(color=colour, marker=marker, markersize=4, lw=1.2, label=r["label"])
             sent = [p for p in curve if p[2] > 0]   # nothing sent yet: no place on a log axis
             ax_b.plot([p[2] for p in sent], [p[3] for p in sent], **kw)
-            ax_t.plot([p[1] for p in curve], [p[3] for p in curve], **kw)
+            # One host compares equal samples: loss against steps; between hosts, against time.
+            ax_t.plot([p[0 if where == "one host" else 1] for p in curve], [p[3] for p in curve], **kw)
         # Evaluations before the first syncs (DiLoCo's anchor still the initial model)
         # would squash the rest: the axis covers each run's last 80 % of steps.
         later = [p[3] for r in job["runs"].values() for p in r["curve"]
@@ -235,7 +237,8 @@ def plot_diloco(path, case):
                 ax.set_ylim(top=max(later) + 0.05 * (max(later) - min(later) or 1))
         ax_b.set_xscale("log")
         ax_b.set_xlabel("bytes one rank put on the wire (log)", fontsize=8)
-        ax_t.set_xlabel("seconds of training (evaluations excluded)", fontsize=8)
+        ax_t.set_xlabel("steps (every run: the same samples per step)" if where == "one host"
+                        else "seconds of training (evaluations excluded)", fontsize=8)
         for ax in (ax_b, ax_t):
             ax.set_ylabel("validation loss (nats/byte)", fontsize=8)
             ax.set_title("%s, %d ranks, %d steps" % (where, job["ranks"], job["steps"]), fontsize=9)
@@ -246,6 +249,13 @@ def plot_diloco(path, case):
     plt.close(fig)
 
 
+def outer_optimizer(job):
+    """DiLoCo's outer optimizer as the job ran it (results before it was recorded: unnamed)."""
+    if "outer_momentum" not in job:
+        return "DiLoCo's outer optimizer: hvdlite's default when it ran"
+    return "DiLoCo's outer optimizer SGD lr %g, Nesterov momentum %g" % (job["outer_lr"], job["outer_momentum"])
+
+
 def diloco_section(case, img):
     L = ["## Case 12: DiLoCo against compression (byte-level LM)\n"]
     failed = case_failed(case)
@@ -254,12 +264,11 @@ def diloco_section(case, img):
     conv = case.get("convergence", {})
     if "runs" in conv:
         L.append("`examples/pytorch_lm.py` (%s parameters%s; %d x %d bytes per rank and step, AdamW with "
-                 "warm-up and cosine decay; DiLoCo's outer optimizer SGD lr 0.7, Nesterov momentum 0.9) "
-                 "on the source of Python's standard library, every run to the same %d steps (equal "
-                 "samples), validation loss on held-out text. Ratios are to the synchronous run of the "
-                 "same job.\n" % (format(conv["params"], ","), ", model `%s`" % conv["model_args"]
-                                  if conv.get("model_args") else "", conv["batch_size"], conv["seq_len"],
-                                  conv["steps"]))
+                 "warm-up and cosine decay; %s) on the source of Python's standard library, every run to "
+                 "the same %d steps (equal samples), validation loss on held-out text. Ratios are to the "
+                 "synchronous run of the same job.\n" % (
+                     format(conv["params"], ","), ", model `%s`" % conv["model_args"] if conv.get("model_args")
+                     else "", conv["batch_size"], conv["seq_len"], outer_optimizer(conv), conv["steps"]))
         L.append("**Convergence on one host** (%d ranks, no link emulation): DiLoCo at several H against "
                  "synchronous; the target is a final validation loss within 2 %% of synchronous's.\n"
                  % conv["ranks"])

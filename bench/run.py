@@ -75,7 +75,7 @@ FULL = dict(
     diloco_np=4, diloco_model="", diloco_steps=150, diloco_eval_every=25,
     diloco_runs="sync,dgcx2,powersgdx2,diloco50x3,diloco50qx3,streaming50x3", diloco_layouts="4x1",
     diloco_rates="1gbit,100mbit", diloco_conv_runs="sync,diloco10,diloco50,diloco100",
-    diloco_conv_steps=1200, diloco_conv_eval_every=100, diloco_conv_model="--d-model 192",
+    diloco_conv_steps=3000, diloco_conv_eval_every=250, diloco_conv_model="--d-model 192",
     diloco_chart_models="128,192,256,384,512,768",
     job_timeout=2400,
 )
