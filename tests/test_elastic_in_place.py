@@ -8,8 +8,11 @@ commit; below --min-np the job ends cleanly.
 hvdrun runs on host 1 and most jobs use hosts 1-3 (host 4 joins in the growth
 test), the lost rank on host 3; the jobs that lose ranks in turn use hosts 1-4
 or 1-5, and each case reads its own loss from the job that its fixture ran
-once. The state is committed every step, so at most the failed step is redone. Each test prints what it measured (run
-with -s); the times are checked by bench/, not here.
+once. A stopped rank and a cut link keep a job each: in one job that lost
+both, CI saw a fifth rank started (a replacement) by the time the checks ran,
+and the survivor checks of both losses counted it. The state is
+committed every step, so at most the failed step is redone. Each test prints
+what it measured (run with -s); the times are checked by bench/, not here.
 """
 import os
 import re
@@ -130,55 +133,40 @@ def test_in_place_three_failures_in_a_row(hosts, kills_job):
           % (", ".join("%.2f" % t for t in times), done["accuracy"], ref["accuracy"]))
 
 
-@pytest.fixture(scope="module")
-def silent_job(hosts):
-    """One job on 4 hosts (--min-np 2) that loses two ranks that say nothing: the
-    rank on host 4 is stopped (SIGSTOP) at step 30, then, once the other three
-    trained on, host 3's link goes down. The survivors' wait times out each time
-    (HVDLITE_TIMEOUT_SECONDS=3) and they go on without it."""
-    tag = "hvdltag-" + uuid.uuid4().hex[:10]
-    job = _in_place_job(hosts, tag, ["-H", hosts_arg(hosts, 4)])
-    stopped = []
+def test_in_place_rank_stopped_is_left_out(hosts, tag):
+    job = _in_place_job(hosts, tag, ["-H", hosts_arg(hosts, 3)])
+    job.step_at(30)
+    victims = _first_ranks(job)[hosts.names[2]]
+    stopped_at = time.time()
+    for e in victims:
+        os.kill(e["pid"], signal.SIGSTOP)
     try:
-        job.step_at(30)
-        first = _first_ranks(job)
-        stopped = first[hosts.names[3]]
-        stopped_at = time.time()
-        for e in stopped:
-            os.kill(e["pid"], signal.SIGSTOP)
-        job.wait_for(lambda: [e for e in job.events("step", 0) if e["t"] > stopped_at and e["size"] == 3],
-                     "a step on 3 ranks after the stop")
-        cut = first[hosts.names[2]]
-        cut_at = time.time()
-        hosts.set_link(3, False)
-        try:
-            job.wait()
-        finally:
-            hosts.set_link(3, True)
+        job.wait()
     finally:
-        for e in stopped:
+        for e in victims:
             try:
                 os.kill(e["pid"], signal.SIGCONT)
             except ProcessLookupError:
                 pass
-        _nothing_left(hosts, tag)
-    return SimpleNamespace(job=job, stopped=[e["pid"] for e in stopped], stopped_at=stopped_at,
-                           cut=[e["pid"] for e in cut], cut_at=cut_at)
-
-
-def test_in_place_rank_stopped_is_left_out(hosts, silent_job):
-    job = silent_job.job
     assert job.rc == 0, job.stderr_text()
-    took, redone = _check_in_place(job, silent_job.stopped_at, silent_job.stopped, until=silent_job.cut_at)
+    took, redone = _check_in_place(job, stopped_at, [e["pid"] for e in victims])
     _check_done(job, reference(hosts, "torch"), 2)
     print("\nin place, SIGSTOP -> next step %.2f s (HVDLITE_TIMEOUT_SECONDS=3), %d batches redone"
           % (took, redone))
 
 
-def test_in_place_host_link_down(hosts, silent_job):
-    job = silent_job.job
+def test_in_place_host_link_down(hosts, tag):
+    job = _in_place_job(hosts, tag, ["-H", hosts_arg(hosts, 3)])
+    job.step_at(30)
+    victims = _first_ranks(job)[hosts.names[2]]
+    cut_at = time.time()
+    hosts.set_link(3, False)
+    try:
+        job.wait()
+    finally:
+        hosts.set_link(3, True)
     assert job.rc == 0, job.stderr_text()
-    took, redone = _check_in_place(job, silent_job.cut_at, silent_job.stopped + silent_job.cut)
+    took, redone = _check_in_place(job, cut_at, [e["pid"] for e in victims])
     _check_done(job, reference(hosts, "torch"), 2)
     print("\nin place, link down -> next step %.2f s (HVDLITE_TIMEOUT_SECONDS=3), %d batches redone"
           % (took, redone))
