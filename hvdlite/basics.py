@@ -114,6 +114,16 @@ _stop_hooks = []
 _abandon_hooks = []
 
 
+# Starts of the engine in this process: a handle belongs to the start it was
+# issued in (handle ids start again with each start).
+_engine_starts = 0
+
+
+def engine_starts():
+    """How many times this process has started the engine."""
+    return _engine_starts
+
+
 def add_engine_hooks(on_start, on_stop, on_abandon=None):
     if on_start not in _start_hooks:
         _start_hooks.append(on_start)
@@ -122,9 +132,10 @@ def add_engine_hooks(on_start, on_stop, on_abandon=None):
 
 
 def _start(comm):
-    global _init_comm, _atexit_registered, _homogeneous
+    global _init_comm, _atexit_registered, _homogeneous, _engine_starts
     resolved = _resolve_comm(comm)
     check(lib.hvd_init(resolved.py2f()))
+    _engine_starts += 1
     _init_comm = resolved
     global_process_set.mpi_comm = comm if hasattr(comm, "py2f") else None  # as Horovod: the one given
     _homogeneous = len(set(resolved.allgather(local_size()))) == 1

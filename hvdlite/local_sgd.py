@@ -160,6 +160,32 @@ class FragmentSyncs:
         for f in sorted(self._pending):
             self._finish_fresh(f)
 
+    def _keep_pending(self, f, entry):
+        """Fragment f's sync in flight: ``entry`` is (finish after this step,
+        ...), with the engine start its reduction was issued in."""
+        from . import basics
+        self._pending[f] = entry
+        self._pending_starts = getattr(self, "_pending_starts", {})
+        self._pending_starts[f] = basics.engine_starts()
+
+    def _drop_pending(self):
+        """Forgets the syncs in flight (a state loaded or broadcast). Those
+        issued on the running engine are waited for first, errors ignored:
+        until they end the engine holds their names, which each fragment's
+        next sync reuses. Those of an engine since stopped are only dropped
+        (its handle ids mean nothing to the new one)."""
+        from . import basics
+        starts = getattr(self, "_pending_starts", {})
+        for f, entry in self._pending.items():
+            if starts.get(f) == basics.engine_starts():
+                try:
+                    self._await_reduction(entry)
+                except Exception:  # noqa: BLE001 - the sync is dropped either way
+                    pass
+        self._pending.clear()
+        starts.clear()
+        self._fresh = set()
+
 
 # DiLoCo's default outer SGD, one place for torch and Keras. The DiLoCo paper's
 # momentum 0.9 is for thousands of inner steps per outer step; over hvdlite's

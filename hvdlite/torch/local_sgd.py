@@ -303,7 +303,7 @@ class DiLoCo(_Periodic, FragmentSyncs):
                       for a, (i, first, end) in zip(self.anchor_pieces[f], self.fragment_pieces[f])]
             buffers = [b.detach().clone() for b in self.buffers] if f == 0 else []
         handle = self._reduce_async(deltas + buffers, f"fragment{f}")
-        self._pending[f] = (self.local_step + self.overlap_steps, handle, deltas, buffers)
+        self._keep_pending(f, (self.local_step + self.overlap_steps, handle, deltas, buffers))
 
     def _finish(self, f):
         _, handle, deltas, buffers = self._pending.pop(f)
@@ -318,6 +318,9 @@ class DiLoCo(_Periodic, FragmentSyncs):
                 _piece(self.params[i].detach(), first, end).copy_(a)
             for b, avg in zip(self.buffers, buffers):
                 b.copy_(avg)
+
+    def _await_reduction(self, entry):
+        mpi_ops.synchronize(entry[1])
 
     def wait_reductions(self):
         """Waits until the reductions of the syncs in flight have completed,
@@ -340,9 +343,7 @@ class DiLoCo(_Periodic, FragmentSyncs):
                 "inner": self.optimizer.state_dict()}
 
     def load_state_dict(self, state_dict):
-        # Handles of syncs in flight belong to the run being abandoned.
-        self._pending.clear()
-        self._fresh = set()
+        self._drop_pending()
         anchor = state_dict["anchor"]
         if len(anchor) != len(self.params) or any(
                 a.shape != p.shape for a, p in zip(anchor, self.params)):
@@ -360,8 +361,7 @@ class DiLoCo(_Periodic, FragmentSyncs):
     def broadcast_state(self, root_rank=0):
         """Makes the anchor, the outer and inner optimizer states and the step
         count ``root_rank``'s (syncs in flight are dropped first)."""
-        self._pending.clear()
-        self._fresh = set()
+        self._drop_pending()
         self._ensure_anchor()
         broadcast_parameters([(f"{self.name}.anchor.{n}", a) for n, a in zip(self.names, self.anchor)],
                              root_rank, process_set=self.process_set)

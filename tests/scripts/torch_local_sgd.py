@@ -9,6 +9,7 @@ A rank-side test module (see tests/harness/rank_plugin.py); tests/test_torch_ada
 runs it at 2 and 4 ranks.
 """
 import copy
+import time
 
 import numpy as np
 
@@ -367,6 +368,34 @@ def test_diloco_state_dict_round_trip_replays_exactly(rank, size):
         local_step(model, diloco, rank)
         check(f"replayed step {t + 6} equals the first run",
               same_snapshot(snapshot(model, diloco), first[t]))
+
+
+def test_diloco_state_loaded_with_a_sync_in_flight(rank, size):
+    """load_state_dict while a fragment's reduction is still in flight (rank 1
+    issues its part 0.5 s late): the dropped sync ends before the fragment's
+    next sync reuses its name, and the replay equals the first run."""
+    model, diloco = diloco_setup(rank)
+    for _ in range(3):
+        local_step(model, diloco, rank)
+    saved = copy.deepcopy(diloco.state_dict())
+    saved_params = copy.deepcopy(model.state_dict())
+    first = []
+    for _ in range(6):
+        local_step(model, diloco, rank)
+        first.append(snapshot(model, diloco))
+    # (a copy each time: torch's optimizer keeps the loaded state's tensors and steps them)
+    model.load_state_dict(saved_params)
+    diloco.load_state_dict(copy.deepcopy(saved))
+    if rank == 1:
+        time.sleep(0.5)
+    local_step(model, diloco, rank)   # step 4 starts fragment 0's sync
+    check("fragment 0's sync is in flight after step 4", list(diloco._pending) == [0])
+    model.load_state_dict(saved_params)
+    diloco.load_state_dict(copy.deepcopy(saved))
+    check("loading a state drops the sync in flight", diloco._pending == {})
+    for t in range(6):
+        local_step(model, diloco, rank)
+        check(f"replayed step {t + 4} equals the first run", same_snapshot(snapshot(model, diloco), first[t]))
 
 
 def test_torch_state_commit_restore_and_sync_diloco(rank, size):

@@ -287,7 +287,10 @@ class DiLoCoCallback(_PeriodicCallback, common.FragmentSyncs):
         deltas = [_piece(self.anchor[i], a, b) - _piece(values[i], a, b) for i, a, b in pieces]
         buffers = [_value(b) for b in self._buffers()] if f == 0 else []
         handles = self._reduce_async(deltas + buffers, f"fragment{f}")
-        self._pending[f] = (self.local_step + self.overlap_steps, handles, len(deltas))
+        self._keep_pending(f, (self.local_step + self.overlap_steps, handles, len(deltas)))
+
+    def _await_reduction(self, entry):
+        self._wait(entry[1])
 
     def _finish(self, f):
         _, handles, n = self._pending.pop(f)
@@ -321,9 +324,7 @@ class DiLoCoCallback(_PeriodicCallback, common.FragmentSyncs):
                                        else None)}
 
     def load_state_dict(self, state_dict):
-        # Handles of syncs in flight belong to the run being abandoned.
-        self._pending.clear()
-        self._fresh = set()
+        self._drop_pending()
         anchor = state_dict["anchor"]
         if anchor is not None and getattr(self, "model", None) is not None:
             params = self._layout()
@@ -342,8 +343,7 @@ class DiLoCoCallback(_PeriodicCallback, common.FragmentSyncs):
     def broadcast_state(self, root_rank=0):
         """Makes the anchor, outer momentum and step count ``root_rank``'s
         (syncs in flight are dropped first)."""
-        self._pending.clear()
-        self._fresh = set()
+        self._drop_pending()
         self.load_state_dict(functions.broadcast_object(
             self.state_dict(), root_rank, name=f"{self.name}.state", process_set=self.process_set))
 
