@@ -88,6 +88,33 @@ def _affinity_stats():
                                   "engine_affinity_chose_pinned", "engine_affinity_chose_unpinned")}
 
 
+def _queued_ns(tid):
+    """How long thread ``tid`` of this process has waited on a run queue (ns)."""
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        return int(f.read().split()[1])
+
+
+def _with_core_to_itself(phase, label, exclusive, tries=5):
+    """Runs ``phase(k)`` (collectives every rank runs) until a try in which no
+    rank's engine thread sat queued for over 10 ms: the checks of a pinned
+    engine assume its core was its own, and another program on that core
+    rightly makes the engine release its pin. Returns that try's affinity
+    stats before and after, and the engine thread's cores after. Where ranks
+    outnumber cores (not ``exclusive``) they share cores anyway: one try."""
+    tid, spans = _engine_tid(), []
+    for k in range(tries if exclusive else 1):
+        before, queued = _affinity_stats(), _queued_ns(tid)
+        phase(k)
+        after, engine_cores = _affinity_stats(), os.sched_getaffinity(tid)
+        spans.append((_queued_ns(tid) - queued) / 1e6)
+        hindered = hvd.allreduce(np.array([spans[-1] > 10], np.int32), op=hvd.Max,
+                                 name=f"{label}.hindered.{k}")
+        if not hindered[0] or not exclusive:
+            return before, after, engine_cores
+    pytest.fail(f"another program kept an engine thread off its core in all {tries} tries "
+                f"(this rank's engine queued {spans} ms): rerun on a quieter host")
+
+
 def _checked_sum(r, n, name, count=200_000):
     """A float32 allreduce (Sum) whose result every rank checks."""
     x = np.arange(count, dtype=np.float32) % 1000
@@ -113,10 +140,11 @@ def test_engine_affinity(engine, setting, priority, follows):
     mine = sorted(cores)[r % len(cores)]
     os.sched_setaffinity(0, {mine})   # this thread only (the engine keeps its own mask)
     try:
-        _checked_sum(r, n, f"affinity.{setting}.{priority}")
-        stats, engine_cores = _affinity_stats(), os.sched_getaffinity(_engine_tid())
+        label = f"affinity.{setting}.{priority}"
+        before, stats, engine_cores = _with_core_to_itself(
+            lambda k: _checked_sum(r, n, f"{label}.{k}"), label, n <= len(cores))
         # A rank that is done shuts the engines down: everyone checks first.
-        _checked_sum(r, n, f"affinity.{setting}.{priority}.checked")
+        _checked_sum(r, n, f"{label}.checked")
         assert stats["engine_follows_waiter"] == int(follows), stats
         if not follows:
             assert engine_cores == cores
@@ -126,7 +154,7 @@ def test_engine_affinity(engine, setting, priority, follows):
         else:
             assert stats["engine_affinity_pins"] >= 1, stats
             if n <= len(cores):   # more ranks than cores may queue engines behind each other
-                assert stats["engine_affinity_releases"] == 0, stats
+                assert stats["engine_affinity_releases"] == before["engine_affinity_releases"], stats
                 assert engine_cores == {mine}
     finally:
         os.sched_setaffinity(0, cores)
@@ -182,15 +210,17 @@ def test_engine_affinity_released_when_core_is_busy(engine):
     os.sched_setaffinity(0, {mine})
     hog = None
     try:
-        _checked_sum(r, n, "affinity.pin")
-        if r == 1:
-            time.sleep(0.3)
-        _checked_sum(r, n, "affinity.late_peer")
-        stats, engine_cores = _affinity_stats(), os.sched_getaffinity(_engine_tid())
+        def late_peer(k):
+            _checked_sum(r, n, f"affinity.pin.{k}")
+            if r == 1:
+                time.sleep(0.3)
+            _checked_sum(r, n, f"affinity.late_peer.{k}")
+
+        before, stats, engine_cores = _with_core_to_itself(late_peer, "affinity.late_peer", exclusive)
         hvd.barrier()
         if exclusive:
             assert engine_cores == {mine}
-            assert stats["engine_affinity_releases"] == 0, stats
+            assert stats["engine_affinity_releases"] == before["engine_affinity_releases"], stats
         if r == 0:
             hog = subprocess.Popen([sys.executable, "-c",
                                     f"import os\nos.sched_setaffinity(0, {{{mine}}})\nwhile True:\n    pass"])
