@@ -115,11 +115,17 @@ def fragments_due(offsets, sync_every, step):
 
 class FragmentSyncs:
     """The sync schedule DiLoCo's front doors share. The front door keeps
-    ``offsets``, ``sync_every``, ``overlap_steps``, ``fragments``,
-    ``local_step`` and ``_pending`` (fragment -> (finish after this step,
-    ...)) and gives ``_ensure_anchor()``, ``_start(f)`` (take fragment f's
-    outer gradient and start its reduction) and ``_finish(f)`` (wait for it,
-    the outer step, weights := anchor)."""
+    ``offsets``, ``sync_every``, ``overlap_steps``, ``fragments`` and
+    ``local_step``, calls ``_init_syncs()`` when built, and gives
+    ``_ensure_anchor()``, ``_start(f)`` (take fragment f's outer gradient
+    and start its reduction), ``_finish(f)`` (wait for it, the outer step,
+    weights := anchor) and ``_await_reduction(entry)``."""
+
+    def _init_syncs(self):
+        """No sync in flight; called by the front door's constructor."""
+        self._pending = {}          # fragment -> (finish after this step, ...)
+        self._pending_starts = {}   # fragment -> the engine start its reduction was issued in
+        self._fresh = set()         # fragments whose sync finished since the last inner step
 
     def fragments_due(self, step):
         """The fragments whose sync starts after inner step ``step``."""
@@ -138,7 +144,7 @@ class FragmentSyncs:
 
     def _finish_fresh(self, f):
         self._finish(f)
-        self._fresh = getattr(self, "_fresh", set()) | {f}
+        self._fresh.add(f)
 
     def synchronize(self):
         """Finishes the syncs in flight, then an outer step for every fragment
@@ -149,7 +155,7 @@ class FragmentSyncs:
         by the outer momentum.)"""
         self._ensure_anchor()
         self.wait()
-        moved = [f for f in range(self.fragments) if f not in getattr(self, "_fresh", ())]
+        moved = [f for f in range(self.fragments) if f not in self._fresh]
         for f in moved:
             self._start(f)
         for f in moved:
@@ -165,7 +171,6 @@ class FragmentSyncs:
         ...), with the engine start its reduction was issued in."""
         from . import basics
         self._pending[f] = entry
-        self._pending_starts = getattr(self, "_pending_starts", {})
         self._pending_starts[f] = basics.engine_starts()
 
     def _drop_pending(self):
@@ -175,15 +180,14 @@ class FragmentSyncs:
         next sync reuses. Those of an engine since stopped are only dropped
         (its handle ids mean nothing to the new one)."""
         from . import basics
-        starts = getattr(self, "_pending_starts", {})
         for f, entry in self._pending.items():
-            if starts.get(f) == basics.engine_starts():
+            if self._pending_starts.get(f) == basics.engine_starts():
                 try:
                     self._await_reduction(entry)
                 except Exception:  # noqa: BLE001 - the sync is dropped either way
                     pass
         self._pending.clear()
-        starts.clear()
+        self._pending_starts.clear()
         self._fresh = set()
 
 

@@ -150,6 +150,7 @@ class InPlaceJob:
                     self._ended(rp, rc if rc >= 0 else 128 - rc, None,
                                 "its mpiexec ended (%s) before the rank said how it ended"
                                 % ("killed by %s" % _signal_name(-rc) if rc < 0 else "exit code %d" % rc))
+                rp.reap()
             self._timers(now)
             if (self.exit_code is not None or self.finished_at is not None) and self._all_gone():
                 return

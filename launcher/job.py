@@ -73,6 +73,17 @@ def _launcher_setup():
         pass
 
 
+def kill_leftovers(launcher):
+    """SIGKILL what is left of an ended launcher's process group (its own
+    session): an ssh it started to a host whose link went down can outlive it
+    by minutes, waiting for TCP to give up."""
+    if launcher is not None and launcher.poll() is not None:
+        try:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def expected_hosts(hosts, np):
     """rank -> host the launcher will put it on (both fill hosts slot by slot, in order)."""
     where = {}
@@ -268,6 +279,7 @@ class Job:
         while True:
             try:
                 self.proc.wait(timeout=0.2)
+                kill_leftovers(self.proc)
                 return
             except subprocess.TimeoutExpired:
                 if self.stop_at is not None and time.monotonic() - self.stop_at > ESCALATE_S:

@@ -15,7 +15,7 @@ import sys
 import time
 
 from .hosts import Host, is_local
-from .job import _launcher_setup
+from .job import _launcher_setup, kill_leftovers
 from .mpi_command import LaunchSpec, build_command
 from .output import LineSplitter
 
@@ -39,6 +39,7 @@ class RankProcess:
         self.stop_reason = None     # why hvdrun stops it (left out, host removed, job over)
         self.stopped_at = None
         self.killed = False
+        self.reaped = False         # what its mpiexec left behind was killed
 
     def start(self):
         env = dict(os.environ)
@@ -72,6 +73,12 @@ class RankProcess:
                 self.proc.send_signal(sig)
             except ProcessLookupError:
                 pass
+
+    def reap(self):
+        """Once its mpiexec has ended, kill what is left of its process group."""
+        if not self.reaped and self.proc is not None and self.proc.poll() is not None:
+            self.reaped = True
+            kill_leftovers(self.proc)
 
     def kill(self):
         """SIGKILL mpiexec: its proxies end, and the rank with its wrapper."""

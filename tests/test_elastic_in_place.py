@@ -173,13 +173,13 @@ def test_in_place_host_link_down(hosts, tag):
 
 
 def test_in_place_discovered_host_joins_at_the_next_commit(hosts, tag, tmp_path):
-    # Slow steps: the new rank's process (ssh, Python, torch) must be up before training ends.
+    # Training ends only once the new rank (ssh, Python, torch) joined.
     grew = _discovered_host_joins(hosts, tmp_path, 10, lambda discovery: _in_place_job(
-        hosts, tag, discovery, ["--step-sleep", "0.06"]))
+        hosts, tag, discovery, ["--step-sleep", "0.02", "--hold-until-size", "4"]))
     begins = grew.begins
     assert {e["pid"] for e in grew.started} <= {e["pid"] for e in begins}, "a first rank was started again"
     assert begins[0]["step"] == grew.before[-1]["step"], (begins[0], grew.before[-3:])
-    print("\nin place, listed -> first step on 4 ranks %.2f s, resumed at step %d"
+    print("\nin place, listed -> begun on 4 ranks %.2f s, resumed at step %d"
           % (grew.took, begins[0]["step"]))
 
 

@@ -195,7 +195,7 @@ def _discovered_host_joins(hosts, tmp_path, at_step, start):
     generation after the listing with identical parameters and ended with identical
     parameters. Returns, for the test's own checks: job, started (the start events before
     the listing), begins (the begin events after it), before (rank 0's steps on 3 ranks)
-    and took (seconds from the listing to rank 0's first step on 4 ranks)."""
+    and took (seconds from the listing to rank 0's beginning on 4 ranks)."""
     script, listing = discovery_script(tmp_path, hosts.names[:3])
     job = start(["--host-discovery-script", str(script)])
     job.step_at(at_step)
@@ -209,14 +209,14 @@ def _discovered_host_joins(hosts, tmp_path, at_step, start):
     assert len({e["params_sha256"] for e in begins}) == 1, "the new rank began apart from the others"
     done = job.events("done")
     assert len(done) == 4 and len({e["params_sha256"] for e in done}) == 1
-    grown = min(e["t"] for e in job.events("step", 0) if e["size"] == 4)
+    grown = min(e["t"] for e in begins if e["rank"] == 0)
     return SimpleNamespace(job=job, started=started, begins=begins, took=grown - listed_at,
                            before=[e for e in job.events("step", 0) if e["size"] == 3])
 
 
 def test_discovered_host_joins_at_the_next_commit(hosts, tag, tmp_path):
     grew = _discovered_host_joins(hosts, tmp_path, 20, lambda discovery: ElasticJob(
-        hosts, tag, ["--min-np", "2"] + discovery, ["--step-sleep", "0.02"]))
+        hosts, tag, ["--min-np", "2"] + discovery, ["--step-sleep", "0.02", "--hold-until-size", "4"]))
     begins = grew.begins
     newcomer = [e for e in grew.job.events("start") if e["host"] == hosts.names[3]]
     assert newcomer and newcomer[0]["generation"] == 2
@@ -226,7 +226,7 @@ def test_discovered_host_joins_at_the_next_commit(hosts, tag, tmp_path):
     last = grew.before[-1]
     at_commit = last["step"] % COMMIT_EVERY == 0 or begins[0]["epoch"] != last["epoch"]
     assert begins[0]["step"] == last["step"] and at_commit, (begins[0], grew.before[-3:])
-    print("\nlisted -> first step on 4 ranks %.2f s, resumed at step %d" % (grew.took, begins[0]["step"]))
+    print("\nlisted -> begun on 4 ranks %.2f s, resumed at step %d" % (grew.took, begins[0]["step"]))
 
 
 def test_below_min_np_gives_up_naming_the_lost_host(hosts, tag):

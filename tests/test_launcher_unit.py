@@ -622,3 +622,37 @@ def test_mpijob_manifest_in_docs_is_an_mpijob():
     assert set(spec["mpiReplicaSpecs"]) == {"Launcher", "Worker"} and spec["slotsPerWorker"] >= 1
     launcher = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     assert launcher["command"][0] == "hvdrun" and "pytorch_digits.py" in launcher["command"][-1]
+
+
+def _gone(pid, timeout=5.0):
+    """True once ``pid`` no longer runs (gone, or a zombie awaiting its reaper)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_kill_leftovers_ends_what_an_ended_launcher_left_in_its_group():
+    """An ended launcher's process group (what it started and left running, as
+    an ssh to a host whose link went down) is killed; a launcher still running
+    is left alone."""
+    launcher = subprocess.Popen(["sh", "-c", "sleep 300 & echo $!; read line"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+    left = int(launcher.stdout.readline())
+    try:
+        job.kill_leftovers(launcher)            # running: nothing happens
+        assert launcher.poll() is None and not _gone(left, timeout=0.2)
+        launcher.stdin.close()                  # the launcher ends; its sleep stays
+        launcher.wait(timeout=10)
+        assert not _gone(left, timeout=0.2)
+        job.kill_leftovers(launcher)
+        assert _gone(left), "the launcher's leftover %d still runs" % left
+    finally:
+        if not _gone(left, timeout=0):
+            os.kill(left, signal.SIGKILL)

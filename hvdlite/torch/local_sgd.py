@@ -264,7 +264,7 @@ class DiLoCo(_Periodic, FragmentSyncs):
         self.anchor = None           # taken at the first step (after the user's broadcast)
         self.outer_optimizers = None
         self._outer_state = None     # loaded before the anchor exists
-        self._pending = {}           # fragment -> (finish after step, handle, deltas, buffers)
+        self._init_syncs()           # _pending: fragment -> (finish after step, handle, deltas, buffers)
 
     # ---------------------------------------------------------------- anchor
     def _ensure_anchor(self):

@@ -14,7 +14,11 @@ Several ``--fault`` run in turn, one per rank lost, in the order given: the
 k-th is armed once k-1 ranks are gone and fires at the first step (or save)
 from the N-th on, counting each process's steps from its start; each step
 runs the operation of the armed fault, and a process set's allreduce, once
-armed, runs in every later step too."""
+armed, runs in every later step too.
+
+``--hold-until-size N`` (torch): the commit that ends the last epoch is
+repeated (every 0.1 s, for up to 120 s) until the job has N ranks, so that a
+host listed late joins before training ends however slowly its rank starts."""
 import json
 import os
 import runpy
@@ -37,6 +41,35 @@ def _take_faults(argv):
         assert kind in FAULTS, kind
         faults.append((kind, int(at)))
     return faults
+
+
+def _take_value(argv, flag):
+    """Removes ``flag VALUE`` from argv; returns VALUE (None without the flag)."""
+    if flag not in argv:
+        return None
+    i = argv.index(flag)
+    value = argv[i + 1]
+    del argv[i:i + 2]
+    return value
+
+
+def install_hold(size, epochs):
+    """The commit at the end of the last epoch waits, committing again, for ``size`` ranks."""
+    import hvdlite.torch as hvd
+    from hvdlite.elastic.state import State
+
+    commit = State.commit
+
+    def commit_or_hold(self):
+        commit(self)
+        # A count, not a clock: every rank must commit as often (the commits
+        # agree on host updates through a broadcast).
+        for _ in range(1200):
+            if getattr(self, "epoch", 0) < epochs or hvd.size() >= size:
+                break
+            time.sleep(0.1)
+            commit(self)        # notices the new host: the job grows, this state resumes
+    State.commit = commit_or_hold
 
 
 def install_faults(faults):
@@ -136,5 +169,9 @@ if __name__ == "__main__":
     faults = _take_faults(argv)
     if faults:
         install_faults(faults)
+    hold = _take_value(argv, "--hold-until-size")
+    if hold is not None:
+        import pytorch_elastic_digits
+        install_hold(int(hold), pytorch_elastic_digits.parse_args(argv).epochs)
     sys.argv = [example] + argv
     runpy.run_path(example, run_name="__main__")

@@ -352,16 +352,24 @@ def same_snapshot(a, b):
         and len(a[2]) == len(b[2]) and a[3] == b[3]
 
 
-def test_diloco_state_dict_round_trip_replays_exactly(rank, size):
+def first_run(rank, saved_at, steps=6):
+    """A DiLoCo model run ``saved_at`` steps, its states saved there, then
+    ``steps`` more: (model, diloco, saved DiLoCo state, saved parameters,
+    the snapshot after each of the later steps)."""
     model, diloco = diloco_setup(rank)
-    for _ in range(5):     # after step 5 no sync is in flight
+    for _ in range(saved_at):
         local_step(model, diloco, rank)
     saved = copy.deepcopy(diloco.state_dict())
     saved_params = copy.deepcopy(model.state_dict())
     first = []
-    for _ in range(6):
+    for _ in range(steps):
         local_step(model, diloco, rank)
         first.append(snapshot(model, diloco))
+    return model, diloco, saved, saved_params, first
+
+
+def test_diloco_state_dict_round_trip_replays_exactly(rank, size):
+    model, diloco, saved, saved_params, first = first_run(rank, 5)   # after step 5 no sync is in flight
     model.load_state_dict(saved_params)
     diloco.load_state_dict(saved)
     for t in range(6):
@@ -374,15 +382,7 @@ def test_diloco_state_loaded_with_a_sync_in_flight(rank, size):
     """load_state_dict while a fragment's reduction is still in flight (rank 1
     issues its part 0.5 s late): the dropped sync ends before the fragment's
     next sync reuses its name, and the replay equals the first run."""
-    model, diloco = diloco_setup(rank)
-    for _ in range(3):
-        local_step(model, diloco, rank)
-    saved = copy.deepcopy(diloco.state_dict())
-    saved_params = copy.deepcopy(model.state_dict())
-    first = []
-    for _ in range(6):
-        local_step(model, diloco, rank)
-        first.append(snapshot(model, diloco))
+    model, diloco, saved, saved_params, first = first_run(rank, 3)
     # (a copy each time: torch's optimizer keeps the loaded state's tensors and steps them)
     model.load_state_dict(saved_params)
     diloco.load_state_dict(copy.deepcopy(saved))

@@ -248,7 +248,7 @@ class DiLoCoCallback(_PeriodicCallback, common.FragmentSyncs):
         self.offsets = common.fragment_offsets(self.fragments, self.sync_every)
         self.fragment_pieces = None  # per fragment: (variable, first, end element) pieces
         self.anchor = None           # taken at the first batch (after the broadcast)
-        self._pending = {}           # fragment -> (finish after step, handles, n outer grads)
+        self._init_syncs()           # _pending: fragment -> (finish after step, handles, n outer grads)
 
     # ---------------------------------------------------------------- anchor
     def _layout(self):
@@ -342,8 +342,7 @@ class DiLoCoCallback(_PeriodicCallback, common.FragmentSyncs):
 
     def broadcast_state(self, root_rank=0):
         """Makes the anchor, outer momentum and step count ``root_rank``'s
-        (syncs in flight are dropped first)."""
-        self._drop_pending()
+        (syncs in flight are dropped: load_state_dict drops them)."""
         self.load_state_dict(functions.broadcast_object(
             self.state_dict(), root_rank, name=f"{self.name}.state", process_set=self.process_set))
 
