@@ -23,19 +23,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.checks import require
-from harness.hosts import hosts_or_skip
+from harness.hosts import hosts_fixture
 from test_elastic_multihost import (ElasticJob, _check_done, _nothing_left, _discovered_host_joins,  # noqa: F401
                                     hosts_arg, reference, tag)  # (tag: a fixture)
 
 
-@pytest.fixture(scope="module")
-def hosts():
-    """5 hosts: the job of the faults inside operations uses them all."""
-    require("torch")
-    h = hosts_or_skip(5)
-    yield h
-    h.down()
+hosts = hosts_fixture(5, ("torch",), "5 hosts: the job of the faults inside operations uses them all.")
 
 
 IN_PLACE = ["--recovery", "in-place"]

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from harness.checks import require
-from harness.hosts import REPO, hosts_or_skip, hvdrun_env, wait_until_gone
+from harness.hosts import REPO, hosts_fixture, hvdrun_env, wait_until_gone
 from harness.hvdrun_job import HvdrunJob, discovery_script
 from test_launcher_multihost import SCRIPTS, _describe
 
@@ -26,12 +26,7 @@ ELASTIC = os.path.join(SCRIPTS, "elastic_digits.py")
 COMMIT_EVERY = 4
 
 
-@pytest.fixture(scope="module")
-def hosts():
-    require("torch")
-    h = hosts_or_skip(4)
-    yield h
-    h.down()
+hosts = hosts_fixture(4, ("torch",))
 
 
 # framework -> (script argument, extra environment)

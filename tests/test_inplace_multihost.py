@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from harness.hosts import REPO, hosts_or_skip, hvdrun_env
+from harness.hosts import REPO, hosts_fixture, hvdrun_env
 from harness.hvdrun_job import discovery_script
 from harness.inplace_job import InPlaceJob, end_jobs, script_argv
 from test_elastic_multihost import _nothing_left
@@ -21,11 +21,7 @@ from test_elastic_multihost import _nothing_left
 RECOVERY_LIMIT_S = 1.0
 
 
-@pytest.fixture(scope="module")
-def hosts():
-    h = hosts_or_skip(4)
-    yield h
-    h.down()
+hosts = hosts_fixture(4)
 
 
 _jobs = []

@@ -18,7 +18,7 @@ import uuid
 import pytest
 
 from harness.checks import require
-from harness.hosts import REPO, hosts_or_skip, hvdrun_env, wait_until_gone
+from harness.hosts import REPO, hosts_fixture, hvdrun_env, wait_until_gone
 
 SCRIPTS = os.path.join(REPO, "tests", "scripts")
 RANK = os.path.join(SCRIPTS, "launcher_rank.py")
@@ -32,11 +32,7 @@ SSH_CHECK_LIMIT_S = 8.0
 FAILURE_LIMIT_S = 10.0
 
 
-@pytest.fixture(scope="module")
-def hosts():
-    h = hosts_or_skip(2)
-    yield h
-    h.down()
+hosts = hosts_fixture(2)
 
 
 @pytest.fixture

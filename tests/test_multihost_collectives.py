@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from harness.hosts import hosts_or_skip, hvdrun_argv
+from harness.hosts import hosts_fixture, hvdrun_argv
 from harness.ranks import RankTests
 
 COLLECTIVES = RankTests("scripts/engine_collectives.py")
@@ -26,11 +26,7 @@ LAYOUTS = {"2x1": (2, 1, {}),
 _launchers = {}
 
 
-@pytest.fixture(scope="module")
-def hosts():
-    h = hosts_or_skip(2)
-    yield h
-    h.down()
+hosts = hosts_fixture(2)
 
 
 def launcher_for(hosts, per_host):

@@ -475,6 +475,23 @@ def hosts_or_skip(count=2, what="SSH test hosts in network namespaces"):
     return NetnsHosts(count).up()
 
 
+def hosts_fixture(count, needs=(), doc=None):
+    """A module-scoped pytest fixture of ``count`` netns hosts (hosts_or_skip),
+    brought down after the module; ``needs``: modules it requires first."""
+    import pytest
+
+    from .checks import require
+
+    def hosts():
+        for module in needs:
+            require(module)
+        h = hosts_or_skip(count)
+        yield h
+        h.down()
+    hosts.__doc__ = doc or "%d SSH test hosts in network namespaces." % count
+    return pytest.fixture(scope="module", name="hosts")(hosts)
+
+
 def hvdrun_argv():
     """(argv prefix that runs hvdrun, extra environment).
 
