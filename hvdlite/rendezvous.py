@@ -31,6 +31,7 @@ from .exceptions import HvdliteError
 
 RENDEZVOUS_VAR = "HVDLITE_ELASTIC_RENDEZVOUS"     # host:port of hvdrun's rendezvous
 UID_VAR = "HVDLITE_ELASTIC_UID"                   # this rank process's id in the job
+TOKEN_VAR = "HVDLITE_ELASTIC_TOKEN"               # hvdrun's token for this job
 CONNECT_TIMEOUT_VAR = "HVDLITE_ELASTIC_CONNECT_TIMEOUT"
 DEFAULT_CONNECT_TIMEOUT_S = 2
 TCP_CONNECT_TIMEOUT_S = 10.0
@@ -74,6 +75,11 @@ def uid():
     return int(os.environ[UID_VAR])
 
 
+def first_line(request):
+    """A connection's first line to hvdrun: the job's token, then the request."""
+    return ("%s %s\n" % (os.environ.get(TOKEN_VAR, "-"), request)).encode()
+
+
 def _address():
     host, _, port = os.environ[RENDEZVOUS_VAR].rpartition(":")
     return host.strip("[]"), int(port)
@@ -102,13 +108,14 @@ class Watch:
         self._noticed = set()       # generations whose notice was delivered
         self._sock = socket.create_connection(_address(), timeout=TCP_CONNECT_TIMEOUT_S)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock.sendall(b"WATCH %d\n" % uid())
+        self._sock.sendall(first_line("WATCH %d" % uid()))
         self._lines = self._sock.makefile("r")
         first = self._lines.readline().split()
         if len(first) != 2 or first[0] != "WATCHING":
             self._sock.close()
             raise JobOverError("hvdrun's rendezvous refused this rank's watch connection "
-                               "(the job is over or this rank was left out)")
+                               "(the job is over, this rank was left out, or its %s is not the "
+                               "job's)" % TOKEN_VAR)
         self.hosts_version = int(first[1])
         self._sock.settimeout(None)
         # A watch connection that closes without BYE tells hvdrun at once that
@@ -244,7 +251,7 @@ def _ask(port, timeout):
     try:
         s = socket.create_connection(_address(), timeout=TCP_CONNECT_TIMEOUT_S)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.sendall(("JOIN %d %s\n" % (uid(), port)).encode())
+        s.sendall(first_line("JOIN %d %s" % (uid(), port)))
         s.settimeout(timeout)
         line = s.makefile("r").readline()
     except socket.timeout:

@@ -38,6 +38,7 @@ import uuid
 
 from .hosts import Host, describe, is_local
 from .job import EXIT_LAUNCH_ERROR, EXIT_RESTART, Job, LaunchError, expected_hosts, log
+from .rendezvous_server import new_token, without_token
 from .ssh_check import check_hosts
 
 DISCOVERY_PERIOD_S = 1.0        # how often hosts are discovered while a generation runs
@@ -134,7 +135,8 @@ class HostsVersionService:
     server on the address the hosts reach this machine at; a thread of
     rank 0 asks every HVDLITE_ELASTIC_HOSTS_POLL_MS (one line each way)."""
 
-    def __init__(self):
+    def __init__(self, token=None):
+        self.token = token or new_token()   # for the ranks' environment (TOKEN_VAR)
         self.version = 0
         self._sock = None
         self._address = None
@@ -167,7 +169,8 @@ class HostsVersionService:
             with conn:
                 try:
                     conn.settimeout(2.0)
-                    conn.recv(64)
+                    if without_token(conn.recv(128).decode(errors="replace").strip(), self.token) is None:
+                        continue    # not one of the job's ranks: closed unanswered
                     with self._lock:
                         answer = "%d\n" % self.version
                     conn.sendall(answer.encode())
@@ -299,6 +302,7 @@ class ElasticDriver:
         env.update(HVDLITE_ELASTIC="1", HVDLITE_ELASTIC_RUN_ID=self.run_id,
                    HVDLITE_ELASTIC_GENERATION=str(self.generation),
                    HVDLITE_ELASTIC_HOSTS_VERSION=str(version),
+                   HVDLITE_ELASTIC_TOKEN=self.service.token,
                    HVDLITE_ELASTIC_DRIVER=self.service.serve_on(
                        address_toward(plan, self.opts.network_interfaces)))
         if "HVDLITE_TIMEOUT_SECONDS" not in env and "HVDLITE_TIMEOUT_SECONDS" not in os.environ:

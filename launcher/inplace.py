@@ -213,7 +213,7 @@ class InPlaceJob:
         env.update(interface_env(opts.network_interfaces, os.environ))
         env.update(HVDLITE_ELASTIC="1", HVDLITE_ELASTIC_RUN_ID=self.driver.run_id,
                    HVDLITE_ELASTIC_UID=str(uid), HVDLITE_ELASTIC_RENDEZVOUS=address,
-                   HVDLITE_ELASTIC_DRIVER=address,
+                   HVDLITE_ELASTIC_DRIVER=address, HVDLITE_ELASTIC_TOKEN=self.server.token,
                    HVDLITE_ELASTIC_HOSTS_VERSION=str(self.server.hosts_version),
                    # connect/accept between MPI jobs: ucx crashes in MPI_Comm_accept,
                    # and libfabric's shm provider aborts survivors when a peer dies.

@@ -5,7 +5,11 @@ Under in-place recovery every rank is its own MPI job, started by hvdrun with a
 unique id (its uid). The ranks of a generation build one communicator among
 themselves by MPI connect/accept (hvdlite/rendezvous.py); this server tells
 each one who is in the generation, its rank, and whose MPI port to connect to.
-One line per message, over TCP:
+One line per message, over TCP. The first line of every connection starts
+with the job's token (``TOKEN_VAR`` in the ranks' environment, made by hvdrun
+for each job): a connection without it is closed unanswered, so no one else
+who reaches the port can join a generation, take over a rank's watch or read
+the job's state.
 
 rank -> hvdrun
   ``WATCH <uid>``           answered ``WATCHING <hosts version>``; the connection
@@ -48,17 +52,33 @@ join again meanwhile). Members keep their order; ranks that join for the first t
 follow, by uid.
 """
 
+import hmac
+import secrets
 import socket
 import threading
 import time
 
+TOKEN_VAR = "HVDLITE_ELASTIC_TOKEN"     # the ranks' copy of the job's token
 LINE_TIMEOUT_S = 5.0        # a rank writes its request line right after connecting
 FORMATION_S_PER_MEMBER = 0.05
 PUSH_TIMEOUT_S = 1.0        # a watcher that does not read its pushes is dropped
 
 
+def new_token():
+    return secrets.token_hex(16)
+
+
+def without_token(line, token):
+    """The request of a connection's first line, or None where it does not
+    start with ``token``."""
+    given, _, request = line.partition(" ")
+    return request if hmac.compare_digest(given.encode(), token.encode()) else None
+
+
 class RendezvousServer:
-    def __init__(self, min_np, join_deadline_s, formation_timeout_s, on_event=None, rejoin_timeout_s=30.0):
+    def __init__(self, min_np, join_deadline_s, formation_timeout_s, on_event=None, rejoin_timeout_s=30.0,
+                 token=None):
+        self.token = token or new_token()   # for the ranks' environment (TOKEN_VAR)
         self.min_np = min_np
         self.join_deadline_s = join_deadline_s
         self.rejoin_timeout_s = rejoin_timeout_s
@@ -162,10 +182,14 @@ class RendezvousServer:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.settimeout(LINE_TIMEOUT_S)
-            words = _read_line(conn).split(" ", 2)
+            request = without_token(_read_line(conn), self.token)
         except (OSError, UnicodeDecodeError):
             _close(conn)
             return
+        if request is None:
+            _close(conn)
+            return
+        words = request.split(" ", 2)
         try:
             if words[0] == "version":
                 _send(conn, "%d" % self.hosts_version)

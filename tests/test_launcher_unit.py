@@ -568,15 +568,17 @@ def test_hosts_version_service_answers_the_version():
     address = service.serve_on("127.0.0.1")
     host, _, port = address.rpartition(":")
 
-    def ask():
+    def ask(token):
         import socket
         with socket.create_connection((host, int(port)), timeout=2) as s:
-            s.sendall(b"version\n")
-            return int(s.makefile().readline())
+            s.sendall(b"%s version\n" % token.encode())
+            return s.makefile().readline()
     try:
-        assert ask() == 0
+        assert int(ask(service.token)) == 0
         service.bump()
-        assert ask() == 1
+        assert int(ask(service.token)) == 1
+        assert ask("0" * len(service.token)) == "", "answered without the job's token"
+        assert ask("") == ""
         assert service.serve_on("127.0.0.1") == address     # same address: same server
     finally:
         service.close()

@@ -50,9 +50,10 @@ class Server:
             assert self.cond.wait_for(found, timeout), self.events
             return [f for k, f in self.events if k == kind]
 
-    def connect(self, line):
+    def connect(self, line, token=None):
+        """A connection whose first line is ``line`` after the job's token (or ``token``)."""
         s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
-        s.sendall((line + "\n").encode())
+        s.sendall(("%s %s\n" % (token or self.rdv.token, line)).encode())
         return s, s.makefile("r")
 
     def watch(self, uid):
@@ -278,8 +279,28 @@ def test_new_ranks_wait_and_the_members_hear_a_new_hosts_version():
         got = {u: member(r) for u, r in list(olds.items()) + list(newcomers.items())}
         assert got[0]["uids"] == [0, 1, 2, 3] and got[3]["rank"] == 3
         assert got[0]["hosts_version"] == 1
-        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
-            s.sendall(b"version\n")         # the restart mode's question still works
-            assert s.makefile("r").readline().strip() == "1"
+        s, f = srv.connect("version")       # the restart mode's question still works
+        with s:
+            assert f.readline().strip() == "1"
+    finally:
+        srv.rdv.close()
+
+
+@pytest.mark.parametrize("token", ["0" * 32, "", "WATCH"])
+def test_a_connection_without_the_jobs_token_is_closed_unanswered(token):
+    """Only the job's ranks (hvdrun gave them its token) are answered: a WATCH
+    or JOIN with another token neither joins nor displaces a member's watch."""
+    srv = Server(min_np=2, expect=(0, 1))
+    try:
+        watcher = srv.watch(0)
+        for line in ("WATCH 0", "JOIN 0 port-of-intruder", "version"):
+            s, f = srv.connect(line, token=token or " ")
+            with s:
+                assert f.readline() == "", line
+        replies = {u: srv.join(u) for u in (0, 1)}
+        got = {u: member(r) for u, r in replies.items()}
+        assert got[0]["uids"] == [0, 1] and got[1]["port"] == "port-of-0"
+        srv.rdv.lost(1, "was killed by SIGKILL")
+        assert watcher.readline().strip() == "DEAD 0 1 was killed by SIGKILL", "the watch was taken over"
     finally:
         srv.rdv.close()

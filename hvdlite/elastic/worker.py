@@ -237,7 +237,7 @@ def _ask_hosts_version(ctx):
     host, _, port = ctx.driver.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=2.0) as s:
-            s.sendall(b"version\n")
+            s.sendall(rendezvous.first_line("version"))
             answer = s.makefile("r").readline()
         return int(answer)
     except (OSError, ValueError) as e:

@@ -245,8 +245,9 @@ def test_hosts_change_and_background_commits_under_elastic(rank, size, monkeypat
     except ImportError:
         from hvdlite.launcher.elastic import HostsVersionService
     service = HostsVersionService() if rank == 0 else None
-    driver, root = hvd.broadcast_object((service.serve_on("127.0.0.1"), tempfile.mkdtemp())
-                                        if rank == 0 else None, 0)
+    driver, root, token = hvd.broadcast_object((service.serve_on("127.0.0.1"), tempfile.mkdtemp(), service.token)
+                                               if rank == 0 else None, 0)
+    monkeypatch.setenv("HVDLITE_ELASTIC_TOKEN", token)
     monkeypatch.setenv("HVDLITE_ELASTIC", "1")
     monkeypatch.setenv("HVDLITE_ELASTIC_RUN_ID", hvd.broadcast_object("test-%d" % os.getpid(), 0))
     monkeypatch.setenv("HVDLITE_ELASTIC_DRIVER", driver)
