@@ -200,7 +200,7 @@ class DiLoCoCallback(_PeriodicCallback, common.FragmentSyncs):
     The anchor is taken at the first train batch (after the broadcast) and
     kept in host memory; the outer step is torch.optim.SGD's update computed
     on it with NumPy (``outer_lr``, ``outer_momentum``, ``outer_nesterov``;
-    defaults 0.7, 0.9, True as in hvdlite.torch.DiLoCo). With
+    defaults 1.0, 0.5, True as in hvdlite.torch.DiLoCo). With
     ``fragments=F`` > 1 the trainable variables' elements are split, in model
     order, into F runs of equal size (a variable may be cut between two; as
     torch's); fragment f syncs after the batches
