@@ -169,7 +169,9 @@ class HostsVersionService:
             with conn:
                 try:
                     conn.settimeout(2.0)
-                    if without_token(conn.recv(128).decode(errors="replace").strip(), self.token) is None:
+                    with conn.makefile("r", errors="replace") as lines:
+                        request = without_token(lines.readline(256).rstrip("\n"), self.token)
+                    if request is None:
                         continue    # not one of the job's ranks: closed unanswered
                     with self._lock:
                         answer = "%d\n" % self.version
