@@ -135,8 +135,8 @@ class HostsVersionService:
     server on the address the hosts reach this machine at; a thread of
     rank 0 asks every HVDLITE_ELASTIC_HOSTS_POLL_MS (one line each way)."""
 
-    def __init__(self, token=None):
-        self.token = token or new_token()   # for the ranks' environment (TOKEN_VAR)
+    def __init__(self):
+        self.token = new_token()    # for the ranks' environment (HVDLITE_ELASTIC_TOKEN)
         self.version = 0
         self._sock = None
         self._address = None

@@ -6,7 +6,7 @@ unique id (its uid). The ranks of a generation build one communicator among
 themselves by MPI connect/accept (hvdlite/rendezvous.py); this server tells
 each one who is in the generation, its rank, and whose MPI port to connect to.
 One line per message, over TCP. The first line of every connection starts
-with the job's token (``TOKEN_VAR`` in the ranks' environment, made by hvdrun
+with the job's token (``HVDLITE_ELASTIC_TOKEN`` in the ranks' environment, made by hvdrun
 for each job): a connection without it is closed unanswered, so no one else
 who reaches the port can join a generation, take over a rank's watch or read
 the job's state.
@@ -58,7 +58,6 @@ import socket
 import threading
 import time
 
-TOKEN_VAR = "HVDLITE_ELASTIC_TOKEN"     # the ranks' copy of the job's token
 LINE_TIMEOUT_S = 5.0        # a rank writes its request line right after connecting
 FORMATION_S_PER_MEMBER = 0.05
 PUSH_TIMEOUT_S = 1.0        # a watcher that does not read its pushes is dropped
@@ -76,9 +75,8 @@ def without_token(line, token):
 
 
 class RendezvousServer:
-    def __init__(self, min_np, join_deadline_s, formation_timeout_s, on_event=None, rejoin_timeout_s=30.0,
-                 token=None):
-        self.token = token or new_token()   # for the ranks' environment (TOKEN_VAR)
+    def __init__(self, min_np, join_deadline_s, formation_timeout_s, on_event=None, rejoin_timeout_s=30.0):
+        self.token = new_token()    # for the ranks' environment (HVDLITE_ELASTIC_TOKEN)
         self.min_np = min_np
         self.join_deadline_s = join_deadline_s
         self.rejoin_timeout_s = rejoin_timeout_s
