@@ -194,7 +194,8 @@ class FragmentSyncs:
 # DiLoCo's default outer SGD, one place for torch and Keras. The DiLoCo paper's
 # momentum 0.9 is for thousands of inner steps per outer step; over hvdlite's
 # measured runs (H of 10 to 100) 0.5 lost less to synchronous training, and
-# with it an lr of 1.0 lost less than the paper's 0.7 (or the same, at H=10).
+# with it an lr of 1.0 lost less than the paper's 0.7 on the small models (the
+# digits, a 1.9 M-parameter LM); on a 7.3 M one 0.7 did better (docs/compression.md).
 OUTER_LR, OUTER_MOMENTUM = 1.0, 0.5
 
 
