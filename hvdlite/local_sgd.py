@@ -193,11 +193,11 @@ class FragmentSyncs:
 
 # DiLoCo's default outer SGD, one place for torch and Keras. The DiLoCo paper's
 # momentum 0.9 is for thousands of inner steps per outer step; over hvdlite's
-# measured runs (H of 10 to 100) 0.5 lost less to synchronous training, and
-# with it an lr of 1.0 lost less than the paper's 0.7 on the small models (the
-# digits, a 1.9 M-parameter LM); on a 7.3 M one 0.7 did better, by 8.5 % after 3000
-# steps (docs/compression.md), so this default is due to go back to 0.7.
-OUTER_LR, OUTER_MOMENTUM = 1.0, 0.5
+# measured runs (H of 10 to 100) 0.5 lost less to synchronous training. The
+# paper's lr 0.7 did better than 1.0 on the largest model measured (7.3 M
+# parameters: 8.5 % lower loss after 3000 steps, the gap growing with training);
+# 1.0 won by 2-3 % only on small ones (the digits, a 1.9 M LM). docs/compression.md.
+OUTER_LR, OUTER_MOMENTUM = 0.7, 0.5
 
 
 class OuterSGD:
