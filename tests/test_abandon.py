@@ -4,7 +4,8 @@ COMM_WORLD and start a new engine on their own communicator, twice, in one
 job that then exits cleanly (tests/scripts/engine_abandon.py tells the
 scenario). At 3 and 4 ranks through shared memory (one host's wire), and at
 3 ranks around the ring that runs between hosts (forced on one host, from
-1 KB, in 4 KB chunks), where negotiation goes through MPI.
+1 KB, in 4 KB chunks; over MPI and over the ring's own sockets), where
+negotiation goes through MPI.
 
 The engine's other paths after such a rebuild, each its own scenario: the
 hierarchical allreduce, allgather and reducescatter and Adasum on 3 hosts of
@@ -21,10 +22,11 @@ ABANDON = RankTests("scripts/engine_abandon.py")
 
 
 @pytest.mark.parametrize("case", ABANDON.cases)
-@pytest.mark.parametrize("ranks,wire", [(3, "shm"), (4, "shm"), (3, "ring")])
+@pytest.mark.parametrize("ranks,wire", [(3, "shm"), (4, "shm"), (3, "ring"), (3, "socket-ring")])
 def test_abandon_and_go_on(ranks, wire, case, rank_launch):
-    env = {"ring": {"HVDLITE_SHM_ALLREDUCE": "0", "HVDLITE_RING_ALLREDUCE": "1",
-                    "HVDLITE_RING_THRESHOLD": "1024", "HVDLITE_RING_CHUNK_BYTES": "4096"}}.get(wire)
+    ring = {"HVDLITE_SHM_ALLREDUCE": "0", "HVDLITE_RING_ALLREDUCE": "1",
+            "HVDLITE_RING_THRESHOLD": "1024", "HVDLITE_RING_CHUNK_BYTES": "4096"}
+    env = {"ring": ring, "socket-ring": dict(ring, HVDLITE_RING_WIRE="socket")}.get(wire)
     rank_launch(ABANDON, ranks, env=env, timeout=600, case_timeout=120).check(case)
 
 

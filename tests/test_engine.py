@@ -13,17 +13,20 @@ INIT_PROCESS_SETS = RankTests("scripts/init_process_sets.py")
 
 @pytest.mark.parametrize("case", COLLECTIVES.cases)
 @pytest.mark.parametrize("ranks,wire", [(2, "shm"), (4, "shm-streaming"), (2, "mpi"), (4, "mpi"),
-                                        (3, "ring")])
+                                        (3, "ring"), (3, "socket-ring")])
 def test_collectives_against_numpy(ranks, wire, case, rank_launch):
     """Every check once with reductions through shared memory (the default on one
     host; at 4 ranks with every slot written by streaming stores, which the
-    default only probes), once through MPI, and once around the ring that runs
+    default only probes), once through MPI, and twice around the ring that runs
     between hosts (forced on one host, from 1 KB, in 4 KB chunks, so most
-    reductions take it in many pipelined chunks)."""
+    reductions take it in many pipelined chunks): over MPI, and over the ring's
+    own sockets (on loopback)."""
+    ring = {"HVDLITE_SHM_ALLREDUCE": "0", "HVDLITE_RING_ALLREDUCE": "1",
+            "HVDLITE_RING_THRESHOLD": "1024", "HVDLITE_RING_CHUNK_BYTES": "4096"}
     env = {"shm-streaming": {"HVDLITE_SHM_STREAMING_STORES": "1"},
            "mpi": {"HVDLITE_SHM_ALLREDUCE": "0"},
-           "ring": {"HVDLITE_SHM_ALLREDUCE": "0", "HVDLITE_RING_ALLREDUCE": "1",
-                    "HVDLITE_RING_THRESHOLD": "1024", "HVDLITE_RING_CHUNK_BYTES": "4096"}}.get(wire)
+           "ring": ring,
+           "socket-ring": dict(ring, HVDLITE_RING_WIRE="socket")}.get(wire)
     rank_launch(COLLECTIVES, ranks, env=env).check(case)
 
 

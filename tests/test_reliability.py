@@ -170,6 +170,50 @@ def test_hung_rank_inside_adasum_times_out():
           f"timed out in {waits}")
 
 
+SOCKET_RING = {"HVDLITE_SHM_ALLREDUCE": "0", "HVDLITE_RING_ALLREDUCE": "1", "HVDLITE_RING_WIRE": "socket"}
+
+
+def test_hung_rank_inside_the_socket_ring_times_out():
+    """A rank stopped while every rank's allreduces cross the ring's own
+    sockets: its neighbours wait asleep in poll(2), and still raise
+    HvdliteTimeoutError after HVDLITE_TIMEOUT_SECONDS; the first to give up
+    closes its sockets, so the other may hear of it that way (and print it
+    first, before the launcher ends the job), but not before the timeout.
+    (The stop may also catch the victim between two allreduces, in
+    negotiation, which times out the same way; most of each step is the
+    ring's.)"""
+    proc, _, ended = launch("scripts/socket_ring_failure.py", 3, ["sigstop", 1],
+                            env=dict(SOCKET_RING, HVDLITE_TIMEOUT_SECONDS="2"))
+    out = proc.stdout + proc.stderr
+    ready, fail_at, survivors = parse(proc.stdout)
+    assert len(ready) == 3 and fail_at is not None and survivors, out[-4000:]
+    timed_out = "did not complete within HVDLITE_TIMEOUT_SECONDS=2"
+    for r, (at, message) in survivors.items():
+        assert message.startswith("HvdliteTimeoutError"), message
+        assert timed_out in message or "closed its connection" in message, message
+        assert 1.5 < at - fail_at < FAILURE_LIMIT_S, at - fail_at
+    assert ended - fail_at < FAILURE_LIMIT_S + 5
+    print(f"\nSIGSTOP inside the socket ring: first error {min(a for a, _ in survivors.values()) - fail_at:.2f} s")
+
+
+def test_closed_socket_ring_fails_the_neighbours_at_once():
+    """A rank whose engine goes (abandoned here; a dead process's sockets
+    close the same way) fails both neighbours' allreduces at once, with no
+    timeout set: they read the end of its stream, and the ring's own
+    neighbour-to-neighbour closing carries the news around."""
+    proc, _, _ = launch("scripts/socket_ring_failure.py", 3, ["abandon", 1], env=SOCKET_RING)
+    out = proc.stdout + proc.stderr
+    ready, fail_at, survivors = parse(proc.stdout)
+    assert len(ready) == 3 and fail_at is not None, out[-4000:]
+    assert set(survivors) == {0, 2}, out[-4000:]
+    for r, (at, message) in survivors.items():
+        assert message.startswith("HvdliteTimeoutError"), message
+        assert "socket ring: the" in message and "neighbour (ring rank" in message, message
+        assert at - fail_at < FAILURE_LIMIT_S, f"rank {r} learnt it after {at - fail_at:.1f} s"
+    print(f"\nabandon inside the socket ring: survivors raised within "
+          f"{max(a for a, _ in survivors.values()) - fail_at:.3f} s")
+
+
 def test_stall_shutdown_stops_every_rank():
     """A rank that never submits a tensor the others wait for: the stall
     inspector warns naming it, then stops every rank with StallError."""

@@ -130,6 +130,9 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
   if (!(s = ReadInt("RING_THRESHOLD", 0, &o.ring.threshold_bytes)).ok()) return s;
   if (!(s = ReadInt("RING_CHUNK_BYTES", 1024, &o.ring.chunk_bytes)).ok()) return s;
   if (!(s = ReadInt("RING_WINDOW", 1, &o.ring.window)).ok()) return s;
+  s = ReadNamed<RingWire>("RING_WIRE", {{"mpi", RingWire::kMpi}, {"socket", RingWire::kSocket}}, "mpi or socket",
+                          &o.ring.wire);
+  if (!s.ok()) return s;
   if (!(s = ReadChoice("HIERARCHICAL_ALLREDUCE", &o.hierarchical.allreduce)).ok()) return s;
   if (!(s = ReadChoice("HIERARCHICAL_ALLGATHER", &o.hierarchical.allgather)).ok()) return s;
   if (!(s = ReadInt("HIERARCHICAL_PIECE_BYTES", 1024, &o.hierarchical.piece_bytes)).ok()) return s;

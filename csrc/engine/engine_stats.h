@@ -20,6 +20,7 @@ struct EngineStats {
   std::atomic<int64_t> collectives{0};      // data collectives issued (MPI or shared memory)
   std::atomic<int64_t> shm_collectives{0};  // of those, reduced through shared memory
   std::atomic<int64_t> ring_collectives{0};  // of those, reduced around the ring between hosts
+  std::atomic<int64_t> socket_ring_collectives{0};  // of those, over the ring's own sockets
   std::atomic<int64_t> hierarchical_allgathers{0};  // allgathers across hosts by local rank, then in the host
   std::atomic<int64_t> hierarchical_reducescatters{0};  // reducescatters in the host, then across hosts
   std::atomic<int64_t> fused_buffers{0};
@@ -62,6 +63,7 @@ struct EngineStats {
   X(hierarchical_reducescatters) X(fused_buffers) X(bytes_in) X(stall_warnings) X(buffer_bytes)  \
   X(engine_idle_priority) X(engine_follows_waiter) X(engine_affinity_pins)                  \
   X(engine_affinity_releases) X(engine_affinity_chose_pinned)                              \
-  X(engine_affinity_chose_unpinned) X(shm_streamed_bytes) X(shm_store_switches)
+  X(engine_affinity_chose_unpinned) X(shm_streamed_bytes) X(shm_store_switches)               \
+  X(socket_ring_collectives)
 
 }  // namespace hvdlite

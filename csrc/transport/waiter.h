@@ -14,17 +14,15 @@
 
 namespace hvdlite {
 
-// Calls `done()` (which returns a Status-or-bool pair through `*result`)
-// until it reports completion. `done` returns true when finished; it may set
-// `*error` to stop with a failure (an MPI error).
-template <typename Done>
-Status WaitUntil(const WaitPolicy& policy, const AbortSignal* abort, const char* what,
-                 Done done) {
+// Calls `done()` until it reports completion: it returns true when
+// finished, and may set `*error` to stop with a failure (an MPI error).
+// Past the policy's spin, `idle(waited)` passes the time between two calls.
+template <typename Done, typename Idle>
+Status WaitUntilIdle(const WaitPolicy& policy, const AbortSignal* abort, const char* what, Done done,
+                     Idle idle) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto spin = std::chrono::microseconds(policy.spin_us);
-  const auto yield_until = spin + std::chrono::microseconds(policy.yield_us);
-  const auto nap = std::chrono::microseconds(policy.sleep_us);
   while (true) {
     Status error;
     if (done(&error)) return error;
@@ -43,12 +41,22 @@ Status WaitUntil(const WaitPolicy& policy, const AbortSignal* abort, const char*
           std::string(what) + " did not complete within HVDLITE_TIMEOUT_SECONDS=" + limit +
               " s: a peer rank has probably died, hangs, or stopped calling hvdlite");
     }
+    if (waited >= spin) idle(waited);
+  }
+}
+
+// The policy's own idling: a sched_yield until yield_us, then naps.
+template <typename Done>
+Status WaitUntil(const WaitPolicy& policy, const AbortSignal* abort, const char* what, Done done) {
+  const auto yield_until = std::chrono::microseconds(policy.spin_us + policy.yield_us);
+  const auto nap = std::chrono::microseconds(policy.sleep_us);
+  return WaitUntilIdle(policy, abort, what, done, [&](std::chrono::steady_clock::duration waited) {
     if (waited >= yield_until) {
       std::this_thread::sleep_for(nap);
-    } else if (waited >= spin) {
+    } else {
       std::this_thread::yield();
     }
-  }
+  });
 }
 
 }  // namespace hvdlite

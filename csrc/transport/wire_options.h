@@ -43,10 +43,16 @@ struct ShmOptions {
   Choice streaming_stores = Choice::kAuto;
 };
 
+// What carries the ring's chunks: MPI point-to-point messages, or the
+// ring's own TCP connections (transport/socket/socket_link.h), which the
+// engine thread waits on asleep instead of polling MPI.
+enum class RingWire { kMpi, kSocket };
+
 // Between hosts: large allreduces take a pipelined ring over MPI
 // point-to-point (transport/ring/ring_transport.h).
 struct RingOptions {
   Choice allreduce = Choice::kAuto;  // kAuto: when a process set spans more than one host
+  RingWire wire = RingWire::kMpi;    // the flat ring's (one rank per host); hierarchical: MPI
   int64_t threshold_bytes = 1024 * 1024;
   int64_t chunk_bytes = 512 * 1024;
   int64_t window = 4;  // chunks in flight each way

@@ -393,6 +393,14 @@ def test_wire_is_the_one_asked_for(rank, size):
         assert ring > 0, "no reduction went around the ring"
     else:
         assert ring == 0, f"{ring} reductions went around the ring"
+    # The ring's own sockets when asked for, on the flat ring (the
+    # hierarchical ring's middle phase stays on MPI).
+    flat = ring_expected and not (hosts > 1 and hvd.local_size() > 1 and hierarchical)
+    sockets = stats["socket_ring_collectives"]
+    if flat and os.environ.get("HVDLITE_RING_WIRE") == "socket":
+        assert sockets == ring, f"{sockets} of {ring} ring reductions went over the ring's sockets"
+    else:
+        assert sockets == 0, f"{sockets} reductions went over the ring's sockets"
     # Reducescatters in the host, then across; allgathers across hosts by
     # local rank, then in the host: wherever the allreduce is hierarchical
     # (allgathers unless HVDLITE_HIERARCHICAL_ALLGATHER=0).

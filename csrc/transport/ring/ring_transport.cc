@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "transport/ring/hierarchical_allreduce.h"
 #include "transport/mpi/mpi_transport.h"
 #include "transport/ring/ring_allreduce.h"
+#include "transport/socket/socket_ring_allreduce.h"
 
 namespace hvdlite {
 
@@ -28,7 +30,8 @@ std::unique_ptr<Transport> RingTransport::Create(std::unique_ptr<Transport> inne
   // Every rank must pick the same wire, whatever its environment says: each
   // wish holds only where every rank has it.
   std::vector<int> wishes = {want && inner->size() > 1, setup.hierarchical.allreduce != Choice::kOff,
-                             setup.options.allreduce == Choice::kOn, setup.hierarchical.allgather != Choice::kOff};
+                             setup.options.allreduce == Choice::kOn, setup.hierarchical.allgather != Choice::kOff,
+                             setup.options.wire == RingWire::kSocket};
   if (!AllAgree(comm, &wishes, "the wire's wishes").ok() || !wishes[0]) return inner;
   std::map<int, int> ranks_per_host;
   for (int h : hosts) ++ranks_per_host[h];
@@ -69,6 +72,17 @@ std::unique_ptr<Transport> RingTransport::Create(std::unique_ptr<Transport> inne
   // Without the levels (MPI refused a duplicate: fatal to the job soon
   // anyway) compression just applies to every rank's whole buffer.
   if (hierarchical && wire->CreateHostLevels(setup, hosts)) wire->hierarchical_allgather_ = wishes[3] != 0;
+  if (!hierarchical && wishes[4]) {
+    const bool one_host = std::all_of(hosts.begin(), hosts.end(), [&](int h) { return h == hosts[0]; });
+    std::unique_ptr<SocketRingLink> link;
+    Status s = SocketRingLink::Connect(ring, one_host, setup.wait.timeout_seconds, &link);
+    if (s.ok()) {
+      wire->socket_ = std::move(link);
+    } else if (me == 0) {  // the same outcome on every rank: MPI carries the ring
+      std::fprintf(stderr, "hvdlite: HVDLITE_RING_WIRE=socket: %s; the ring runs over MPI instead\n",
+                   s.message().c_str());
+    }
+  }
   return wire;
 }
 
@@ -126,6 +140,7 @@ RingTransport::~RingTransport() {
 
 void RingTransport::Abandon() {
   abandoned_ = true;
+  if (socket_) socket_->Close();  // the neighbours hear of it at once
   for (Transport* level : {host_.get(), across_.get()}) {
     if (level != nullptr) level->Abandon();
   }
@@ -183,6 +198,12 @@ Status RingTransport::StartAllreduce(const void* send, void* recv, int64_t count
     auto w = std::make_unique<HierarchicalAllreduceWork>(hierarchical, recv, count, dtype, op, scale);
     s = w->Start();
     if (s.ok()) *work = std::move(w);
+  } else if (socket_) {
+    SocketRingAllreduceWork::Setup over_sockets{socket_, window_, setup.chunk_elems, &wait_, abort_};
+    auto w = std::make_unique<SocketRingAllreduceWork>(over_sockets, recv, count, dtype, op, scale);
+    s = w->Start();
+    if (s.ok()) *work = std::move(w);
+    if (s.ok()) stats_->Add(stats_->socket_ring_collectives, 1);
   } else {
     auto w = std::make_unique<RingAllreduceWork>(setup, recv, count, dtype, op, scale);
     s = w->Start();

@@ -10,6 +10,8 @@
 //
 // Large allreduces (at least RingOptions::threshold_bytes) of element-wise
 // reductions take the ring; everything else goes to the inner transport.
+// With one rank per host the ring's chunks may travel on its own sockets
+// instead of MPI (RingOptions::wire, socket/socket_link.h).
 #pragma once
 
 #include <mpi.h>
@@ -23,6 +25,7 @@
 #include "transport/ring/hierarchical_allgather.h"
 #include "transport/ring/hierarchical_allreduce.h"
 #include "transport/ring/hierarchical_reducescatter.h"
+#include "transport/socket/socket_link.h"
 #include "transport/wire_options.h"
 
 namespace hvdlite {
@@ -86,6 +89,7 @@ class RingTransport : public ForwardingTransport {
   EngineStats* stats_;
   bool abandoned_ = false;  // Abandon(): the communicators are left to MPI_Finalize
   int next_tag_ = 0;  // one tag per collective: several may be in flight
+  std::shared_ptr<SocketRingLink> socket_;  // the flat ring on its own sockets; else null
   // Hierarchical: GetHostLevels' transports and their communicators.
   MPI_Comm host_comm_ = MPI_COMM_NULL, across_comm_ = MPI_COMM_NULL;
   std::unique_ptr<Transport> host_, across_;

@@ -1,0 +1,62 @@
+"""A rank fails while every rank's allreduces travel around the ring's own
+sockets (HVDLITE_RING_WIRE=socket, forced on one host by the test).
+
+usage: socket_ring_failure.py TAG MODE VICTIM
+  TAG      ignored; lets the test find leftover processes by command line
+  MODE     sigstop   the victim SIGSTOPs itself mid-allreduce (a hung rank)
+           abandon   the victim abandons its engine mid-allreduce, which
+                     closes its sockets (what its neighbours see of a rank
+                     whose process died)
+  VICTIM   the rank that fails
+
+Prints as reliability_failure.py does: "READY <rank> <pid>", the victim's
+"FAIL_AT <time>", and "SURVIVOR <rank> ERROR_AT <time> <class>: <message>"
+for every other rank that sees an hvdlite error.
+"""
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+import hvdlite as hvd
+
+BIG = 1 << 23  # 32 MB of float32 a reduction: most of a step is the ring's
+
+
+def fail(mode):
+    print("FAIL_AT %.3f" % time.time(), flush=True)
+    if mode == "sigstop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif mode == "abandon":
+        hvd.abandon("the test abandons this rank")
+
+
+def main():
+    mode, victim = sys.argv[2], int(sys.argv[3])
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    x = np.ones(BIG, np.float32)
+    got = hvd.allreduce(x, op=hvd.Sum, name="warmup")
+    assert hvd.engine_stats()["socket_ring_collectives"] > 0, "the ring's sockets carried nothing"
+    assert got[0] == n and got[-1] == n, got
+    print("READY %d %d" % (r, os.getpid()), flush=True)
+    if r == victim:
+        threading.Timer(0.3, fail, (mode,)).start()
+    step = 0
+    try:
+        while True:
+            got = hvd.allreduce(x, op=hvd.Sum, name="step.%d" % (step % 4))
+            assert got[0] == n and got[-1] == n, got
+            step += 1
+    except hvd.HvdliteError as e:
+        if r != victim:
+            print("SURVIVOR %d ERROR_AT %.3f %s: %s" % (r, time.time(), type(e).__name__, e), flush=True)
+        time.sleep(3)  # the other survivor's line, before the launcher ends the job
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    main()
