@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "common/keep_until_exit.h"
-#include "kernels/scale.h"
 #include "transport/mpi/mpi_transport.h"
 #include "transport/waiter.h"
 
@@ -11,8 +10,7 @@ namespace hvdlite {
 
 HierarchicalAllreduceWork::HierarchicalAllreduceWork(const Setup& setup, void* data, int64_t count,
                                                      DataType dtype, ReduceOp op, double scale)
-    : setup_(setup), data_(static_cast<uint8_t*>(data)), count_(count), dtype_(dtype), op_(op),
-      scale_(scale), elem_(static_cast<int64_t>(DataTypeSize(dtype))), turn_(setup.turns->created++) {
+    : setup_(setup), buffer_(data, count, dtype, op, scale), turn_(setup.turns->created++) {
   MPI_Comm_rank(setup_.scatter, &local_rank_);
   MPI_Comm_size(setup_.scatter, &local_size_);
   const int64_t piece_elems = std::max<int64_t>(setup_.piece_elems, local_size_);
@@ -30,7 +28,7 @@ HierarchicalAllreduceWork::HierarchicalAllreduceWork(const Setup& setup, void* d
     block_elems += piece.counts[static_cast<size_t>(local_rank_)];
     pieces_.push_back(std::move(piece));
   }
-  block_.resize(static_cast<size_t>(block_elems * elem_));
+  block_.resize(static_cast<size_t>(block_elems * buffer_.elem));
 }
 
 HierarchicalAllreduceWork::~HierarchicalAllreduceWork() {
@@ -56,7 +54,7 @@ HierarchicalAllreduceWork::~HierarchicalAllreduceWork() {
 }
 
 Status HierarchicalAllreduceWork::Start() {
-  if (!MpiReduction(dtype_, op_, &type_, &mpi_op_)) {
+  if (!MpiReduction(buffer_.dtype, buffer_.op, &type_, &mpi_op_)) {
     return status_ = Status::Error(ErrorKind::kInternal, "hierarchical allreduce: no MPI reduction for this type");
   }
   return status_ = StartScatters();
@@ -74,7 +72,7 @@ Status HierarchicalAllreduceWork::Wait() {
     *error = status_;
     return !status_.ok() || done;
   });
-  if (s.ok() && scale_ != 1.0) CopyScaled(data_, data_, count_, dtype_, scale_);
+  if (s.ok()) buffer_.ApplyScale();
   return s;
 }
 
@@ -83,7 +81,7 @@ Status HierarchicalAllreduceWork::StartScatters() {
   if (setup_.turns->scatter != turn_) return Status::OK();
   while (scattered_ < pieces_.size() && scattered_ < ringed_ + static_cast<size_t>(setup_.depth)) {
     Piece& piece = pieces_[scattered_];
-    Status s = MpiCheck(MPI_Ireduce_scatter(data_ + piece.offset * elem_, block_.data() + piece.block_offset * elem_,
+    Status s = MpiCheck(MPI_Ireduce_scatter(buffer_.data + piece.offset * buffer_.elem, block_.data() + piece.block_offset * buffer_.elem,
                                             piece.counts.data(), type_, mpi_op_, setup_.scatter, &piece.request),
                         "MPI_Ireduce_scatter(host)");
     if (!s.ok()) return s;
@@ -99,8 +97,8 @@ Status HierarchicalAllreduceWork::StartGathers() {
   for (; gathering_ < ringed_; ++gathering_) {
     Piece& piece = pieces_[gathering_];
     const int mine = piece.counts[static_cast<size_t>(local_rank_)];
-    Status s = MpiCheck(MPI_Iallgatherv(block_.data() + piece.block_offset * elem_, mine, type_,
-                                        data_ + piece.offset * elem_, piece.counts.data(), piece.displs.data(),
+    Status s = MpiCheck(MPI_Iallgatherv(block_.data() + piece.block_offset * buffer_.elem, mine, type_,
+                                        buffer_.data + piece.offset * buffer_.elem, piece.counts.data(), piece.displs.data(),
                                         type_, setup_.gather, &piece.request),
                         "MPI_Iallgatherv(host)");
     if (!s.ok()) return s;
@@ -122,8 +120,8 @@ Status HierarchicalAllreduceWork::MoveRing() {
   while (ringed_ < reduced_) {
     Piece& piece = pieces_[ringed_];
     if (ring_ == nullptr) {
-      ring_ = std::make_unique<RingAllreduceWork>(setup_.cross, block_.data() + piece.block_offset * elem_,
-                                                  piece.counts[static_cast<size_t>(local_rank_)], dtype_, op_, 1.0);
+      ring_ = std::make_unique<RingAllreduceWork>(setup_.cross, block_.data() + piece.block_offset * buffer_.elem,
+                                                  piece.counts[static_cast<size_t>(local_rank_)], buffer_.dtype, buffer_.op, 1.0);
       if (Status s = ring_->Start(); !s.ok()) return s;
     }
     bool ring_done = false;

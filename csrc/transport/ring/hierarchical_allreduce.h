@@ -17,6 +17,7 @@
 #include <memory>
 #include <vector>
 
+#include "transport/in_place_reduction.h"
 #include "transport/ring/ring_allreduce.h"
 
 namespace hvdlite {
@@ -69,12 +70,7 @@ class HierarchicalAllreduceWork : public TransportWork {
   Status MoveRing();
 
   const Setup setup_;
-  uint8_t* data_;
-  int64_t count_;
-  DataType dtype_;
-  ReduceOp op_;
-  double scale_;
-  int64_t elem_;
+  const InPlaceReduction buffer_;
   int local_rank_ = 0, local_size_ = 1;
   std::vector<Piece> pieces_;
   std::vector<uint8_t> block_;  // this rank's block of every piece, one after another

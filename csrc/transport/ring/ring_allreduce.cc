@@ -5,7 +5,6 @@
 
 #include "common/keep_until_exit.h"
 #include "kernels/reduce_kernels.h"
-#include "kernels/scale.h"
 #include "transport/mpi/mpi_transport.h"
 #include "transport/waiter.h"
 
@@ -13,11 +12,10 @@ namespace hvdlite {
 
 RingAllreduceWork::RingAllreduceWork(const Setup& setup, void* data, int64_t count, DataType dtype,
                                      ReduceOp op, double scale)
-    : setup_(setup), data_(static_cast<uint8_t*>(data)), count_(count), dtype_(dtype), op_(op),
-      scale_(scale), elem_(static_cast<int64_t>(DataTypeSize(dtype))),
+    : setup_(setup), buffer_(data, count, dtype, op, scale),
       schedule_(setup.rank, setup.size, count, setup.chunk_elems), transfers_(schedule_.transfers()) {
   slots_.assign(static_cast<size_t>(setup_.window),
-                std::vector<uint8_t>(static_cast<size_t>(schedule_.longest_chunk() * elem_)));
+                std::vector<uint8_t>(static_cast<size_t>(schedule_.longest_chunk() * buffer_.elem)));
   recvs_.assign(static_cast<size_t>(setup_.window), MPI_REQUEST_NULL);
 }
 
@@ -56,7 +54,7 @@ Status RingAllreduceWork::Wait() {
     *error = Advance(&done);
     return !error->ok() || done;
   });
-  if (s.ok() && scale_ != 1.0) CopyScaled(data_, data_, count_, dtype_, scale_);
+  if (s.ok()) buffer_.ApplyScale();
   return s;
 }
 
@@ -77,7 +75,7 @@ Status RingAllreduceWork::PostReceives() {
     int64_t lo, n;
     schedule_.Range(posted_, false, &lo, &n);
     const size_t slot = static_cast<size_t>(posted_ % setup_.window);
-    Status s = MpiCheck(MPI_Irecv(slots_[slot].data(), static_cast<int>(n * elem_), MPI_BYTE, schedule_.left(),
+    Status s = MpiCheck(MPI_Irecv(slots_[slot].data(), static_cast<int>(n * buffer_.elem), MPI_BYTE, schedule_.left(),
                                   setup_.tag, setup_.comm, &recvs_[slot]),
                         "MPI_Irecv(ring)");
     if (!s.ok()) return s;
@@ -100,9 +98,9 @@ Status RingAllreduceWork::FinishReceives(bool* moved) {
     if (schedule_.Gathering(processed_)) {
       // MPI forbids writing a buffer a send still reads.
       if (sent_done_ <= schedule_.EarlierSend(processed_)) return Status::OK();
-      std::memcpy(data_ + lo * elem_, slots_[slot].data(), static_cast<size_t>(n * elem_));
+      std::memcpy(buffer_.data + lo * buffer_.elem, slots_[slot].data(), static_cast<size_t>(n * buffer_.elem));
     } else {
-      ReduceInto(slots_[slot].data(), data_ + lo * elem_, n, dtype_, op_);
+      ReduceInto(slots_[slot].data(), buffer_.data + lo * buffer_.elem, n, buffer_.dtype, buffer_.op);
     }
     ++processed_;
     *moved = true;
@@ -117,7 +115,7 @@ Status RingAllreduceWork::PostSends(bool* moved) {
     int64_t lo, n;
     schedule_.Range(next_send_, true, &lo, &n);
     sends_.push_back(MPI_REQUEST_NULL);
-    Status s = MpiCheck(MPI_Isend(data_ + lo * elem_, static_cast<int>(n * elem_), MPI_BYTE, schedule_.right(),
+    Status s = MpiCheck(MPI_Isend(buffer_.data + lo * buffer_.elem, static_cast<int>(n * buffer_.elem), MPI_BYTE, schedule_.right(),
                                   setup_.tag, setup_.comm, &sends_.back()),
                         "MPI_Isend(ring)");
     if (!s.ok()) return s;

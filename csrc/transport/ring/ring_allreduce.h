@@ -20,6 +20,7 @@
 #include "common/common.h"
 #include "common/status.h"
 #include "transport/abort_signal.h"
+#include "transport/in_place_reduction.h"
 #include "transport/ring/ring_schedule.h"
 #include "transport/transport.h"
 #include "transport/wire_options.h"
@@ -62,12 +63,7 @@ class RingAllreduceWork : public TransportWork {
   Status FinishSends(bool* moved);
 
   const Setup setup_;
-  uint8_t* data_;
-  int64_t count_;
-  DataType dtype_;
-  ReduceOp op_;
-  double scale_;
-  int64_t elem_;
+  const InPlaceReduction buffer_;
   RingSchedule schedule_;
   int64_t transfers_ = 0;  // each way
   std::vector<std::vector<uint8_t>> slots_;  // receive buffers, one per transfer in flight

@@ -7,7 +7,6 @@
 #include <string>
 
 #include "kernels/reduce_kernels.h"
-#include "kernels/scale.h"
 #include "transport/waiter.h"
 
 namespace hvdlite {
@@ -28,12 +27,11 @@ Status Lost(const char* side, int neighbour, const std::string& how) {
 
 SocketRingAllreduceWork::SocketRingAllreduceWork(const Setup& setup, void* data, int64_t count, DataType dtype,
                                                  ReduceOp op, double scale)
-    : setup_(setup), data_(static_cast<uint8_t*>(data)), count_(count), dtype_(dtype), op_(op), scale_(scale),
-      elem_(static_cast<int64_t>(DataTypeSize(dtype))),
+    : setup_(setup), buffer_(data, count, dtype, op, scale),
       schedule_(setup.link->rank(), setup.link->size(), count, setup.chunk_elems),
       transfers_(schedule_.transfers()) {
   slots_.assign(static_cast<size_t>(setup_.window),
-                std::vector<uint8_t>(static_cast<size_t>(schedule_.longest_chunk() * elem_)));
+                std::vector<uint8_t>(static_cast<size_t>(schedule_.longest_chunk() * buffer_.elem)));
 }
 
 SocketRingAllreduceWork::~SocketRingAllreduceWork() {
@@ -63,7 +61,7 @@ Status SocketRingAllreduceWork::Wait() {
     setup_.link->Leave(this, s);
     in_line_ = false;
   }
-  if (s.ok() && scale_ != 1.0) CopyScaled(data_, data_, count_, dtype_, scale_);
+  if (s.ok()) buffer_.ApplyScale();
   return s;
 }
 
@@ -94,7 +92,7 @@ bool SocketRingAllreduceWork::Step() {
 int64_t SocketRingAllreduceWork::Bytes(int64_t t, bool sending, int64_t* lo) const {
   int64_t n;
   schedule_.Range(t, sending, lo, &n);
-  return n * elem_;
+  return n * buffer_.elem;
 }
 
 bool SocketRingAllreduceWork::WantsReceive() const {
@@ -141,9 +139,9 @@ void SocketRingAllreduceWork::Process(bool* moved) {
     const int64_t bytes = Bytes(processed_, false, &lo);
     const uint8_t* slot = slots_[static_cast<size_t>(processed_ % setup_.window)].data();
     if (schedule_.Gathering(processed_)) {
-      std::memcpy(data_ + lo * elem_, slot, static_cast<size_t>(bytes));
+      std::memcpy(buffer_.data + lo * buffer_.elem, slot, static_cast<size_t>(bytes));
     } else {
-      ReduceInto(slot, data_ + lo * elem_, bytes / elem_, dtype_, op_);
+      ReduceInto(slot, buffer_.data + lo * buffer_.elem, bytes / buffer_.elem, buffer_.dtype, buffer_.op);
     }
     ++processed_;
     *moved = true;
@@ -157,7 +155,7 @@ Status SocketRingAllreduceWork::Send(bool* moved) {
     int64_t lo;
     const int64_t bytes = Bytes(sent_, true, &lo);
     if (sent_bytes_ < bytes) {
-      const ssize_t w = send(fd, data_ + lo * elem_ + sent_bytes_, static_cast<size_t>(bytes - sent_bytes_),
+      const ssize_t w = send(fd, buffer_.data + lo * buffer_.elem + sent_bytes_, static_cast<size_t>(bytes - sent_bytes_),
                              MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w < 0) {
         if (errno == EINTR) continue;

@@ -12,6 +12,7 @@
 #include "common/common.h"
 #include "common/status.h"
 #include "transport/abort_signal.h"
+#include "transport/in_place_reduction.h"
 #include "transport/ring/ring_schedule.h"
 #include "transport/socket/socket_link.h"
 #include "transport/transport.h"
@@ -55,12 +56,7 @@ class SocketRingAllreduceWork : public TransportWork {
   Status Send(bool* moved);
 
   const Setup setup_;
-  uint8_t* data_;
-  int64_t count_;
-  DataType dtype_;
-  ReduceOp op_;
-  double scale_;
-  int64_t elem_;
+  const InPlaceReduction buffer_;
   RingSchedule schedule_;
   int64_t transfers_;
   bool in_line_ = false;
