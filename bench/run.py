@@ -415,7 +415,7 @@ def hosts_contenders(per_host):
     names = ("wire floor,mpi4py unfused,mpi4py one buffer,mpi4py 25 MB,hvdlite none,torch gloo async,"
              "torch.distributed hvdlite async,Horovod none")
     if per_host == 1:
-        return names, "RING_ALLREDUCE=0"
+        return names, "RING_ALLREDUCE=0,RING_WIRE=mpi"
     return names, "HIERARCHICAL_ALLREDUCE=1,HIERARCHICAL_ALLREDUCE=0,RING_ALLREDUCE=1+HIERARCHICAL_ALLREDUCE=0"
 
 

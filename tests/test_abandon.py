@@ -26,7 +26,7 @@ ABANDON = RankTests("scripts/engine_abandon.py")
 def test_abandon_and_go_on(ranks, wire, case, rank_launch):
     ring = {"HVDLITE_SHM_ALLREDUCE": "0", "HVDLITE_RING_ALLREDUCE": "1",
             "HVDLITE_RING_THRESHOLD": "1024", "HVDLITE_RING_CHUNK_BYTES": "4096"}
-    env = {"ring": ring, "socket-ring": dict(ring, HVDLITE_RING_WIRE="socket")}.get(wire)
+    env = {"ring": dict(ring, HVDLITE_RING_WIRE="mpi"), "socket-ring": ring}.get(wire)
     rank_launch(ABANDON, ranks, env=env, timeout=600, case_timeout=120).check(case)
 
 

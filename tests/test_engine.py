@@ -20,13 +20,13 @@ def test_collectives_against_numpy(ranks, wire, case, rank_launch):
     default only probes), once through MPI, and twice around the ring that runs
     between hosts (forced on one host, from 1 KB, in 4 KB chunks, so most
     reductions take it in many pipelined chunks): over MPI, and over the ring's
-    own sockets (on loopback)."""
+    own sockets (its default, here on loopback)."""
     ring = {"HVDLITE_SHM_ALLREDUCE": "0", "HVDLITE_RING_ALLREDUCE": "1",
             "HVDLITE_RING_THRESHOLD": "1024", "HVDLITE_RING_CHUNK_BYTES": "4096"}
     env = {"shm-streaming": {"HVDLITE_SHM_STREAMING_STORES": "1"},
            "mpi": {"HVDLITE_SHM_ALLREDUCE": "0"},
-           "ring": ring,
-           "socket-ring": dict(ring, HVDLITE_RING_WIRE="socket")}.get(wire)
+           "ring": dict(ring, HVDLITE_RING_WIRE="mpi"),
+           "socket-ring": ring}.get(wire)
     rank_launch(COLLECTIVES, ranks, env=env).check(case)
 
 

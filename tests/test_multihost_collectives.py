@@ -1,7 +1,8 @@
 """Collectives between hosts: every check of tests/scripts/engine_collectives.py
 on ranks spread over network-namespace hosts with their own sshd
 (tests/harness/hosts.py), started by hvdrun, MPI over TCP. One rank per host
-takes the ring between hosts (over MPI, and over the ring's own sockets);
+takes the ring between hosts (over its own sockets, the default, and over
+MPI);
 two per host take it hierarchically (reduce in the host, ring between hosts)
 unless that is turned off. The thresholds are
 lowered so that most reductions take the ring, in many chunks. The autotune
@@ -22,7 +23,7 @@ RING_SMALL = {"HVDLITE_RING_THRESHOLD": "1024", "HVDLITE_RING_CHUNK_BYTES": "409
 # 2x2: hierarchical by default, in pieces of 6144 floats, each ring over 2
 # chunks per segment; and with it turned off (MPI's allreduce).
 LAYOUTS = {"2x1": (2, 1, {}),
-           "2x1 sockets": (2, 1, {"HVDLITE_RING_WIRE": "socket"}),
+           "2x1 MPI ring": (2, 1, {"HVDLITE_RING_WIRE": "mpi"}),
            "2x2 hierarchical": (2, 2, {"HVDLITE_HIERARCHICAL_PIECE_BYTES": "24576"}),
            "2x2 MPI": (2, 2, {"HVDLITE_HIERARCHICAL_ALLREDUCE": "0"})}
 _launchers = {}

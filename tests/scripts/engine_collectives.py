@@ -397,7 +397,7 @@ def test_wire_is_the_one_asked_for(rank, size):
     # hierarchical ring's middle phase stays on MPI).
     flat = ring_expected and not (hosts > 1 and hvd.local_size() > 1 and hierarchical)
     sockets = stats["socket_ring_collectives"]
-    if flat and os.environ.get("HVDLITE_RING_WIRE") == "socket":
+    if flat and os.environ.get("HVDLITE_RING_WIRE", "socket") == "socket":
         assert sockets == ring, f"{sockets} of {ring} ring reductions went over the ring's sockets"
     else:
         assert sockets == 0, f"{sockets} reductions went over the ring's sockets"

@@ -73,9 +73,8 @@ std::unique_ptr<Transport> RingTransport::Create(std::unique_ptr<Transport> inne
   // anyway) compression just applies to every rank's whole buffer.
   if (hierarchical && wire->CreateHostLevels(setup, hosts)) wire->hierarchical_allgather_ = wishes[3] != 0;
   if (!hierarchical && wishes[4]) {
-    const bool one_host = std::all_of(hosts.begin(), hosts.end(), [&](int h) { return h == hosts[0]; });
     std::unique_ptr<SocketRingLink> link;
-    Status s = SocketRingLink::Connect(ring, one_host, setup.wait.timeout_seconds, &link);
+    Status s = SocketRingLink::Connect(ring, setup.wait.timeout_seconds, &link);
     if (s.ok()) {
       wire->socket_ = std::move(link);
     } else if (me == 0) {  // the same outcome on every rank: MPI carries the ring

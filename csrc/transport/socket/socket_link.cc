@@ -7,11 +7,13 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -41,6 +43,39 @@ struct Hello {
   int32_t rank = -1;
   int32_t accepted = 0;  // the reply: 1 when the connection is taken
 };
+
+// Which network this process sees: its machine's boot and its network
+// namespace. Ranks that share it reach each other on loopback.
+struct NetworkPlace {
+  char text[64] = {};
+};
+
+NetworkPlace Place() {
+  NetworkPlace place;
+  char boot[40] = {};
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    if (std::fgets(boot, sizeof(boot), f) == nullptr) boot[0] = 0;
+    std::fclose(f);
+  }
+  struct stat ns {};
+  const unsigned long long inode = stat("/proc/self/ns/net", &ns) == 0 ? ns.st_ino : 0;
+  std::snprintf(place.text, sizeof(place.text), "%.36s/%llu", boot, inode);
+  return place;
+}
+
+// Whether every rank of `comm` is in this process's network place; false
+// if MPI failed.
+bool SharesOneNetwork(MPI_Comm comm, int size, bool* one) {
+  const NetworkPlace here = Place();
+  std::vector<NetworkPlace> places(static_cast<size_t>(size));
+  if (MPI_Allgather(&here, sizeof(here), MPI_BYTE, places.data(), sizeof(here), MPI_BYTE, comm) != MPI_SUCCESS) {
+    return false;
+  }
+  *one = std::all_of(places.begin(), places.end(), [&](const NetworkPlace& p) {
+    return std::strncmp(p.text, here.text, sizeof(here.text)) == 0;
+  });
+  return true;
+}
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -176,11 +211,15 @@ Status AgreeOnOutcome(MPI_Comm comm, int rank, int size, std::string error) {
 
 }  // namespace
 
-Status SocketRingLink::Connect(MPI_Comm comm, bool one_host, double timeout_seconds,
-                               std::unique_ptr<SocketRingLink>* out) {
+Status SocketRingLink::Connect(MPI_Comm comm, double timeout_seconds, std::unique_ptr<SocketRingLink>* out) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
+  // Every rank in one network namespace of one machine: loopback only.
+  bool one_host = false;
+  if (!SharesOneNetwork(comm, size, &one_host)) {
+    return Status::Error(ErrorKind::kMpi, "socket ring: exchanging network places over MPI failed");
+  }
   const double deadline = Now() + (timeout_seconds > 0 ? timeout_seconds : 60.0);
   std::string error;
   uint16_t port = 0;

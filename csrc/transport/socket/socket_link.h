@@ -29,13 +29,13 @@ class SocketRingAllreduceWork;
 
 class SocketRingLink {
  public:
-  // Collective over `comm`, whose ranks are the ring in order. `one_host`:
-  // every rank is on this host, so the sockets listen on loopback only;
-  // otherwise on every address, and a neighbour proves itself with a token
-  // that rank 0 sent over MPI. `timeout_seconds` bounds the setup. Every
-  // rank gets the same outcome: a link, or the first rank's error.
-  static Status Connect(MPI_Comm comm, bool one_host, double timeout_seconds,
-                        std::unique_ptr<SocketRingLink>* out);
+  // Collective over `comm`, whose ranks are the ring in order. Where every
+  // rank shares this process's network (one machine, one network
+  // namespace) the sockets listen on loopback only; otherwise on every
+  // address, and a neighbour proves itself with a token that rank 0 sent
+  // over MPI. `timeout_seconds` bounds the setup. Every rank gets the same
+  // outcome: a link, or the first rank's error.
+  static Status Connect(MPI_Comm comm, double timeout_seconds, std::unique_ptr<SocketRingLink>* out);
   ~SocketRingLink();
   SocketRingLink(const SocketRingLink&) = delete;
   SocketRingLink& operator=(const SocketRingLink&) = delete;
