@@ -81,8 +81,9 @@ Status HierarchicalAllreduceWork::StartScatters() {
   if (setup_.turns->scatter != turn_) return Status::OK();
   while (scattered_ < pieces_.size() && scattered_ < ringed_ + static_cast<size_t>(setup_.depth)) {
     Piece& piece = pieces_[scattered_];
-    Status s = MpiCheck(MPI_Ireduce_scatter(buffer_.data + piece.offset * buffer_.elem, block_.data() + piece.block_offset * buffer_.elem,
-                                            piece.counts.data(), type_, mpi_op_, setup_.scatter, &piece.request),
+    Status s = MpiCheck(MPI_Ireduce_scatter(buffer_.data + piece.offset * buffer_.elem,
+                                            block_.data() + piece.block_offset * buffer_.elem, piece.counts.data(),
+                                            type_, mpi_op_, setup_.scatter, &piece.request),
                         "MPI_Ireduce_scatter(host)");
     if (!s.ok()) return s;
     ++scattered_;
@@ -98,8 +99,8 @@ Status HierarchicalAllreduceWork::StartGathers() {
     Piece& piece = pieces_[gathering_];
     const int mine = piece.counts[static_cast<size_t>(local_rank_)];
     Status s = MpiCheck(MPI_Iallgatherv(block_.data() + piece.block_offset * buffer_.elem, mine, type_,
-                                        buffer_.data + piece.offset * buffer_.elem, piece.counts.data(), piece.displs.data(),
-                                        type_, setup_.gather, &piece.request),
+                                        buffer_.data + piece.offset * buffer_.elem, piece.counts.data(),
+                                        piece.displs.data(), type_, setup_.gather, &piece.request),
                         "MPI_Iallgatherv(host)");
     if (!s.ok()) return s;
   }
@@ -121,7 +122,8 @@ Status HierarchicalAllreduceWork::MoveRing() {
     Piece& piece = pieces_[ringed_];
     if (ring_ == nullptr) {
       ring_ = std::make_unique<RingAllreduceWork>(setup_.cross, block_.data() + piece.block_offset * buffer_.elem,
-                                                  piece.counts[static_cast<size_t>(local_rank_)], buffer_.dtype, buffer_.op, 1.0);
+                                                  piece.counts[static_cast<size_t>(local_rank_)], buffer_.dtype,
+                                                  buffer_.op, 1.0);
       if (Status s = ring_->Start(); !s.ok()) return s;
     }
     bool ring_done = false;

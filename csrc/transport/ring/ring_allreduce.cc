@@ -115,8 +115,8 @@ Status RingAllreduceWork::PostSends(bool* moved) {
     int64_t lo, n;
     schedule_.Range(next_send_, true, &lo, &n);
     sends_.push_back(MPI_REQUEST_NULL);
-    Status s = MpiCheck(MPI_Isend(buffer_.data + lo * buffer_.elem, static_cast<int>(n * buffer_.elem), MPI_BYTE, schedule_.right(),
-                                  setup_.tag, setup_.comm, &sends_.back()),
+    Status s = MpiCheck(MPI_Isend(buffer_.data + lo * buffer_.elem, static_cast<int>(n * buffer_.elem), MPI_BYTE,
+                                  schedule_.right(), setup_.tag, setup_.comm, &sends_.back()),
                         "MPI_Isend(ring)");
     if (!s.ok()) return s;
     ++next_send_;

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <vector>
 
 #include "common/status.h"
 
@@ -56,6 +57,12 @@ class SocketRingLink {
   void Poll(int timeout_ms);
   // Closes both connections: the neighbours' next read or write fails.
   void Close();
+  // The chunks the first work in line reads ahead of its sums: one set for
+  // the link, since the streams serve one work at a time.
+  uint8_t* ReadAhead(size_t bytes) {
+    if (read_ahead_.size() < bytes) read_ahead_.resize(bytes);
+    return read_ahead_.data();
+  }
 
   // Set once the streams are unusable; every work fails with it.
   const Status& broken() const { return broken_; }
@@ -68,6 +75,7 @@ class SocketRingLink {
   int rank_, size_;
   int right_fd_, left_fd_;
   std::deque<SocketRingAllreduceWork*> queue_;
+  std::vector<uint8_t> read_ahead_;  // grown to the largest window of chunks seen
   Status broken_;
 };
 

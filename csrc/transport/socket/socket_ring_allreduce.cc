@@ -29,10 +29,7 @@ SocketRingAllreduceWork::SocketRingAllreduceWork(const Setup& setup, void* data,
                                                  ReduceOp op, double scale)
     : setup_(setup), buffer_(data, count, dtype, op, scale),
       schedule_(setup.link->rank(), setup.link->size(), count, setup.chunk_elems),
-      transfers_(schedule_.transfers()) {
-  slots_.assign(static_cast<size_t>(setup_.window),
-                std::vector<uint8_t>(static_cast<size_t>(schedule_.longest_chunk() * buffer_.elem)));
-}
+      transfers_(schedule_.transfers()), slot_bytes_(schedule_.longest_chunk() * buffer_.elem) {}
 
 SocketRingAllreduceWork::~SocketRingAllreduceWork() {
   if (in_line_) setup_.link->Leave(this, status_);
@@ -78,6 +75,8 @@ bool SocketRingAllreduceWork::Step() {
     in_line_ = false;
     return true;
   }
+  // First in line: the link's read-ahead slots are this work's now.
+  slots_ = setup_.link->ReadAhead(static_cast<size_t>(setup_.window * slot_bytes_));
   for (bool moved = true; moved && !finished();) {
     moved = false;
     Status s = Receive(&moved);
@@ -110,7 +109,7 @@ Status SocketRingAllreduceWork::Receive(bool* moved) {
     int64_t lo;
     const int64_t bytes = Bytes(received_, false, &lo);
     if (received_bytes_ < bytes) {
-      uint8_t* slot = slots_[static_cast<size_t>(received_ % setup_.window)].data();
+      uint8_t* slot = slots_ + (received_ % setup_.window) * slot_bytes_;
       const ssize_t r = recv(fd, slot + received_bytes_, static_cast<size_t>(bytes - received_bytes_), 0);
       if (r == 0) return Lost("left", schedule_.left(), "closed its connection");
       if (r < 0) {
@@ -137,7 +136,7 @@ void SocketRingAllreduceWork::Process(bool* moved) {
     if (schedule_.Gathering(processed_) && sent_ <= schedule_.EarlierSend(processed_)) return;
     int64_t lo;
     const int64_t bytes = Bytes(processed_, false, &lo);
-    const uint8_t* slot = slots_[static_cast<size_t>(processed_ % setup_.window)].data();
+    const uint8_t* slot = slots_ + (processed_ % setup_.window) * slot_bytes_;
     if (schedule_.Gathering(processed_)) {
       std::memcpy(buffer_.data + lo * buffer_.elem, slot, static_cast<size_t>(bytes));
     } else {
@@ -155,8 +154,8 @@ Status SocketRingAllreduceWork::Send(bool* moved) {
     int64_t lo;
     const int64_t bytes = Bytes(sent_, true, &lo);
     if (sent_bytes_ < bytes) {
-      const ssize_t w = send(fd, buffer_.data + lo * buffer_.elem + sent_bytes_, static_cast<size_t>(bytes - sent_bytes_),
-                             MSG_NOSIGNAL | MSG_DONTWAIT);
+      const ssize_t w = send(fd, buffer_.data + lo * buffer_.elem + sent_bytes_,
+                             static_cast<size_t>(bytes - sent_bytes_), MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::OK();

@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 #include "common/common.h"
 #include "common/status.h"
@@ -60,7 +59,8 @@ class SocketRingAllreduceWork : public TransportWork {
   RingSchedule schedule_;
   int64_t transfers_;
   bool in_line_ = false;
-  std::vector<std::vector<uint8_t>> slots_;  // chunks read ahead, by transfer % window
+  int64_t slot_bytes_;         // one chunk read ahead, `window` of them
+  uint8_t* slots_ = nullptr;   // the link's, while this work is first in line
   int64_t received_ = 0;       // receives complete in their slots
   int64_t received_bytes_ = 0; // of receive `received_`
   int64_t processed_ = 0;      // receives summed or copied into place
