@@ -151,6 +151,33 @@ def test_hvdlite_numpy_allreduce_across_hosts(hosts, tag):
     assert all(i["sum_ok"] and i["avg_ok"] and i["size"] == 4 for i in ranks.values()), ranks
 
 
+@pytest.mark.parametrize("how,words", [
+    (["--network-interface", "eth0"], None),
+    (["--env", "HVDLITE_SOCKET_IFNAME=nosuch0"],
+     "HVDLITE_SOCKET_IFNAME=nosuch0: no interface of these names is up with an IPv4 address (up here: "),
+    (["--env", "HVDLITE_SOCKET_IFNAME=lo"], "could not connect to 127.0.0.1:"),
+], ids=["hvdrun-network-interface", "no-such-interface", "unreachable-interface"])
+def test_ring_sockets_take_the_named_interface(hosts, tag, how, words):
+    """One rank per host: the ring's sockets offer the addresses of the
+    interfaces named (hvdrun --network-interface sets HVDLITE_SOCKET_IFNAME);
+    where none works, rank 0 says why and the ring runs over MPI, with the
+    same sums."""
+    require("hvdlite._engine")
+    p = hvdrun(hosts, ["-H", "%s:1,%s:1" % tuple(hosts.names)] + how + [sys.executable, HVDLITE, tag, "numpy"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    ranks = json_lines(p.stdout)
+    assert sorted(ranks) == [0, 1]
+    assert all(i["sum_ok"] and i["avg_ok"] and i["ring"] == 2 for i in ranks.values()), ranks
+    assert {i["socket_ifname"] for i in ranks.values()} == {how[-1].split("=")[-1]}
+    fallback = [l for l in p.stderr.splitlines() if "the ring runs over MPI instead" in l]
+    if words is None:
+        assert all(i["socket_ring"] == 2 for i in ranks.values()), ranks
+        assert not fallback, p.stderr
+    else:
+        assert all(i["socket_ring"] == 0 for i in ranks.values()), ranks
+        assert len(fallback) == 1 and words in fallback[0], p.stderr
+
+
 def test_torch_distributed_optimizer_across_hosts(hosts, tag):
     require("torch")
     require("hvdlite.torch")

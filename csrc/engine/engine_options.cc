@@ -113,6 +113,28 @@ Status ReadNamed(const std::string& suffix, std::initializer_list<std::pair<cons
   return BadValue(name, value, expected);
 }
 
+// A comma-separated list of network interface names.
+Status ReadInterfaces(const std::string& suffix, std::vector<std::string>* out) {
+  std::string name;
+  const char* value = Lookup(suffix, &name);
+  if (value == nullptr) return Status::OK();
+  std::vector<std::string> names;
+  std::string text(value);
+  for (size_t start = 0; start <= text.size();) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string one = text.substr(start, end - start);
+    if (one.empty() || one.size() >= 16) {  // IFNAMSIZ: names are at most 15 characters
+      return BadValue(name, value,
+                      "interface names (at most 15 characters each) separated by commas, e.g. eth0,eth1");
+    }
+    names.push_back(one);
+    start = end + 1;
+  }
+  *out = names;
+  return Status::OK();
+}
+
 }  // namespace
 
 Status EngineOptions::FromEnvironment(EngineOptions* out) {
@@ -133,6 +155,7 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
   s = ReadNamed<RingWire>("RING_WIRE", {{"mpi", RingWire::kMpi}, {"socket", RingWire::kSocket}}, "mpi or socket",
                           &o.ring.wire);
   if (!s.ok()) return s;
+  if (!(s = ReadInterfaces("SOCKET_IFNAME", &o.ring.socket_interfaces)).ok()) return s;
   if (!(s = ReadChoice("HIERARCHICAL_ALLREDUCE", &o.hierarchical.allreduce)).ok()) return s;
   if (!(s = ReadChoice("HIERARCHICAL_ALLGATHER", &o.hierarchical.allgather)).ok()) return s;
   if (!(s = ReadInt("HIERARCHICAL_PIECE_BYTES", 1024, &o.hierarchical.piece_bytes)).ok()) return s;

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace hvdlite {
 
@@ -59,6 +61,10 @@ struct RingOptions {
   int64_t threshold_bytes = 1024 * 1024;
   int64_t chunk_bytes = 512 * 1024;
   int64_t window = 4;  // chunks in flight each way
+  // The interfaces whose IPv4 addresses the sockets offer the neighbours, in
+  // order of preference (HVDLITE_SOCKET_IFNAME, as Gloo's GLOO_SOCKET_IFNAME;
+  // hvdrun --network-interface sets it); empty: every interface that is up.
+  std::vector<std::string> socket_interfaces;
 };
 
 // Several ranks per host, the same number on each host, around the ring.

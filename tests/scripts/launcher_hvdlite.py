@@ -2,7 +2,8 @@
 
 usage: launcher_hvdlite.py TAG MODE
   numpy    hvdlite.init(); NumPy allreduce (Sum and Average) of a 1 M-float array;
-           prints one JSON line per rank with rank/size/local/cross and results
+           prints one JSON line per rank with rank/size/local/cross, results and
+           how many reductions took the ring and its sockets
   torch    hvdlite.torch.DistributedOptimizer trains a small model for 3 steps on
            per-rank shards; every rank also trains a single-process reference on the
            whole batch; prints the largest parameter difference
@@ -11,6 +12,7 @@ usage: launcher_hvdlite.py TAG MODE
 """
 
 import json
+import os
 import socket
 import sys
 
@@ -30,6 +32,9 @@ def numpy_mode():
         "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size(),
         "sum_ok": bool((total == n * (n + 1) / 2).all()),
         "avg_ok": bool(np.allclose(mean, (n + 1) / 2)),
+        "ring": hvd.engine_stats()["ring_collectives"],
+        "socket_ring": hvd.engine_stats()["socket_ring_collectives"],
+        "socket_ifname": os.environ.get("HVDLITE_SOCKET_IFNAME"),
     }), flush=True)
     hvd.shutdown()
 

@@ -308,6 +308,8 @@ BAD_SETTINGS = [
     ("HVDLITE_WAIT_SLEEP_US", "0", "an integer >= 1"),
     ("HVDLITE_ENGINE_PRIORITY", "low", "auto, normal, batch or idle"),
     ("HVDLITE_ENGINE_AFFINITY", "sideways", "auto, follow or none"),
+    ("HVDLITE_SOCKET_IFNAME", "eth0,,eth1", "separated by commas"),
+    ("HVDLITE_SOCKET_IFNAME", "an-interface-name-too-long", "at most 15 characters"),
     ("HOROVOD_FUSION_THRESHOLD", "64MB", "an integer"),  # the Horovod alias is checked too
 ]
 

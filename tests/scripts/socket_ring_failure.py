@@ -4,7 +4,8 @@ sockets (HVDLITE_RING_WIRE=socket, forced on one host by the test).
 usage: socket_ring_failure.py TAG MODE VICTIM
   TAG      ignored; lets the test find leftover processes by command line
   MODE     sigstop   the victim SIGSTOPs itself mid-allreduce (a hung rank)
-           abandon   the victim abandons its engine mid-allreduce, which
+           abandon   the victim abandons its engine while its flight
+                     recorder shows it inside a step's allreduce, which
                      closes its sockets (what its neighbours see of a rank
                      whose process died)
   VICTIM   the rank that fails
@@ -26,7 +27,19 @@ import hvdlite as hvd
 BIG = 1 << 23  # 32 MB of float32 a reduction: most of a step is the ring's
 
 
+def inside_a_step():
+    """Whether this rank's engine is inside a step's collective (on the ring's
+    sockets), not between two (where its neighbours wait in negotiation, on
+    MPI, which does not see the sockets close)."""
+    where = hvd.flight_recorder(summary=True)["in"]
+    return where is not None and where["phase"] == "collective" and where["tensor"].startswith("step.")
+
+
 def fail(mode):
+    if mode == "abandon":
+        deadline = time.time() + 10
+        while not inside_a_step() and time.time() < deadline:
+            time.sleep(0.001)
     print("FAIL_AT %.3f" % time.time(), flush=True)
     if mode == "sigstop":
         os.kill(os.getpid(), signal.SIGSTOP)

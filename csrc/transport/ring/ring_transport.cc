@@ -74,7 +74,10 @@ std::unique_ptr<Transport> RingTransport::Create(std::unique_ptr<Transport> inne
   if (hierarchical && wire->CreateHostLevels(setup, hosts)) wire->hierarchical_allgather_ = wishes[3] != 0;
   if (!hierarchical && wishes[4]) {
     std::unique_ptr<SocketRingLink> link;
-    Status s = SocketRingLink::Connect(ring, setup.wait.timeout_seconds, &link);
+    SocketLinkOptions link_options;
+    link_options.timeout_seconds = setup.wait.timeout_seconds;
+    link_options.interfaces = setup.options.socket_interfaces;
+    Status s = SocketRingLink::Connect(ring, link_options, &link);
     if (s.ok()) {
       wire->socket_ = std::move(link);
     } else if (me == 0) {  // the same outcome on every rank: MPI carries the ring

@@ -108,9 +108,28 @@ bool Transfer(int fd, void* bytes, size_t n, bool writing, double deadline) {
   return true;
 }
 
+bool UpWithIPv4(const ifaddrs* i) {
+  return i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP);
+}
+
+// "eth0, lo": the interfaces that could be named, for an error message.
+std::string InterfacesUp(const ifaddrs* list) {
+  std::vector<std::string> names;
+  for (const ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (UpWithIPv4(i) && std::find(names.begin(), names.end(), i->ifa_name) == names.end()) {
+      names.push_back(i->ifa_name);
+    }
+  }
+  std::string text;
+  for (const std::string& name : names) text += (text.empty() ? "" : ", ") + name;
+  return text.empty() ? "none" : text;
+}
+
 // The IPv4 addresses this rank can be reached at: loopback only on one
-// host; otherwise every address of an interface that is up, but loopback.
-Endpoint LocalEndpoint(bool one_host, uint16_t port) {
+// host; otherwise those of the named interfaces, in the order named, or of
+// every interface that is up but loopback. Sets `error` (if empty) when there
+// are none.
+Endpoint LocalEndpoint(bool one_host, uint16_t port, const std::vector<std::string>& names, std::string* error) {
   Endpoint e;
   e.port = htons(port);
   if (one_host) {
@@ -118,11 +137,26 @@ Endpoint LocalEndpoint(bool one_host, uint16_t port) {
     return e;
   }
   ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return e;
-  for (ifaddrs* i = list; i != nullptr && e.count < kMaxAddresses; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    if (!(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
-    e.addresses[e.count++] = reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr;
+  if (getifaddrs(&list) != 0) {
+    if (error->empty()) *error = Failed("listing the network interfaces");
+    return e;
+  }
+  auto offer = [&](const char* wanted) {
+    for (ifaddrs* i = list; i != nullptr && e.count < kMaxAddresses; i = i->ifa_next) {
+      if (!UpWithIPv4(i)) continue;
+      const bool taken = wanted == nullptr ? !(i->ifa_flags & IFF_LOOPBACK) : std::strcmp(i->ifa_name, wanted) == 0;
+      if (taken) e.addresses[e.count++] = reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr;
+    }
+  };
+  if (names.empty()) offer(nullptr);
+  for (const std::string& name : names) offer(name.c_str());
+  if (e.count == 0 && error->empty()) {
+    std::string named;
+    for (const std::string& name : names) named += (named.empty() ? "" : ",") + name;
+    *error = names.empty() ? std::string("no IPv4 address on an interface that is up but loopback")
+                           : "HVDLITE_SOCKET_IFNAME=" + named +
+                                 ": no interface of these names is up with an IPv4 address (up here: " +
+                                 InterfacesUp(list) + ")";
   }
   freeifaddrs(list);
   return e;
@@ -211,7 +245,8 @@ Status AgreeOnOutcome(MPI_Comm comm, int rank, int size, std::string error) {
 
 }  // namespace
 
-Status SocketRingLink::Connect(MPI_Comm comm, double timeout_seconds, std::unique_ptr<SocketRingLink>* out) {
+Status SocketRingLink::Connect(MPI_Comm comm, const SocketLinkOptions& options,
+                               std::unique_ptr<SocketRingLink>* out) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
@@ -220,12 +255,11 @@ Status SocketRingLink::Connect(MPI_Comm comm, double timeout_seconds, std::uniqu
   if (!SharesOneNetwork(comm, size, &one_host)) {
     return Status::Error(ErrorKind::kMpi, "socket ring: exchanging network places over MPI failed");
   }
-  const double deadline = Now() + (timeout_seconds > 0 ? timeout_seconds : 60.0);
+  const double deadline = Now() + (options.timeout_seconds > 0 ? options.timeout_seconds : 60.0);
   std::string error;
   uint16_t port = 0;
   int listener = Listen(one_host, &port, &error);
-  Endpoint mine = LocalEndpoint(one_host, port);
-  if (error.empty() && mine.count == 0) error = "no IPv4 address on an interface that is up";
+  Endpoint mine = LocalEndpoint(one_host, port, options.interfaces, &error);
 
   // Rank 0's token, and every rank's endpoint.
   uint64_t token = 0;
@@ -246,16 +280,19 @@ Status SocketRingLink::Connect(MPI_Comm comm, double timeout_seconds, std::uniqu
   hello.rank = rank;
   // Connect first (the neighbour's listener queues it), then accept, then
   // read the right neighbour's answer: no rank waits for one that waits.
-  int right_fd = -1, left_fd = -1;
-  // Even after a failure here, so that the right neighbour is not left waiting.
+  // Every rank tries, even after a failure above, and all learn whether all
+  // connected before anyone waits to accept: a rank whose neighbour could
+  // not reach it is not left waiting out the deadline.
   std::string connect_error;
-  right_fd = ConnectTo(all[static_cast<size_t>(right)], hello, deadline, &connect_error);
+  int right_fd = ConnectTo(all[static_cast<size_t>(right)], hello, deadline, &connect_error);
   if (error.empty()) error = connect_error;
-  if (listener >= 0) {
-    std::string accept_error;
-    left_fd = AcceptFrom(listener, left, hello, deadline, &accept_error);
-    if (error.empty()) error = accept_error;
+  Status connected = AgreeOnOutcome(comm, rank, size, error);
+  if (!connected.ok()) {
+    CloseFd(&right_fd);
+    CloseFd(&listener);
+    return connected;
   }
+  int left_fd = AcceptFrom(listener, left, hello, deadline, &error);
   CloseFd(&listener);
   if (right_fd >= 0) {
     Hello answer;

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -28,15 +29,22 @@ namespace hvdlite {
 
 class SocketRingAllreduceWork;
 
+struct SocketLinkOptions {
+  double timeout_seconds = 0.0;  // bounds the setup; 0: 60 s
+  // The interfaces whose IPv4 addresses are offered, in this order; empty:
+  // every interface that is up but loopback (RingOptions::socket_interfaces).
+  std::vector<std::string> interfaces;
+};
+
 class SocketRingLink {
  public:
   // Collective over `comm`, whose ranks are the ring in order. Where every
   // rank shares this process's network (one machine, one network
   // namespace) the sockets listen on loopback only; otherwise on every
   // address, and a neighbour proves itself with a token that rank 0 sent
-  // over MPI. `timeout_seconds` bounds the setup. Every rank gets the same
-  // outcome: a link, or the first rank's error.
-  static Status Connect(MPI_Comm comm, double timeout_seconds, std::unique_ptr<SocketRingLink>* out);
+  // over MPI. Every rank gets the same outcome: a link, or the first rank's
+  // error.
+  static Status Connect(MPI_Comm comm, const SocketLinkOptions& options, std::unique_ptr<SocketRingLink>* out);
   ~SocketRingLink();
   SocketRingLink(const SocketRingLink&) = delete;
   SocketRingLink& operator=(const SocketRingLink&) = delete;
