@@ -1,34 +1,34 @@
 """Builds and runs the C++ test programs of tests/cpp/ against the engine's code.
 
-The engine's sources (build_engine.ENGINE_SOURCES, read from the file, since
-importing build_engine.py writes hvdlite/_build_info.py), less the C API, are
-compiled in parallel with the MPI compiler wrapper into object files, cached
-by a hash of csrc/, the flags and the compiler under $HVDLITE_CPP_TEST_CACHE
-(default <tmp>/hvdlite-cpp-tests); a test program is linked against all of
-them, so a source file moving or splitting needs no change here. A program
-prints "<n> checks, <m> failed" (tests/cpp/check.h) and exits non-zero when a
-check failed or a sanitizer found an error.
+A program is compiled with the MPI compiler wrapper under AddressSanitizer and
+UndefinedBehaviorSanitizer and linked against the engine's objects (its sources,
+build_engine.ENGINE_SOURCES, read from the file, since importing build_engine.py
+writes hvdlite/_build_info.py; less the C API) from the sanitized build of
+tests/harness/sanitizer_build.py, which the multi-rank sanitizer tests load too:
+the engine is compiled with the sanitizers once per source tree, so a source
+file moving or splitting needs no change here. A program prints
+"<n> checks, <m> failed" (tests/cpp/check.h) and exits non-zero when a check
+failed or a sanitizer found an error.
 """
 import ast
-import hashlib
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
+from harness import sanitizer_build
 from harness.checks import unavailable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CSRC = os.path.join(ROOT, "csrc")
 CPP_TESTS = os.path.join(ROOT, "tests", "cpp")
 # Under AddressSanitizer and UndefinedBehaviorSanitizer: an overread, a leak
-# or undefined behaviour fails the program like a failed check.
+# or undefined behaviour fails the program like a failed check. (The engine's
+# objects come from a build that lets UBSan go on after a report: its
+# "runtime error:" lines fail the program's test too.)
 FLAGS = ["-std=c++17", "-O2", "-Wall", "-Wno-unused-function", "-fsanitize=address,undefined",
          "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
+SANITIZERS = "address,undefined"
 
 
 def find_mpicxx():
@@ -53,49 +53,9 @@ def engine_sources():
     raise RuntimeError("build_engine.py has no ENGINE_SOURCES list")
 
 
-def _fingerprint(mpicxx, sources):
-    h = hashlib.sha256(" ".join(FLAGS + sources).encode())
-    h.update(subprocess.run([mpicxx, "--version"], capture_output=True).stdout)
-    for dirpath, dirnames, files in sorted(os.walk(CSRC)):
-        dirnames.sort()
-        for f in sorted(files):
-            with open(os.path.join(dirpath, f), "rb") as fh:
-                h.update(f.encode() + fh.read())
-    return h.hexdigest()[:16]
-
-
-def _compile(mpicxx, src, obj):
-    p = subprocess.run([mpicxx, "-c", *FLAGS, "-I", CSRC, src, "-o", obj],
-                       capture_output=True, text=True, timeout=900)
-    if p.returncode != 0:
-        pytest.fail(f"compiling {src} failed:\n{p.stdout}{p.stderr}", pytrace=False)
-    return obj
-
-
-def engine_objects(mpicxx):
-    """Object files of the engine's sources, compiled once per source tree."""
-    sources = engine_sources()
-    cache = os.environ.get("HVDLITE_CPP_TEST_CACHE",
-                           os.path.join(tempfile.gettempdir(), "hvdlite-cpp-tests"))
-    done = os.path.join(cache, _fingerprint(mpicxx, sources))
-    objects = [os.path.join(done, s.replace("/", "_") + ".o") for s in sources]
-    if all(os.path.exists(o) for o in objects):
-        return objects
-    os.makedirs(cache, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix="staging-", dir=cache)
-    try:
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-            list(pool.map(lambda s: _compile(mpicxx, os.path.join(CSRC, s),
-                                             os.path.join(staging, s.replace("/", "_") + ".o")),
-                          sources))
-        try:
-            os.rename(staging, done)
-        except OSError:  # another run finished the same objects first
-            if not all(os.path.exists(o) for o in objects):
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return objects
+def engine_objects():
+    """Object files of the engine's sources, from the sanitized build."""
+    return sanitizer_build.engine_objects(SANITIZERS, engine_sources())
 
 
 def build_and_run(program, out_dir, timeout=900):
@@ -105,7 +65,7 @@ def build_and_run(program, out_dir, timeout=900):
     if mpicxx is None:
         unavailable("no mpicxx found: install the mpich wheel (pip install mpich)")
     exe = os.path.join(str(out_dir), program)
-    objects = engine_objects(mpicxx)
+    objects = engine_objects()
     build = subprocess.run([mpicxx, *FLAGS, "-I", CSRC, os.path.join(CPP_TESTS, program + ".cc"),
                             *objects, "-o", exe], capture_output=True, text=True, timeout=timeout)
     assert build.returncode == 0, f"building {program} failed:\n{build.stdout}\n{build.stderr}"
@@ -113,4 +73,5 @@ def build_and_run(program, out_dir, timeout=900):
     run = subprocess.run([exe], capture_output=True, text=True, timeout=timeout, cwd=str(out_dir))
     output = run.stdout + run.stderr
     assert run.returncode == 0 and " 0 failed" in run.stdout, f"{program} failed:\n{output}"
+    assert "runtime error:" not in output, f"{program}: undefined behaviour:\n{output}"
     return run.stdout

@@ -12,6 +12,9 @@ documentation recommends; cffi's own build would compile one file at a time at
 
 Builds are cached by a hash of csrc/, build_engine.py and the compiler (the
 Python files are copied from the checkout on every use), under $HVDLITE_SANITIZER_CACHE (default: <tmp>/hvdlite-sanitizer-builds).
+The object files stay beside the engine: the C++ test programs of tests/cpp/
+link the address,undefined build's (engine_objects), so the engine is compiled
+with the sanitizers once per source tree, not twice.
 """
 import hashlib
 import os
@@ -95,6 +98,20 @@ def _sync_python(root):
                     ignore=_PY_IGNORE, dirs_exist_ok=True)
 
 
+def _complete(root):
+    # The engine, and its objects for the C++ test programs (engine_objects).
+    return os.path.exists(os.path.join(root, "hvdlite", "_engine.abi3.so")) and os.path.isdir(
+        os.path.join(root, "obj"))
+
+
+def engine_objects(kind, sources):
+    """The object files of ``sources`` (csrc/-relative) from the ``kind``
+    build, which the C++ test programs link (tests/harness/cpp_build.py): one
+    sanitized compile of the engine serves both."""
+    root = build(kind)
+    return [os.path.join(root, "obj", ("csrc/" + s).replace("/", "_") + ".o") for s in sources]
+
+
 def build(kind):
     """Returns a directory whose ``hvdlite`` package has an engine built with
     ``-fsanitize=kind``; builds it unless a build of the same sources exists."""
@@ -103,7 +120,7 @@ def build(kind):
     cache = os.environ.get("HVDLITE_SANITIZER_CACHE",
                            os.path.join(tempfile.gettempdir(), "hvdlite-sanitizer-builds"))
     root = os.path.join(cache, "%s-%s" % (kind.replace(",", "+"), _fingerprint(kind)))
-    if os.path.exists(os.path.join(root, "hvdlite", "_engine.abi3.so")):
+    if _complete(root):
         _sync_python(root)
         return root
     os.makedirs(cache, exist_ok=True)
@@ -117,11 +134,10 @@ def build(kind):
                            capture_output=True, text=True)
         if p.returncode != 0:
             raise RuntimeError("sanitizer build (%s) failed:\n%s%s" % (kind, p.stdout, p.stderr))
-        shutil.rmtree(os.path.join(staging, "obj"))
         try:
             os.rename(staging, root)
         except OSError:  # another run finished the same build first
-            if not os.path.exists(os.path.join(root, "hvdlite", "_engine.abi3.so")):
+            if not _complete(root):
                 raise
     finally:
         if os.path.exists(staging):
