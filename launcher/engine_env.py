@@ -43,6 +43,13 @@ def engine_env(opts):
         env["HVDLITE_STALL_CHECK_TIME_SECONDS"] = str(opts.stall_check_warning_time_seconds)
     if opts.stall_check_shutdown_time_seconds is not None:
         env["HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"] = str(opts.stall_check_shutdown_time_seconds)
+    # The ring's own sockets take the interfaces MPI is told to use, unless
+    # the user named theirs (in hvdrun's environment or with --env), as the
+    # other libraries' interface variables (mpi_command.interface_env).
+    interfaces = getattr(opts, "network_interfaces", None)
+    if interfaces and "HVDLITE_SOCKET_IFNAME" not in os.environ and not any(
+            item.partition("=")[0] == "HVDLITE_SOCKET_IFNAME" for item in opts.env or ()):
+        env["HVDLITE_SOCKET_IFNAME"] = ",".join(interfaces)
     return env
 
 

@@ -42,13 +42,13 @@ def interface_env(interfaces, environ):
     """Variables that make the data path follow --network-interface too.
 
     The launchers' own flags only steer their control traffic and MPI's TCP
-    transport; UCX (MPICH's ch4:ucx), NCCL, Gloo and the engine's own ring
-    sockets pick devices themselves.  A value the user set already wins.
+    transport; UCX (MPICH's ch4:ucx), NCCL and Gloo pick devices themselves
+    (the engine's ring sockets: engine_env).  A value the user set already wins.
     """
     if not interfaces:
         return {}
     env = {}
-    for var in ("UCX_NET_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "HVDLITE_SOCKET_IFNAME"):
+    for var in ("UCX_NET_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
         if var not in environ:
             env[var] = ",".join(interfaces)
     return env

@@ -322,7 +322,7 @@ def test_openmpi_command():
 
 def test_interface_env_steers_ucx_and_nccl_unless_set():
     assert mpi_command.interface_env(["eth1"], {"NCCL_SOCKET_IFNAME": "ib0"}) == \
-        {"UCX_NET_DEVICES": "eth1", "GLOO_SOCKET_IFNAME": "eth1", "HVDLITE_SOCKET_IFNAME": "eth1"}
+        {"UCX_NET_DEVICES": "eth1", "GLOO_SOCKET_IFNAME": "eth1"}
     assert mpi_command.interface_env([], {}) == {}
 
 
