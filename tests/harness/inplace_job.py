@@ -41,6 +41,20 @@ class InPlaceJob(HvdrunJob):
                 return left
             time.sleep(0.1)
 
+    def failure_text(self):
+        """hvdrun's output without the step events, which would push the
+        generations' starts and errors out of the shown tail; and the steps
+        each generation ran."""
+        with self._cond:
+            lines = [t for _, _, t in self.lines if '"ev": "step"' not in t]
+        steps = {}
+        for ev in self.events("step"):
+            key = "generation %s uid %s" % (ev.get("generation"), ev.get("uid"))
+            first, last = steps.get(key, (ev["step"], ev["step"]))
+            steps[key] = (min(first, ev["step"]), max(last, ev["step"]))
+        summary = ", ".join("%s: steps %d-%d" % (k, a, b) for k, (a, b) in sorted(steps.items()))
+        return "\n".join(lines)[-8000:] + "\n(step events left out; %s)" % (summary or "none")
+
     def events(self, kind=None, uid=None, **match):
         return [ev for ev in self.json_events(kind) if (uid is None or ev["uid"] == uid) and
                 all(ev.get(k) == v for k, v in match.items())]
