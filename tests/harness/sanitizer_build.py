@@ -134,6 +134,8 @@ def build(kind):
                            capture_output=True, text=True)
         if p.returncode != 0:
             raise RuntimeError("sanitizer build (%s) failed:\n%s%s" % (kind, p.stdout, p.stderr))
+        if os.path.exists(root) and not _complete(root):
+            shutil.rmtree(root)  # an older layout's build of the same sources: without its objects
         try:
             os.rename(staging, root)
         except OSError:  # another run finished the same build first
