@@ -9,7 +9,8 @@ by the MPI compiler wrapper the engine was built with, into object files
 cached by a hash of the sources, the flags and the compiler under
 ``cache_dir`` (default ~/.cache/hvdlite-bench); each program is linked
 against all of them, so a source that moves or splits needs no change here.
-tests/test_bench_smoke.py builds and runs each one tiny.
+tests/test_bench_smoke.py links each one (``link``) against the tests'
+sanitized build of the same sources and runs it tiny.
 """
 import ast
 import glob
@@ -87,17 +88,23 @@ def engine_objects(cxx, cache_dir):
     return objects, done
 
 
+def link(program, objects, flags, exe):
+    """bench/<program>.cc compiled with ``flags`` and linked against ``objects`` into ``exe``."""
+    _run([mpicxx(), *flags, "-I", CSRC, os.path.join(BENCH, program + ".cc"), *objects, "-o", exe + ".tmp"],
+         "building " + program)
+    os.replace(exe + ".tmp", exe)
+    return exe
+
+
 def build(program, cache_dir=None):
     """bench/<program>.cc linked against the engine (cached); returns (binary, compiler)."""
     cxx = mpicxx()
     cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "hvdlite-bench")
     objects, folder = engine_objects(cxx, cache_dir)
-    source = os.path.join(BENCH, program + ".cc")
-    with open(source, "rb") as fh:
+    with open(os.path.join(BENCH, program + ".cc"), "rb") as fh:
         exe = os.path.join(folder, "%s-%s" % (program, hashlib.sha256(fh.read()).hexdigest()[:12]))
     if not os.path.exists(exe):
-        _run([cxx, *FLAGS, "-I", CSRC, source, *objects, "-o", exe + ".tmp"], "building " + program)
-        os.replace(exe + ".tmp", exe)
+        link(program, objects, FLAGS, exe)
     return exe, cxx
 
 

@@ -57,4 +57,7 @@ int main(int argc, char** argv) {
   for (auto& v : ms) std::sort(v.begin(), v.end());
   std::printf("sum step per %zu MB tensor, median of %d: scratch %.3f ms, one pass %.3f ms\n", megabytes, reps,
               ms[0][reps / 2], ms[1][reps / 2]);
+  for (auto* g : grads) std::free(g);
+  std::free(peer);
+  std::free(result);
 }
