@@ -97,18 +97,13 @@ def _built(program, tmp_path):
     return cpp.link(program, cpp_build.engine_objects(), cpp_build.FLAGS, str(tmp_path / program))
 
 
-def _ran_clean(p):
-    output = p.stdout + p.stderr
-    assert p.returncode == 0 and "runtime error:" not in output, output
-
-
 def test_compressors_bench_builds_and_runs_tiny(tmp_path):
     """bench/compressors_bench.cc on 1,000,000 floats, 1 repetition: the table
     the kernels case parses, with every row the report shows."""
     kernels = _bench_module("kernels")
     p = subprocess.run([_built("compressors_bench", tmp_path), "1", "1000000"], capture_output=True, text=True,
                        timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    _ran_clean(p)
+    cpp_build.assert_ran_clean(p, "compressors_bench")
     header, rows = kernels.parse(p.stdout)
     assert header and header.startswith("1000000 float32") and "1 reps" in header, p.stdout
     missing = [key for key, _ in kernels.HEADLINE if key not in rows]
@@ -124,7 +119,7 @@ def test_sum_step_bench_builds_and_runs_tiny(tmp_path):
     """bench/sum_step_bench.cc on 1 MB tensors, 3 repetitions: both ways of
     the shared-memory sum step timed."""
     p = subprocess.run([_built("sum_step_bench", tmp_path), "3", "1"], capture_output=True, text=True, timeout=300)
-    _ran_clean(p)
+    cpp_build.assert_ran_clean(p, "sum_step_bench")
     m = re.fullmatch(r"sum step per 1 MB tensor, median of 3: scratch ([\d.]+) ms, one pass ([\d.]+) ms\n",
                      p.stdout)
     assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, p.stdout

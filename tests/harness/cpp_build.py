@@ -71,7 +71,13 @@ def build_and_run(program, out_dir, timeout=900):
     assert build.returncode == 0, f"building {program} failed:\n{build.stdout}\n{build.stderr}"
     # A program that calls MPI_Init runs as a singleton: no launcher needed.
     run = subprocess.run([exe], capture_output=True, text=True, timeout=timeout, cwd=str(out_dir))
-    output = run.stdout + run.stderr
-    assert run.returncode == 0 and " 0 failed" in run.stdout, f"{program} failed:\n{output}"
-    assert "runtime error:" not in output, f"{program}: undefined behaviour:\n{output}"
+    assert_ran_clean(run, program)
+    assert " 0 failed" in run.stdout, f"{program} failed:\n{run.stdout + run.stderr}"
     return run.stdout
+
+
+def assert_ran_clean(run, program):
+    """A program linked against the sanitized engine exited 0 with no sanitizer report."""
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, f"{program} failed:\n{output}"
+    assert "runtime error:" not in output, f"{program}: undefined behaviour:\n{output}"
