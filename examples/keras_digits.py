@@ -58,7 +58,7 @@ def parse_args(argv=None):
     p.add_argument("--overlap-steps", type=int, default=None,
                    help="DiLoCo: steps a fragment's reduction overlaps (default 1 with "
                         "--fragments > 1, else 0)")
-    p.add_argument("--outer-lr", type=float, default=0.7)
+    p.add_argument("--outer-lr", type=float, default=1.0)
     p.add_argument("--outer-momentum", type=float, default=0.5,
                    help="DiLoCo's outer Nesterov momentum (0: plain SGD)")
     p.add_argument("--seed", type=int, default=42)

@@ -81,9 +81,9 @@ def parse_args(argv=None):
                    help="DiLoCo: an outer Nesterov step on the averaged outer gradient every H steps")
     p.add_argument("--fragments", type=int, default=1, help="DiLoCo: Streaming DiLoCo's fragments")
     p.add_argument("--overlap-steps", type=int, default=None)
-    p.add_argument("--outer-lr", type=float, default=0.7,
-                   help="DiLoCo's outer SGD lr (hvdlite's default; 1.0 did 2-3 %% better on "
-                        "--d-model 192, 0.7 8.5 %% better on the full model; docs/compression.md)")
+    p.add_argument("--outer-lr", type=float, default=1.0,
+                   help="DiLoCo's outer SGD lr (hvdlite's default; on the full model 0.7 does "
+                        "better at --lr 1e-3, 1.0 at --lr 5e-4; docs/compression.md)")
     p.add_argument("--outer-momentum", type=float, default=0.5,
                    help="DiLoCo's outer Nesterov momentum (0: plain SGD)")
     p.add_argument("--eval-every", type=int, default=0,

@@ -151,7 +151,7 @@ class LocalSGD(_Periodic):
 
 
 def default_outer_optimizer(params):
-    """DiLoCo's default outer optimizer: SGD, lr 0.7, Nesterov momentum 0.5
+    """DiLoCo's default outer optimizer: SGD, lr 1.0, Nesterov momentum 0.5
     (hvdlite.local_sgd.OUTER_LR / OUTER_MOMENTUM, shared with Keras)."""
     return torch.optim.SGD(params, lr=OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True)
 
@@ -189,7 +189,7 @@ class DiLoCo(_Periodic, FragmentSyncs):
             anchor is taken then).
         inner_optimizer: a plain ``torch.optim.Optimizer`` over the model's
             parameters; its state stays local.
-        outer_optimizer: ``None`` for SGD(lr=0.7, momentum=0.5,
+        outer_optimizer: ``None`` for SGD(lr=1.0, momentum=0.5,
             nesterov=True), or a callable that builds a torch optimizer from
             a list of tensors (the fragment's pieces of the anchor: whole
             tensors, or flat views of a cut one), e.g.
@@ -242,7 +242,7 @@ class DiLoCo(_Periodic, FragmentSyncs):
         if isinstance(outer_optimizer, torch.optim.Optimizer) or not callable(outer_optimizer):
             raise _bad("DiLoCo: outer_optimizer must be None or a callable that builds the "
                        "optimizer from the anchor tensors, e.g. "
-                       "`lambda params: torch.optim.SGD(params, lr=0.7, momentum=0.5, "
+                       "`lambda params: torch.optim.SGD(params, lr=1.0, momentum=0.5, "
                        "nesterov=True)` (the anchor is DiLoCo's own copy, so an optimizer "
                        "built beforehand cannot hold it)")
         self.model = model

@@ -25,7 +25,7 @@ import hvdlite.tensorflow.keras as hvd  # noqa: E402
 
 N, IN, OUT = 8, 4, 3
 LR, MOMENTUM = 0.1, 0.9
-OUTER_LR, OUTER_MOMENTUM = 0.7, 0.5   # the documented defaults
+OUTER_LR, OUTER_MOMENTUM = 1.0, 0.5   # the documented defaults
 TOL = 2e-5
 
 

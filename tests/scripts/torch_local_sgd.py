@@ -25,7 +25,7 @@ torch.set_num_threads(1)
 
 SHAPES = [(4, 3), (3,), (5,)]
 LR, MOMENTUM = 0.1, 0.9
-OUTER_LR, OUTER_MOMENTUM = 0.7, 0.5   # the documented defaults
+OUTER_LR, OUTER_MOMENTUM = 1.0, 0.5   # the documented defaults
 
 
 def targets(r):
