@@ -165,6 +165,7 @@ ENGINE_SOURCES = [
     "transport/shm/shm_collectives.cc",
     "transport/shm/shm_transport.cc",
     "transport/shm/slot_store_choice.cc",
+    "transport/socket/socket_connect.cc",
     "transport/socket/socket_link.cc",
     "transport/socket/socket_ring_allreduce.cc",
     "tuning/affinity_trial.cc",

@@ -4,7 +4,8 @@ Coordinate and Decide), the shared-memory slots' stores, the engine
 thread's placement trial, and the allreduce pipeline with each bucket
 strategy and the compressors on the wire, over an in-process fake transport
 (tests/cpp/fake_transport.h: ranks are threads), the setup agreement
-helpers and abandoning an engine (hvd_abandon) on one rank. Each program is
+helpers, abandoning an engine (hvd_abandon) on one rank, and the socket
+ring's connection to a neighbour's first answering address. Each program is
 built against the engine's objects by tests/harness/cpp_build.py and prints
 one line per test and a failure count."""
 import pytest
@@ -16,6 +17,7 @@ from harness.cpp_build import build_and_run
                                      "test_reduce_kernels", "test_bucket_planner",
                                      "test_request_validation", "test_shm_stores",
                                      "test_affinity_trial", "test_allreduce_pipeline",
-                                     "test_rank_agreement", "test_flight_recorder", "test_abandon"])
+                                     "test_rank_agreement", "test_flight_recorder", "test_abandon",
+                                     "test_socket_connect"])
 def test_engine_unit(program, tmp_path):
     print(build_and_run(program, tmp_path))

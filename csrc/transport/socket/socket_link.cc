@@ -12,13 +12,13 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "transport/socket/socket_connect.h"
 #include "transport/socket/socket_ring_allreduce.h"
 
 namespace hvdlite {
@@ -77,10 +77,6 @@ bool SharesOneNetwork(MPI_Comm comm, int size, bool* one) {
   return true;
 }
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 std::string Failed(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
 void CloseFd(int* fd) {
@@ -100,7 +96,7 @@ bool Transfer(int fd, void* bytes, size_t n, bool writing, double deadline) {
     }
     if (r == 0 && !writing) return false;  // closed
     if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
-    const double left = deadline - Now();
+    const double left = deadline - SteadySeconds();
     if (left <= 0) return false;
     pollfd p_fd{fd, static_cast<short>(writing ? POLLOUT : POLLIN), 0};
     poll(&p_fd, 1, static_cast<int>(std::min(left, 1.0) * 1000) + 1);
@@ -164,39 +160,22 @@ Endpoint LocalEndpoint(bool one_host, uint16_t port, const std::vector<std::stri
 
 // Connects to the first of `peer`'s addresses that answers, and says hello.
 int ConnectTo(const Endpoint& peer, const Hello& hello, double deadline, std::string* error) {
-  for (uint32_t k = 0; k < peer.count; ++k) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) {
-      *error = Failed("socket");
-      return -1;
-    }
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_port = static_cast<in_port_t>(peer.port);
-    to.sin_addr.s_addr = peer.addresses[k];
-    bool up = connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0;
-    if (!up && errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      const double wait = std::min(kConnectSeconds, deadline - Now());
-      int soft_error = 0;
-      socklen_t len = sizeof(soft_error);
-      up = wait > 0 && poll(&p, 1, static_cast<int>(wait * 1000)) == 1 &&
-           getsockopt(fd, SOL_SOCKET, SO_ERROR, &soft_error, &len) == 0 && soft_error == 0;
-    }
-    if (up && Transfer(fd, const_cast<Hello*>(&hello), sizeof(hello), true, deadline)) return fd;
-    char text[INET_ADDRSTRLEN] = "?";
-    inet_ntop(AF_INET, &to.sin_addr, text, sizeof(text));
-    *error = std::string("could not connect to ") + text + ":" + std::to_string(ntohs(to.sin_port));
-    close(fd);
+  SocketConnectOptions options;
+  options.deadline = deadline;
+  options.per_address_seconds = kConnectSeconds;
+  const std::vector<uint32_t> addresses(peer.addresses, peer.addresses + std::min<uint32_t>(peer.count, kMaxAddresses));
+  int fd = ConnectToFirst(addresses, static_cast<uint16_t>(peer.port), options, nullptr, error);
+  if (fd >= 0 && !Transfer(fd, const_cast<Hello*>(&hello), sizeof(hello), true, deadline)) {
+    *error = "connected to the right neighbour, but could not send it the hello";
+    CloseFd(&fd);
   }
-  if (peer.count == 0) *error = "the neighbour has no IPv4 address to connect to";
-  return -1;
+  return fd;
 }
 
 // Accepts connections until the left neighbour's hello arrives; answers it.
 int AcceptFrom(int listener, int left, const Hello& mine, double deadline, std::string* error) {
   while (true) {
-    const double wait = deadline - Now();
+    const double wait = deadline - SteadySeconds();
     pollfd p{listener, POLLIN, 0};
     if (wait <= 0 || poll(&p, 1, static_cast<int>(wait * 1000) + 1) <= 0) {
       *error = "the left neighbour (ring rank " + std::to_string(left) + ") did not connect in time";
@@ -205,7 +184,7 @@ int AcceptFrom(int listener, int left, const Hello& mine, double deadline, std::
     int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) continue;
     Hello theirs;
-    const bool heard = Transfer(fd, &theirs, sizeof(theirs), false, std::min(deadline, Now() + kConnectSeconds));
+    const bool heard = Transfer(fd, &theirs, sizeof(theirs), false, std::min(deadline, SteadySeconds() + kConnectSeconds));
     Hello reply = mine;
     reply.accepted = heard && theirs.token == mine.token && theirs.rank == left;
     if (reply.accepted && Transfer(fd, &reply, sizeof(reply), true, deadline)) return fd;
@@ -255,7 +234,7 @@ Status SocketRingLink::Connect(MPI_Comm comm, const SocketLinkOptions& options,
   if (!SharesOneNetwork(comm, size, &one_host)) {
     return Status::Error(ErrorKind::kMpi, "socket ring: exchanging network places over MPI failed");
   }
-  const double deadline = Now() + (options.timeout_seconds > 0 ? options.timeout_seconds : 60.0);
+  const double deadline = SteadySeconds() + (options.timeout_seconds > 0 ? options.timeout_seconds : 60.0);
   std::string error;
   uint16_t port = 0;
   int listener = Listen(one_host, &port, &error);
