@@ -3,7 +3,7 @@
 before to 350 ms after that start (the slowest rank's forward and first backward, before
 the first allreduce can start); per rank and step, in ms.
 
-    python thread_cpu_read.py DIR        # hvd-R.json(.gz) and gloo-R.json(.gz), R = 0..3
+    python thread_cpu_read.py DIR        # hvd-R.json(.gz) and/or gloo-R.json(.gz), R = 0..3
 """
 import collections
 import gzip
@@ -32,6 +32,8 @@ def cpu_between(samples, t0, t1):
 
 def main():
     for mode in ("hvd", "gloo"):
+        if not any(os.path.exists("%s/%s-0.json%s" % (sys.argv[1], mode, z)) for z in ("", ".gz")):
+            continue
         ranks = [load(sys.argv[1], mode, r) for r in range(4)]
         forward, early, lengths, steps = collections.Counter(), collections.Counter(), [], []
         for step in range(4, 13):
