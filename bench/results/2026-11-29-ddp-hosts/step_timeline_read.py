@@ -1,11 +1,11 @@
-"""Where the 4 x 1 train step went, from step_timeline.py's marks and timelines (the Horovod
-API) or step_timeline_gloo.py's marks (DDP on gloo): per step, the optimizer after the last
+"""Where the 4 x 1 train step went, from step_timeline.py's marks and timelines (hvd: the
+Horovod API) or its marks alone (gloo: DDP on gloo): per step, the optimizer after the last
 allreduce, the time from the step's start until every rank had submitted its first gradient
 (the last layer's weight; the slowest rank's forward and first backward), and the
 allreduces from then to the last one's end (the link's part).
 
     python step_timeline_read.py DIR RANKS            # hvd-R.json(.gz) and marks-R.json
-    python step_timeline_read.py --gloo DIR RANKS     # marks-R.json of the gloo script
+    python step_timeline_read.py --gloo DIR RANKS     # marks-R.json of its gloo mode
 """
 import gzip
 import json
@@ -22,12 +22,16 @@ def timeline(path):
     events = json.loads(text if text.endswith("]") else text + "]")
     rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     start = [e["args"]["start_time_since_epoch_in_micros"] for e in events if e.get("name") == "process_name"][0]
+    # rows are "allreduce.<module index>.weight": the highest index is the last layer
+    layers = {int(name.split(".")[-2]): name for name in rows.values()
+              if name.endswith(".weight") and name.split(".")[-2].isdigit()}
+    first, last = layers[max(layers)], layers[min(layers)]
     out = {"submitted": [], "agreed": [], "ended": []}
     for e in events:
         row, t = rows.get(e.get("tid"), ""), (start + e.get("ts", 0)) / 1e6
-        if row.endswith(".10.weight") and e.get("name") == "NEGOTIATE_ALLREDUCE":
+        if row == first and e.get("name") == "NEGOTIATE_ALLREDUCE":
             out["submitted" if e["ph"] == "B" else "agreed"].append(t)
-        if row.endswith(".0.weight") and not row.endswith("10.weight") and e.get("name") == "ALLREDUCE" and e["ph"] == "E":
+        if row == last and e.get("name") == "ALLREDUCE" and e["ph"] == "E":
             out["ended"].append(t)
     return out
 
