@@ -17,6 +17,7 @@ import torch
 
 
 def horovod_api(model):
+    """hvdlite's DistributedOptimizer over the model; steps after synchronize()."""
     import hvdlite.torch as hvd
     hvd.init()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
@@ -31,7 +32,8 @@ def horovod_api(model):
     return hvd.rank(), model, opt, reduce_and_step, hvd.shutdown
 
 
-def ddp_on_gloo(model, buckets):
+def ddp_on_gloo(model, buckets=None):
+    """DDP over gloo on MPI's ranks; with `buckets`, a hook notes each bucket's launch and end."""
     import torch.distributed as dist
     from mpi4py import MPI
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -48,7 +50,8 @@ def ddp_on_gloo(model, buckets):
             buckets.append((bucket.index(), launched, time.time()))
             return fut.value()
         return default_hooks.allreduce_hook(state, bucket).then(done)
-    ddp.register_comm_hook(None, timed_allreduce)
+    if buckets is not None:
+        ddp.register_comm_hook(None, timed_allreduce)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
 
     def reduce_and_step():

@@ -12,6 +12,8 @@ import time
 
 import torch
 
+from step_timeline import ddp_on_gloo, horovod_api
+
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -33,23 +35,8 @@ def thread_cpu():
 def main():
     mode, folder = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
-    layers = [torch.nn.Linear(2048, 2048) for _ in range(6)]
-    if mode == "hvd":
-        import hvdlite.torch as hvd
-        hvd.init()
-        rank, model = hvd.rank(), torch.nn.Sequential(*layers)
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                       named_parameters=model.named_parameters())
-    else:
-        import torch.distributed as dist
-        from mpi4py import MPI
-        comm = MPI.COMM_WORLD
-        rank = comm.rank
-        os.environ.setdefault("MASTER_ADDR", comm.bcast(os.uname().nodename if rank == 0 else None))
-        os.environ.setdefault("MASTER_PORT", "29542")
-        dist.init_process_group("gloo", rank=rank, world_size=comm.size)
-        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers))
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(6)])
+    rank, model, opt, _, finish = horovod_api(model) if mode == "hvd" else ddp_on_gloo(model)
     x, y = torch.randn(64, 2048), torch.randn(64, 2048)
     samples, done = [], threading.Event()
 
@@ -72,6 +59,7 @@ def main():
     sampler.join()
     with open("%s/%s-%d.json" % (folder, mode, rank), "w") as f:
         json.dump({"marks": marks, "samples": samples}, f)
+    finish()
 
 
 if __name__ == "__main__":
