@@ -363,7 +363,7 @@ def make_torch_allgather(part, backend):
     return lambda: dist.all_gather_into_tensor(dst, src, group=group)
 
 
-def small_contenders(count, elems, rng, horovod=True, only=None, gloo=True):
+def small_contenders(count, elems, rng, horovod=True, only=None, gloo=True, envs=()):
     small = [rng.standard_normal(elems).astype(np.float32) for _ in range(count)]
     outs = [np.empty_like(t) for t in small]
     c = {
@@ -371,6 +371,8 @@ def small_contenders(count, elems, rng, horovod=True, only=None, gloo=True):
         "mpi4py one buffer": Contender(make_raw_buckets(small, outs, 1 << 40)),
         "hvdlite": Contender(make_hvdlite(small, outs, hvd.Compression.none, "small"), "hvdlite"),
     }
+    for label, env in envs:
+        c[f"hvdlite, {label}"] = Contender(make_hvdlite(small, outs, hvd.Compression.none, "small"), "hvdlite", env)
     if gloo:
         try:
             c["torch gloo async"] = Contender(make_torch_distributed(small, "gloo"))
@@ -385,9 +387,10 @@ def small_contenders(count, elems, rng, horovod=True, only=None, gloo=True):
     return {k: v for k, v in c.items() if _wanted(k, only)}
 
 
-def negotiation_contenders(counts, elems=1):
+def negotiation_contenders(counts, elems=1, envs=()):
     """Steps of N tiny tensors (cached names), with hvdlite's response cache on and off,
-    against one raw MPI allreduce of the same size (the collective alone)."""
+    against one raw MPI allreduce of the same size (the collective alone); with
+    `envs` (--hvdlite-env), a cache-on contender per engine setting."""
     c = {}
     for n in counts:
         ts = [np.full(elems, 1.0, np.float32) for _ in range(n)]
@@ -400,6 +403,9 @@ def negotiation_contenders(counts, elems=1):
                                                "hvdlite")
         c[f"hvdlite {n} cache off"] = Contender(make_hvdlite(ts, outs, hvd.Compression.none, f"neg{n}"),
                                                 "hvdlite", {"HVDLITE_CACHE_CAPACITY": 0})
+        for label, env in envs:
+            c[f"hvdlite {n} cache on, {label}"] = Contender(
+                make_hvdlite(ts, outs, hvd.Compression.none, f"neg{n}"), "hvdlite", env)
     return c
 
 
@@ -480,9 +486,10 @@ def parse_args(argv=None):
     ap.add_argument("--contenders", default=None,
                     help="comma list of name prefixes to keep (e.g. 'mpi4py unfused,hvdlite none')")
     ap.add_argument("--hvdlite-env", default=None,
-                    help="extra 'hvdlite none' contenders on the ResNet-50 set, one per comma-"
-                         "separated list of engine settings KEY=VALUE joined by '+' (HVDLITE_ "
-                         "prefixed), e.g. DIRECT_THRESHOLD=262144,FUSION_THRESHOLD=8388608")
+                    help="extra 'hvdlite none' contenders on the ResNet-50 set (and hvdlite ones in "
+                         "the small and negotiation cases), one per comma-separated list of engine "
+                         "settings KEY=VALUE joined by '+' (HVDLITE_ prefixed), e.g. "
+                         "DIRECT_THRESHOLD=262144,FUSION_THRESHOLD=8388608")
     ap.add_argument("--scale", type=float, default=1.0,
                     help="scale every ResNet-50 tensor's size (tiny runs)")
     ap.add_argument("--allgather-mb", type=float, default=8.0, help="MB per rank (allgather case)")
@@ -516,14 +523,15 @@ def main(argv=None):
         results["resnet50"] = measure(c, args.iters)
     if "small" in cases:
         c = small_contenders(args.small_count, args.small_elems, rng, horovod=not args.no_horovod,
-                             only=only, gloo=not args.skip_gloo)
+                             only=only, gloo=not args.skip_gloo, envs=env_specs(args.hvdlite_env))
         results["small"] = measure(c, args.small_iters or args.iters * 4)
     if "allgather" in cases:
         results["allgather"] = measure(allgather_contenders(args.allgather_mb, rng, gloo=not args.skip_gloo,
                                                             horovod=not args.no_horovod), args.iters)
     if "negotiation" in cases:
         counts = [int(x) for x in args.neg_tensors.split(",")]
-        results["negotiation"] = measure(negotiation_contenders(counts), args.neg_iters)
+        results["negotiation"] = measure(negotiation_contenders(counts, envs=env_specs(args.hvdlite_env)),
+                                         args.neg_iters)
     if "sweep" in cases:
         results["sweep"] = sweep(tensors, outs, small, small_outs,
                                  [parse_bytes(x) for x in args.sweep_fusion.split(",")],

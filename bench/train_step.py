@@ -290,10 +290,14 @@ def build_modes(names, args, engines):
                     modes.append(hvdlite_mode(f"hvdlite fusion {f} cycle {c} ms", f"s{i}.",
                                               hvd.Compression.none, env))
             elif args.hvdlite_env:
-                for i, spec in enumerate(args.hvdlite_env.split(",")):
+                specs = args.hvdlite_env.split(",")
+                for i, spec in enumerate(specs):
                     env = dict(("HVDLITE_" + k.strip(), v.strip()) for k, v in
                                (kv.split("=", 1) for kv in spec.split("+")))
-                    modes.append(hvdlite_mode(f"hvdlite {spec}", f"e{i}.", hvd.Compression.none, env))
+                    # A setting given twice (alternated in one job) is two modes: labels stay apart.
+                    n = specs[:i + 1].count(spec)
+                    label = f"hvdlite {spec}" + (f" #{n}" if specs.count(spec) > 1 else "")
+                    modes.append(hvdlite_mode(label, f"e{i}.", hvd.Compression.none, env))
             else:
                 modes.append(hvdlite_mode("hvdlite", "", hvd.Compression.none, None))
             for i, prio in enumerate(p for p in args.engine_priorities.split(",") if p and p != "auto"):

@@ -135,6 +135,16 @@ Status ReadInterfaces(const std::string& suffix, std::vector<std::string>* out) 
   return Status::OK();
 }
 
+// The engine thread's waits (transport/waiter.h).
+Status ReadWaitPolicy(EngineOptions& o) {
+  Status s;
+  if (!(s = ReadInt("WAIT_SPIN_US", 0, &o.wait.spin_us)).ok()) return s;
+  if (!(s = ReadInt("WAIT_YIELD_US", 0, &o.wait.yield_us)).ok()) return s;
+  if (!(s = ReadInt("WAIT_SLEEP_US", 1, &o.wait.sleep_us)).ok()) return s;
+  if (!(s = ReadInt("WAIT_NEGOTIATION_YIELD_US", 0, &o.wait.negotiation_yield_us)).ok()) return s;
+  return ReadDouble("TIMEOUT_SECONDS", 0.0, &o.wait.timeout_seconds);
+}
+
 }  // namespace
 
 Status EngineOptions::FromEnvironment(EngineOptions* out) {
@@ -172,10 +182,7 @@ Status EngineOptions::FromEnvironment(EngineOptions* out) {
   if (!(s = ReadDouble("STALL_SHUTDOWN_TIME_SECONDS", 0.0, &o.stall_shutdown_seconds)).ok()) {
     return s;
   }
-  if (!(s = ReadInt("WAIT_SPIN_US", 0, &o.wait.spin_us)).ok()) return s;
-  if (!(s = ReadInt("WAIT_YIELD_US", 0, &o.wait.yield_us)).ok()) return s;
-  if (!(s = ReadInt("WAIT_SLEEP_US", 1, &o.wait.sleep_us)).ok()) return s;
-  if (!(s = ReadDouble("TIMEOUT_SECONDS", 0.0, &o.wait.timeout_seconds)).ok()) return s;
+  if (!(s = ReadWaitPolicy(o)).ok()) return s;
   if (!(s = ReadNamed<EnginePriority>("ENGINE_PRIORITY",
                                       {{"auto", EnginePriority::kAuto}, {"normal", EnginePriority::kNormal},
                                        {"batch", EnginePriority::kBatch}, {"idle", EnginePriority::kIdle}},

@@ -20,8 +20,8 @@ ProcessSet::ProcessSet(int32_t id, std::vector<int32_t> ranks, MPI_Comm comm, co
     shm.cache_capacity = options.cache_capacity;
     shm.stats = stats;
     shm.abort = abort;
-    transport_ = ShmTransport::Create(std::make_unique<MpiTransport>(comm_, options.wait, abort),
-                                      one_host && options.shm.allreduce, shm);
+    auto mpi = std::make_unique<MpiTransport>(comm_, options.wait, options.wait.ForNegotiation(!one_host), abort);
+    transport_ = ShmTransport::Create(std::move(mpi), one_host && options.shm.allreduce, shm);
     RingSetup ring;
     ring.options = options.ring;
     ring.hierarchical = options.hierarchical;

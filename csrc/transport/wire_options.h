@@ -28,6 +28,23 @@ struct WaitPolicy {
   // Give up waiting after this long (0 = never). Protects against a peer that
   // died without telling anyone.
   double timeout_seconds = 0.0;
+  // Negotiation's waits on MPI in a process set that spans hosts yield for at
+  // most this long, then nap; after a wait that outlasted it, the next one
+  // naps from the spin's end (MpiTransport::WaitNegotiation). A round whose
+  // peers are all there ends within it, so it keeps the round's latency,
+  // which lies between one collective and the next; a rank whose peers are
+  // behind (computing, checkpointing) would otherwise yield through every
+  // round until they come, a whole core for as long as they take. No bytes
+  // of a collective are in flight in a round, so a nap delays no transfer.
+  int64_t negotiation_yield_us = 1000;
+
+  // The policy of negotiation's waits: this one, yielding at most
+  // negotiation_yield_us where `spans_hosts`.
+  WaitPolicy ForNegotiation(bool spans_hosts) const {
+    WaitPolicy p = *this;
+    if (spans_hosts && p.negotiation_yield_us < p.yield_us) p.yield_us = p.negotiation_yield_us;
+    return p;
+  }
 };
 
 // The shared-memory allreduce (transport/shm/shm_collectives.h).

@@ -208,6 +208,37 @@ def test_lagging_ranks(rank, size):
             check_equal(hvd.synchronize(h), want, f"lagging ranks, step {step}, {count} floats")
 
 
+def engine_cpu_seconds():
+    """CPU time (user + system) of this process's engine thread so far."""
+    (task,) = engine_threads()
+    fields = open(f"/proc/self/task/{task}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_waiting_for_a_late_peer(rank, size):
+    """The last rank submits 1.5 s after the others (0.2 s on one host), whose engines wait in
+    negotiation rounds meanwhile. Between hosts those waits nap after a short
+    spin (WaitPolicy::ForNegotiation): the early engines take a small part of
+    a core, where yielding between tests would take all of an idle core.
+    On one host (shared memory or MPI) the result is checked."""
+    import time
+    spans_hosts = not hvd.is_homogeneous() or hvd.cross_size() > 1
+    late = 1.5 if spans_hosts else 0.2
+    check_equal(hvd.allreduce(np.ones(3, np.float32), op=hvd.Sum, name="late.before"),
+                np.full(3, size, np.float32), "allreduce before the wait")
+    cpu, start = engine_cpu_seconds(), time.monotonic()
+    if rank == size - 1:
+        time.sleep(late)
+    got = hvd.allreduce(np.full(5, rank + 1, np.float32), op=hvd.Sum, name="late.peer")
+    cpu, waited = engine_cpu_seconds() - cpu, time.monotonic() - start
+    check_equal(got, np.full(5, size * (size + 1) / 2, np.float32), "allreduce after a late peer")
+    if spans_hosts and rank != size - 1:
+        assert waited >= late * 0.9, f"the allreduce completed after {waited:.2f} s, before the late rank"
+        assert cpu < 0.3 * waited, (
+            f"the engine took {cpu:.2f} s of CPU in {waited:.2f} s waiting for a late peer between "
+            "hosts: negotiation's waits should nap there (HVDLITE_WAIT_NEGOTIATION_YIELD_US)")
+
+
 def test_mismatches(rank, size):
     f32 = np.ones(4, np.float32)
     cases = [

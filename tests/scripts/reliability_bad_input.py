@@ -306,6 +306,7 @@ BAD_SETTINGS = [
     ("HVDLITE_STALL_SHUTDOWN_TIME_SECONDS", "-5", "a number"),
     ("HVDLITE_STALL_CHECK_DISABLE", "maybe", "0 or 1"),
     ("HVDLITE_WAIT_SLEEP_US", "0", "an integer >= 1"),
+    ("HVDLITE_WAIT_NEGOTIATION_YIELD_US", "-1", "an integer >= 0"),
     ("HVDLITE_ENGINE_PRIORITY", "low", "auto, normal, batch or idle"),
     ("HVDLITE_ENGINE_AFFINITY", "sideways", "auto, follow or none"),
     ("HVDLITE_SOCKET_IFNAME", "eth0,,eth1", "separated by commas"),

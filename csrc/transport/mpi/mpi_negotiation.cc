@@ -3,12 +3,31 @@
 // broadcast of responses. Every round runs them, also the round in which a
 // peer is lost and the engine is abandoned, which leaves their requests
 // pending: so they work in buffers of the transport (NegotiationBuffers),
-// never in a frame or a caller's temporary that is freed at once.
+// never in a frame or a caller's temporary that is freed at once. Their
+// waits follow the negotiation's policy (WaitPolicy::ForNegotiation).
 #include <algorithm>
+#include <chrono>
 
 #include "transport/mpi/mpi_transport.h"
 
 namespace hvdlite {
+
+Status MpiTransport::WaitNegotiation(MPI_Request* request, const char* what) {
+  using std::chrono::microseconds;
+  WaitPolicy policy = negotiation_wait_;
+  if (negotiation_peers_behind_) policy.yield_us = 0;
+  const auto start = std::chrono::steady_clock::now();
+  Status s = WaitUnder(policy, request, what);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  // Behind: a wait that outlasted its yielding. Caught up: one that ended
+  // within two naps (the peers were there; the round's own latency).
+  if (waited > microseconds(policy.spin_us + negotiation_wait_.yield_us)) {
+    negotiation_peers_behind_ = true;
+  } else if (waited <= microseconds(policy.spin_us + 2 * policy.sleep_us)) {
+    negotiation_peers_behind_ = false;
+  }
+  return s;
+}
 
 Status MpiTransport::BitwiseAnd(uint64_t* words, int count) {
   std::vector<uint64_t>& mine = negotiation_.words;
@@ -16,7 +35,7 @@ Status MpiTransport::BitwiseAnd(uint64_t* words, int count) {
   MPI_Request req;
   Status s = MpiCheck(MPI_Iallreduce(MPI_IN_PLACE, mine.data(), count, MPI_UINT64_T, MPI_BAND, comm_, &req),
                    "MPI_Iallreduce(negotiation)");
-  if (s.ok()) s = Wait(&req, "MPI_Iallreduce(negotiation)");
+  if (s.ok()) s = WaitNegotiation(&req, "MPI_Iallreduce(negotiation)");
   if (s.ok()) std::copy(mine.begin(), mine.end(), words);
   return s;
 }
@@ -31,7 +50,7 @@ Status MpiTransport::GatherBytes(const std::vector<uint8_t>& mine, int root,
   Status s = MpiCheck(MPI_Igather(&b.sizes[static_cast<size_t>(size_)], 1, MPI_INT, b.sizes.data(), 1, MPI_INT,
                                root, comm_, &req),
                    "MPI_Igather(negotiation)");
-  if (s.ok()) s = Wait(&req, "MPI_Igather(negotiation)");
+  if (s.ok()) s = WaitNegotiation(&req, "MPI_Igather(negotiation)");
   if (!s.ok()) return s;
   std::vector<int> displs(rank_ == root ? size_ : 0);
   int total = 0;
@@ -43,7 +62,7 @@ Status MpiTransport::GatherBytes(const std::vector<uint8_t>& mine, int root,
   s = MpiCheck(MPI_Igatherv(b.mine.data(), static_cast<int>(b.mine.size()), MPI_BYTE, b.joined.data(),
                          b.sizes.data(), displs.data(), MPI_BYTE, root, comm_, &req),
             "MPI_Igatherv(negotiation)");
-  if (s.ok()) s = Wait(&req, "MPI_Igatherv(negotiation)");
+  if (s.ok()) s = WaitNegotiation(&req, "MPI_Igatherv(negotiation)");
   if (!s.ok() || rank_ != root) return s;
   all->assign(size_, {});
   for (int i = 0; i < size_; ++i) {
@@ -57,14 +76,14 @@ Status MpiTransport::BroadcastBytes(std::vector<uint8_t>* bytes, int root) {
   b.count = bytes->size();
   MPI_Request req;
   Status s = MpiCheck(MPI_Ibcast(&b.count, 1, MPI_UINT64_T, root, comm_, &req), "MPI_Ibcast(negotiation)");
-  if (s.ok()) s = Wait(&req, "MPI_Ibcast(negotiation)");
+  if (s.ok()) s = WaitNegotiation(&req, "MPI_Ibcast(negotiation)");
   if (!s.ok()) return s;
   if (rank_ == root) {
     b.bytes = *bytes;
   } else {
     b.bytes.resize(b.count);
   }
-  s = Broadcast(b.bytes.data(), static_cast<int64_t>(b.count), root);
+  s = BroadcastUnder(negotiation_wait_, b.bytes.data(), static_cast<int64_t>(b.count), root);
   if (s.ok() && rank_ != root) bytes->swap(b.bytes);
   return s;
 }

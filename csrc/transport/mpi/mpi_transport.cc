@@ -186,15 +186,15 @@ Status NoReduction(DataType dtype, ReduceOp op) {
 
 }  // namespace
 
-MpiTransport::MpiTransport(MPI_Comm comm, const WaitPolicy& wait,
+MpiTransport::MpiTransport(MPI_Comm comm, const WaitPolicy& wait, const WaitPolicy& negotiation_wait,
                            const AbortSignal* abort)
-    : comm_(comm), wait_(wait), abort_(abort) {
+    : comm_(comm), wait_(wait), negotiation_wait_(negotiation_wait), abort_(abort) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
 }
 
-Status MpiTransport::Wait(MPI_Request* request, const char* what) {
-  return WaitUntil(wait_, abort_, what, [&](Status* error) {
+Status MpiTransport::WaitUnder(const WaitPolicy& policy, MPI_Request* request, const char* what) {
+  return WaitUntil(policy, abort_, what, [&](Status* error) {
     int done = 0;
     *error = MpiCheck(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
     return !error->ok() || done != 0;
@@ -229,12 +229,16 @@ Status MpiTransport::Allreduce(void* data, int64_t count, DataType dtype, Reduce
 }
 
 Status MpiTransport::Broadcast(void* data, int64_t bytes, int root) {
+  return BroadcastUnder(wait_, data, bytes, root);
+}
+
+Status MpiTransport::BroadcastUnder(const WaitPolicy& policy, void* data, int64_t bytes, int root) {
   auto* p = static_cast<uint8_t*>(data);
   for (int64_t offset = 0; offset < bytes; offset += kMaxChunk) {
     int n = static_cast<int>(std::min(kMaxChunk, bytes - offset));
     MPI_Request req;
     Status s = MpiCheck(MPI_Ibcast(p + offset, n, MPI_BYTE, root, comm_, &req), "MPI_Ibcast");
-    if (s.ok()) s = Wait(&req, "MPI_Ibcast");
+    if (s.ok()) s = WaitUnder(policy, &req, "MPI_Ibcast");
     if (!s.ok()) return s;
   }
   return Status::OK();

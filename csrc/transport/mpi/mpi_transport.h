@@ -18,7 +18,12 @@ namespace hvdlite {
 
 class MpiTransport : public Transport {
  public:
-  MpiTransport(MPI_Comm comm, const WaitPolicy& wait, const AbortSignal* abort);
+  // `negotiation_wait`: the policy of the negotiation exchanges
+  // (BitwiseAnd, GatherBytes, BroadcastBytes); every other wait follows `wait`.
+  MpiTransport(MPI_Comm comm, const WaitPolicy& wait, const AbortSignal* abort)
+      : MpiTransport(comm, wait, wait, abort) {}
+  MpiTransport(MPI_Comm comm, const WaitPolicy& wait, const WaitPolicy& negotiation_wait,
+               const AbortSignal* abort);
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -47,15 +52,23 @@ class MpiTransport : public Transport {
   Status BroadcastBytes(std::vector<uint8_t>* bytes, int root) override;
 
   // Completes a nonblocking call under the wait policy.
-  Status Wait(MPI_Request* request, const char* what);
+  Status Wait(MPI_Request* request, const char* what) { return WaitUnder(wait_, request, what); }
 
  private:
+  Status WaitUnder(const WaitPolicy& policy, MPI_Request* request, const char* what);
   Status WaitAll(std::vector<MPI_Request>* requests, const char* what);
+  Status BroadcastUnder(const WaitPolicy& policy, void* data, int64_t bytes, int root);
+  // Negotiation's waits (mpi_negotiation.cc): under negotiation_wait_, but
+  // napping from the spin's end right after a wait that outlasted its
+  // yielding (the peers are behind: the next round waits for them too).
+  Status WaitNegotiation(MPI_Request* request, const char* what);
 
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
   WaitPolicy wait_;
+  WaitPolicy negotiation_wait_;
+  bool negotiation_peers_behind_ = false;  // the last negotiation wait outlasted its yielding
   const AbortSignal* abort_;
   // Negotiation's exchanges (mpi_negotiation.cc): an abort leaves their
   // requests pending, so their buffers live as long as the transport, which
