@@ -217,9 +217,11 @@ def engine_cpu_seconds():
 
 def test_waiting_for_a_late_peer(rank, size):
     """The last rank submits 1.5 s after the others (0.2 s on one host), whose engines wait in
-    negotiation rounds meanwhile. Between hosts those waits nap after a short
-    spin (WaitPolicy::ForNegotiation): the early engines take a small part of
-    a core, where yielding between tests would take all of an idle core.
+    negotiation rounds meanwhile. Between hosts those waits yield for at most
+    1 ms, then nap, and nap from the spin's end while the peers stay behind
+    (WaitPolicy::ForNegotiation, MpiTransport::WaitNegotiation): the early
+    engines take a small part of a core, where yielding between tests would
+    take all of an idle core.
     On one host (shared memory or MPI) the result is checked."""
     import time
     spans_hosts = not hvd.is_homogeneous() or hvd.cross_size() > 1

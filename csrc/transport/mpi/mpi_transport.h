@@ -59,8 +59,10 @@ class MpiTransport : public Transport {
   Status WaitAll(std::vector<MPI_Request>* requests, const char* what);
   Status BroadcastUnder(const WaitPolicy& policy, void* data, int64_t bytes, int root);
   // Negotiation's waits (mpi_negotiation.cc): under negotiation_wait_, but
-  // napping from the spin's end right after a wait that outlasted its
-  // yielding (the peers are behind: the next round waits for them too).
+  // napping from the spin's end after a wait that outlasted its yielding
+  // (the peers are behind: the next round waits for them too), until one
+  // ends within two naps. Inside one host that yielding is
+  // HVDLITE_WAIT_YIELD_US (1 s), after which the waits nap anyway.
   Status WaitNegotiation(MPI_Request* request, const char* what);
 
   MPI_Comm comm_;
@@ -68,7 +70,7 @@ class MpiTransport : public Transport {
   int size_ = 1;
   WaitPolicy wait_;
   WaitPolicy negotiation_wait_;
-  bool negotiation_peers_behind_ = false;  // the last negotiation wait outlasted its yielding
+  bool negotiation_peers_behind_ = false;  // since a negotiation wait outlasted its yielding
   const AbortSignal* abort_;
   // Negotiation's exchanges (mpi_negotiation.cc): an abort leaves their
   // requests pending, so their buffers live as long as the transport, which
