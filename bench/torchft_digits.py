@@ -130,7 +130,8 @@ class EpochSplit:
 def make_event(args, **base):
     def event(kind, **fields):
         if args.events:
-            print(json.dumps(dict(ev=kind, t=time.time(), **base, **fields)), flush=True)
+            sys.stdout.write(json.dumps(dict(ev=kind, t=time.time(), **base, **fields)) + "\n")  # one write
+            sys.stdout.flush()
     return event
 
 

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import socket
+import sys
 import time
 
 import torch
@@ -58,8 +59,9 @@ def main(argv=None):
 
     def event(kind, all_ranks=False, **fields):
         if args.events and (all_ranks or hvd.rank() == 0):
-            print(json.dumps(dict(ev=kind, rank=hvd.rank(), size=hvd.size(), t=time.time(), **fields)),
-                  flush=True)
+            line = json.dumps(dict(ev=kind, rank=hvd.rank(), size=hvd.size(), t=time.time(), **fields))
+            sys.stdout.write(line + "\n")  # one write: ranks share a pipe
+            sys.stdout.flush()
 
     event("start", all_ranks=True, pid=os.getpid(), host=socket.gethostname(),
           generation=int(os.environ.get("HVDLITE_ELASTIC_GENERATION", "0")))

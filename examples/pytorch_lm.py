@@ -343,7 +343,8 @@ def report(args, result, rank):
     if rank != 0:
         return
     if args.json == "-":
-        print(json.dumps(result), flush=True)
+        sys.stdout.write(json.dumps(result) + "\n")  # one write: the other ranks share the pipe
+        sys.stdout.flush()
     elif args.json:
         with open(args.json, "w") as f:
             json.dump(result, f)

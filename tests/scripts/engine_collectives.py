@@ -222,7 +222,8 @@ def test_waiting_for_a_late_peer(rank, size):
     (WaitPolicy::ForNegotiation, MpiTransport::WaitNegotiation): the early
     engines take a small part of a core, where yielding between tests would
     take all of an idle core.
-    On one host (shared memory or MPI) the result is checked."""
+    On one host (shared memory or MPI), and in sanitized builds (whose
+    instrumented rounds cost several times the CPU), the result is checked."""
     import time
     spans_hosts = not hvd.is_homogeneous() or hvd.cross_size() > 1
     late = 1.5 if spans_hosts else 0.2
@@ -236,7 +237,7 @@ def test_waiting_for_a_late_peer(rank, size):
     check_equal(got, np.full(5, size * (size + 1) / 2, np.float32), "allreduce after a late peer")
     if spans_hosts and rank != size - 1:
         assert waited >= late * 0.9, f"the allreduce completed after {waited:.2f} s, before the late rank"
-        assert cpu < 0.3 * waited, (
+        assert os.environ.get("HVDLITE_TEST_SANITIZED") == "1" or cpu < 0.3 * waited, (
             f"the engine took {cpu:.2f} s of CPU in {waited:.2f} s waiting for a late peer between "
             "hosts: negotiation's waits should nap there (HVDLITE_WAIT_NEGOTIATION_YIELD_US)")
 

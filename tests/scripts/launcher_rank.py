@@ -49,8 +49,10 @@ def main():
     if mode == "info":
         env = {k: v for k, v in os.environ.items()
                if k.startswith(("HVDLITE_", "TEST_", "UCX_NET", "NCCL_SOCKET"))}
-        print(json.dumps({"rank": rank, "size": size, "host": socket.gethostname(), "env": env,
-                          "cwd": os.getcwd()}))
+        line = json.dumps({"rank": rank, "size": size, "host": socket.gethostname(), "env": env,
+                           "cwd": os.getcwd()})
+        sys.stdout.write(line + "\n")  # one write: ranks share a pipe
+        sys.stdout.flush()
         return 0
     if mode == "spray":
         spray(rank, int(sys.argv[3]))

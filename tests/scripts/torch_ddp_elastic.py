@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -46,8 +47,9 @@ def main():
     rank, size = dist.get_rank(), dist.get_world_size()
 
     def event(kind, **fields):
-        print(json.dumps(dict(ev=kind, rank=rank, size=size, generation=generation, t=time.time(),
-                              **fields)), flush=True)
+        line = json.dumps(dict(ev=kind, rank=rank, size=size, generation=generation, t=time.time(), **fields))
+        sys.stdout.write(line + "\n")  # one write: ranks share a pipe
+        sys.stdout.flush()
 
     event("start", pid=os.getpid(), backend=dist.get_backend(), hvdlite=hvd.__file__)
     torch.manual_seed(1 + rank)         # DDP's broadcast from rank 0 makes them equal
