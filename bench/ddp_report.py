@@ -1,12 +1,15 @@
 """The report's section for case 11 (bench/run.py's `ddp` case): a DDP script's
 train step on hvdlite's torch.distributed backend beside DDP on gloo, DDP's
-reducer alone, hvdlite's Horovod API and Horovod 0.28.1, on one host and
-between emulated hosts, with its plot and progress headline."""
+reducer alone, FSDP2 on either backend, hvdlite's Horovod API and Horovod
+0.28.1, on one host and between emulated hosts, with its plot and progress
+headline."""
 from .report_format import case_failed, ms, ratio, table
 from .report_plots import plot_layout_bars
 
 DDP_HVDLITE = "torch DDP (hvdlite)"
 DDP_GLOO = "torch DDP (gloo)"
+FSDP_HVDLITE = "torch FSDP2 (hvdlite)"
+FSDP_GLOO = "torch FSDP2 (gloo)"
 NOCOMM = "no communication"
 
 
@@ -28,7 +31,8 @@ def tuned(label, modes):
 
 
 def overheads(modes, hvdlite=DDP_HVDLITE, gloo=DDP_GLOO):
-    """(DDP on hvdlite's overhead over no communication) / (DDP on gloo's), or None."""
+    """(``hvdlite``'s overhead over no communication) / (``gloo``'s), or None (DDP
+    on either backend by default)."""
     try:
         h = modes[hvdlite]["ratio_to_nocomm"] - 1
         g = modes[gloo]["ratio_to_nocomm"] - 1
@@ -47,18 +51,21 @@ def _shares(modes):
     share = overheads(modes, th, tg) if th and tg else None
     if share is not None:
         words.append("tuned: %.2f" % share)
+    share = overheads(modes, FSDP_HVDLITE, FSDP_GLOO)
+    if share is not None:
+        words.append("FSDP2 on hvdlite's: %.2f of FSDP2 on gloo's" % share)
     return " (%s)" % "; ".join(words) if words else ""
 
 
 def plot_ddp(path, case):
     plot_layout_bars(path, ddp_layouts(case), "ratio_to_nocomm", NOCOMM,
                      "step / no-communication step (median)",
-                     "DDP train step: hvdlite's backend, gloo, the Horovod API, Horovod",
+                     "DDP and FSDP2 train step: hvdlite's backend, gloo, the Horovod API, Horovod",
                      highlight=DDP_HVDLITE)
 
 
 def ddp_section(case, img):
-    L = ["## Case 11: DDP on hvdlite's torch.distributed backend\n"]
+    L = ["## Case 11: DDP and FSDP2 on hvdlite's torch.distributed backend\n"]
     failed = case_failed(case)
     if failed:
         return "\n".join(L + [failed])
@@ -69,8 +76,10 @@ def ddp_section(case, img):
     one = case.get("one_host", {})
     L.append("The train step of case 2 (%s) as a DDP script: `DistributedDataParallel` on a group of "
              "backend `\"hvdlite\"` and on gloo's, DDP with a communication hook that communicates "
-             "nothing (what DDP's reducer costs by itself: the floor of any DDP backend), hvdlite's "
-             "`DistributedOptimizer` and Horovod 0.28.1 (when installed), interleaved in one job per "
+             "nothing (what DDP's reducer costs by itself: the floor of any DDP backend), the same "
+             "model under FSDP2 (`fully_shard` of every layer and of the model on a group of either "
+             "backend), hvdlite's `DistributedOptimizer` and Horovod 0.28.1 (when installed), "
+             "interleaved in one job per "
              "layout; the emulated hosts are case 7's (links at %s). On one host the DDP modes "
              "also run tuned: `gradient_as_bucket_view=True` (no copy of the gradients into DDP's "
              "buckets and back) and `bucket_cap_mb=16` (less left to send after backward).\n"

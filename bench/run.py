@@ -272,16 +272,18 @@ def case_train(R, P, args, tiny):
                                                   "--engine-priorities", "normal"])
 
 
-DDP_MODES = "nocomm,ddp-local,ddp,ddp-hvdlite,hvdlite,horovod"
+DDP_MODES = "nocomm,ddp-local,ddp,ddp-hvdlite,fsdp,fsdp-hvdlite,hvdlite,horovod"
 # One host also runs DDP as tuned for speed (gradient_as_bucket_view=True, 16 MB
 # buckets): DDP's reducer then copies no gradient, which 2 ranks on 2 cores feel.
-DDP_MODES_ONE_HOST = "nocomm,ddp-local,ddp-local-tuned,ddp,ddp-tuned,ddp-hvdlite,ddp-hvdlite-tuned,hvdlite,horovod"
+DDP_MODES_ONE_HOST = ("nocomm,ddp-local,ddp-local-tuned,ddp,ddp-tuned,ddp-hvdlite,ddp-hvdlite-tuned,"
+                      "fsdp,fsdp-hvdlite,hvdlite,horovod")
 
 
 def case_ddp(R, P, args, tiny):
     """A DDP script's train step on hvdlite's torch.distributed backend against DDP on gloo,
-    DDP's reducer with no communication, hvdlite's Horovod API and Horovod 0.28.1 (when
-    installed), interleaved: on this host, then between emulated hosts (one job per layout)."""
+    DDP's reducer with no communication, the same model under FSDP2 on either backend,
+    hvdlite's Horovod API and Horovod 0.28.1 (when installed), interleaved: on this host,
+    then between emulated hosts (one job per layout)."""
     out = {"one_host": R.job(args.np, TRAIN, train_args(P, P["ddp_rounds"], P["ddp_steps"]) +
                              ["--modes", DDP_MODES_ONE_HOST])}
     if P["ddp_layouts"]:
@@ -540,7 +542,7 @@ TITLES = {"allreduce": "cases 1+3: ResNet-50 set and 100 x 4 KB allreduce",
           "sweep": "sweep: fusion threshold x cycle time",
           "hosts": "case 7: between emulated hosts (layouts, wire floor)",
           "hosts_train": "case 9: train step between emulated hosts (none, fp16, bf16, top-k, DGC, PowerSGD)",
-          "ddp": "case 11: DDP on hvdlite's backend, on gloo, the Horovod API, Horovod (one host, emulated hosts)",
+          "ddp": "case 11: DDP and FSDP2 on hvdlite's backend, on gloo, the Horovod API, Horovod (one host, emulated hosts)",
           "autotune": "case 8: autotune against a sweep",
           "compression": "case 10: accuracy against bytes, every compressor (digits)",
           "diloco": "case 12: DiLoCo against compression (byte-level LM, emulated hosts, convergence)"}

@@ -12,6 +12,7 @@ gradients), batch 64 per rank, 1 compute thread per rank, plain SGD.
     mpiexec -n 2 python bench/train_step.py --modes nocomm,sync,hvdlite
     mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite,ddp,ddp-hvdlite,ddp-local
     mpiexec -n 2 python bench/train_step.py --modes nocomm,ddp-local-tuned,ddp-hvdlite-tuned
+    mpiexec -n 2 python bench/train_step.py --modes nocomm,fsdp,fsdp-hvdlite
     mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite --hvdlite-settings 4MB:1,64MB:1
     mpiexec -n 2 python bench/train_step.py --modes nocomm,hvdlite --hvdlite-settings 4MB:1,64MB:1 --autotune
 
@@ -27,7 +28,9 @@ memory-heavy phases of both ranks at once), apart from moving the data.
 "ddp-local" ("torch DDP, no communication") is DDP with a communication hook
 that hands each bucket back at once: what DDP's reducer costs by itself
 (copying gradients into its buckets, averaging, copying them back), the floor
-of any DDP backend.
+of any DDP backend. "fsdp" and "fsdp-hvdlite" ("torch FSDP2 (gloo)",
+"torch FSDP2 (hvdlite)") shard every layer and the model with FSDP2's
+fully_shard over gloo's group or a group of hvdlite's backend.
 
 With --autotune, a tuning phase comes first: hvdlite trains with
 HVDLITE_AUTOTUNE=1 until its search ends, and the setting it chose joins the
@@ -215,6 +218,16 @@ def _bucket_back_at_once(_state, bucket):
     return done
 
 
+def _fully_shard(model, group):
+    """FSDP2's fully_shard of each layer, then of the model, on a CPU mesh of ``group``."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = DeviceMesh.from_group(group, "cpu")
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -351,6 +364,22 @@ def build_modes(names, args, engines):
                                                             **ddp_args)
             modes.append(Mode("torch DDP (hvdlite)" + view_label, m, torch.optim.SGD(ddp.parameters(), lr=1e-4),
                               forward=ddp, engine="hvdlite"))
+        elif name in ("fsdp", "fsdp-hvdlite"):
+            # FSDP2: every Linear and the model sharded over the group (gloo's default
+            # group, or a group of hvdlite's backend beside it): each layer's
+            # parameters all-gathered in forward and backward, its gradients
+            # reduce-scattered in backward.
+            import torch.distributed as dist
+            _init_torch_distributed(rank, size)
+            group = dist.group.WORLD
+            if name == "fsdp-hvdlite":
+                engines.use("hvdlite")
+                group = dist.new_group(backend="hvdlite")
+            m = model()
+            fsdp = _fully_shard(m, group)
+            modes.append(Mode("torch FSDP2 (%s)" % ("hvdlite" if name == "fsdp-hvdlite" else "gloo"), m,
+                              torch.optim.SGD(fsdp.parameters(), lr=1e-4), forward=fsdp,
+                              engine="hvdlite" if name == "fsdp-hvdlite" else None))
         elif name == "horovod":
             try:
                 import horovod.torch as horovod

@@ -187,8 +187,8 @@ def test_compressor_series_styles(tmp_path):
 
 def test_tiny_hosts_and_autotune_cases(tmp_path):
     """Case 7 between two emulated hosts (wire floor beside the contenders),
-    case 9 (the train step there, with compression), case 11 (a DDP script on
-    hvdlite's backend, on one host and there) and case 8 (autotune's choice
+    case 9 (the train step there, with compression), case 11 (a DDP and an FSDP2
+    script on hvdlite's backend, on one host and there) and case 8 (autotune's choice
     timed beside a sweep) in a tiny run."""
     from harness.checks import REQUIRE_ALL
     require("hvdlite._engine", import_module=False)
@@ -201,9 +201,9 @@ def test_tiny_hosts_and_autotune_cases(tmp_path):
         cases = json.load(f)["cases"]
     doc = (tmp_path / "benchmarks.md").read_text()
     ddp_modes = {"no communication", "torch DDP, no communication", "torch DDP (gloo)",
-                 "torch DDP (hvdlite)", "hvdlite"}
+                 "torch DDP (hvdlite)", "torch FSDP2 (gloo)", "torch FSDP2 (hvdlite)", "hvdlite"}
     assert ddp_modes <= set(cases["ddp"]["one_host"]["modes"]), cases["ddp"]["one_host"]
-    assert "## Case 11: DDP on hvdlite's torch.distributed backend" in doc
+    assert "## Case 11: DDP and FSDP2 on hvdlite's torch.distributed backend" in doc
     _check_png(str(tmp_path / "img" / "bench_ddp.png"))
     hosts = cases["hosts"]
     if "skipped" in hosts:  # no network namespaces here (not root): CI has them
