@@ -258,7 +258,7 @@ def _int64s(values):
 def enqueue(op, *, name=None, dtype_code, shape, input_ptr=0, output_ptr=0, reduce_op=1,
             prescale=1.0, postscale=1.0, root_rank=0, splits=None, set_ranks=None, target_set=0,
             compression=_NO_COMPRESSION, process_set=0, keep=None, finish=None, result=None,
-            device=0, members_only=0):
+            device=0, members_only=0, output_bytes=0):
     """Submits one tensor to the engine; returns a :class:`Handle` at once.
 
     The request struct is reused per thread: the engine copies what it needs
@@ -292,6 +292,7 @@ def enqueue(op, *, name=None, dtype_code, shape, input_ptr=0, output_ptr=0, redu
     req.process_set = process_set
     req.device = device
     req.members_only = members_only
+    req.output_bytes = output_bytes
     handle_id = lib.hvd_enqueue(req)
     if handle_id < 0:
         raise last_error()
@@ -316,12 +317,13 @@ def enqueue_allreduce(name, dtype_code, shape, input_ptr, output_ptr, reduce_op,
 
 
 def take_output(handle_id):
-    """Takes the engine-allocated result: (cdata that frees itself, nbytes, shape)."""
+    """Takes the engine-allocated result: (cdata that frees itself, nbytes, shape);
+    (None, 0, shape) where the engine wrote it into the caller's output."""
     data = ffi.new("void **")
     nbytes = ffi.new("int64_t *")
     shape = ffi.new("int64_t[]", _MAX_DIMS)
     ndim = check(lib.hvd_handle_take_output(handle_id, data, nbytes, shape, _MAX_DIMS))
-    owned = ffi.gc(data[0], lib.hvd_free_output)
+    owned = None if data[0] == ffi.NULL else ffi.gc(data[0], lib.hvd_free_output)
     return owned, nbytes[0], tuple(shape[i] for i in range(ndim))
 
 

@@ -60,13 +60,27 @@ def engine_output(adapter, dtype):
     return finish
 
 
-def submit(req, adapter, src, *, output=None, keep=None, finish=None):
+def engine_output_into(adapter, dtype, output, nbytes):
+    """``finish=`` of an allgather, reducescatter or alltoall submitted with the
+    caller-owned ``output`` of ``nbytes`` (submit's ``output_bytes``): ``output``
+    where the engine wrote the result into it (it was exactly that long), else
+    the engine-allocated result, as :func:`engine_output`'s."""
+    def finish(handle_id):
+        owned, got, shape = _binding.take_output(handle_id)
+        if owned is None:
+            return output
+        return adapter.wrap(owned, got, shape, dtype)
+    return finish
+
+
+def submit(req, adapter, src, *, output=None, output_bytes=0, keep=None, finish=None):
     """Enqueues request ``req`` of the contiguous tensor ``src`` (and the
-    caller-owned ``output`` of allreduce and broadcast); the result is
+    caller-owned ``output`` of allreduce and broadcast, or of ``output_bytes``
+    for the results of allgather, reducescatter and alltoall); the result is
     ``finish(handle)`` or, without it, ``output``."""
     return _binding.enqueue(
         input_ptr=adapter.address(src), output_ptr=0 if output is None else adapter.address(output),
-        keep=keep, finish=finish, result=output, **req)
+        output_bytes=output_bytes, keep=keep, finish=finish, result=output, **req)
 
 
 # ---------------------------------------------------------------- allreduce
@@ -128,9 +142,10 @@ def alltoall_request(code, shape, name, splits, process_set, what):
                 splits=request.splits_list(splits, what), process_set=process_set_id(process_set))
 
 
-def alltoall_result(adapter, dtype, process_set):
-    """``finish=`` of an alltoall: (received rows, rows received from each rank)."""
-    data = engine_output(adapter, dtype)
+def alltoall_result(adapter, dtype, process_set, data=None):
+    """``finish=`` of an alltoall: (received rows, rows received from each rank);
+    ``data``: the rows' own ``finish=`` (default :func:`engine_output`'s)."""
+    data = data or engine_output(adapter, dtype)
     n = request.set_size(process_set)
 
     def finish(handle_id):

@@ -83,7 +83,8 @@ typedef struct hvd_tensor_request {
   int32_t ndim;
   const int64_t* shape;
   const void* input;
-  void* output;           /* allreduce, broadcast: caller-owned; others: NULL */
+  void* output;           /* allreduce, broadcast: caller-owned; allgather, reducescatter,
+                             alltoall: caller-owned with output_bytes, or NULL; others: NULL */
   int32_t reduce_op;      /* ReduceOp */
   double prescale;
   double postscale;
@@ -102,6 +103,10 @@ typedef struct hvd_tensor_request {
   int32_t device;         /* 1: input/output are device tensors; input is the front end's token */
   int32_t members_only;   /* add process set: 1 when only the new set's members submit it (each
                              with the same name); the others learn of the set from the engine */
+  int64_t output_bytes;   /* allgather, reducescatter, alltoall of host tensors: the bytes of the
+                             caller-owned `output` (0: none). The engine writes the result there
+                             when it is exactly that long (the input may lie inside it), and
+                             otherwise allocates it as without one */
 } hvd_tensor_request;
 
 /* comm: the Fortran handle of an MPI communicator (mpi4py's Comm.py2f()). */
@@ -168,7 +173,9 @@ int hvd_on_completion(int64_t handle, hvd_completion_callback callback, void* ar
 /* ErrorKind of a completed handle (0 = success); the message goes to buffer. */
 int hvd_handle_error(int64_t handle, char* buffer, int64_t length);
 /* Engine-allocated result: ownership passes to the caller (free with
-   hvd_free_output). Returns ndim, or -1. */
+   hvd_free_output). A result the engine wrote into the caller's output
+   (hvd_tensor_request.output_bytes) has no data here (NULL, 0 bytes), its
+   shape as usual. Returns ndim, or -1. */
 int hvd_handle_take_output(int64_t handle, void** data, int64_t* nbytes, int64_t* shape,
                            int32_t max_dims);
 int hvd_handle_received_splits(int64_t handle, int64_t* splits, int32_t count);

@@ -22,6 +22,14 @@ std::string CheckRequest(const hvd_tensor_request& r) {
   if (r.ndim < 0 || (r.ndim > 0 && r.shape == nullptr)) return "invalid shape";
   if (r.nsplits > 0 && r.splits == nullptr) return "splits is NULL with nsplits > 0";
   if (r.nset_ranks > 0 && r.set_ranks == nullptr) return "set_ranks is NULL with nset_ranks > 0";
+  if (r.output_bytes < 0) return "output_bytes is negative";
+  if (r.output_bytes > 0) {
+    if (r.op != HVD_OP_ALLGATHER && r.op != HVD_OP_REDUCESCATTER && r.op != HVD_OP_ALLTOALL) {
+      return "output_bytes is for allgather, reducescatter and alltoall";
+    }
+    if (r.output == nullptr) return "output_bytes without an output";
+    if (r.device != 0) return "output_bytes is for host tensors";
+  }
   return std::string();
 }
 
@@ -52,6 +60,7 @@ Status ToEnqueueArgs(const hvd_tensor_request& r, hvdlite::EnqueueArgs* args) {
   args->process_set = r.process_set;
   args->input = r.input;
   args->output = r.output;
+  args->output_bytes = r.output_bytes;
   return Status::OK();
 }
 

@@ -340,6 +340,7 @@ Status Engine::Enqueue(EnqueueArgs args, int64_t* handle) {
   entry.request = std::move(q);
   entry.input = args.input;
   entry.output = args.output;
+  entry.output_bytes = args.output_bytes;
   entry.work = std::make_shared<Work>(entry.request.op, entry.request.name);
   entry.enqueued = std::chrono::steady_clock::now();
   auto work = entry.work;

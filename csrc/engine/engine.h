@@ -38,6 +38,9 @@ struct EnqueueArgs {
   int32_t process_set = 0;
   const void* input = nullptr;
   void* output = nullptr;  // allreduce/broadcast: caller-owned, same shape as input
+  // allgather/reducescatter/alltoall: the bytes of a caller-owned `output`
+  // (0: none), used when the result is exactly that long.
+  int64_t output_bytes = 0;
 };
 
 class Engine {

@@ -21,6 +21,7 @@ struct TensorEntry {
   Request request;
   const void* input = nullptr;
   void* output = nullptr;  // caller-owned for allreduce and broadcast
+  int64_t output_bytes = 0;  // a caller-owned output of another op (EnqueueArgs)
   std::shared_ptr<Work> work;
   std::chrono::steady_clock::time_point enqueued;
 };

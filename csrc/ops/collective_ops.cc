@@ -1,6 +1,7 @@
 #include "ops/collective_ops.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/scale.h"
@@ -11,19 +12,44 @@ namespace hvdlite {
 
 namespace {
 
-// The handle's result: `rows` rows of the input's row size, in the engine's
-// memory (the front end copies it out).
-Status AllocateOutput(TensorEntry& e, int64_t rows, size_t elem_bytes) {
+// Where the handle's result goes (`*out`): `rows` rows of the input's row
+// size, into the caller's output where it holds exactly that many bytes (no
+// allocation, no copy out: FSDP2's all-gathers and reduce-scatters), else into
+// memory the engine allocates and the front end takes.
+Status ResultBuffer(TensorEntry& e, int64_t rows, size_t elem_bytes, void** out) {
   const Request& q = e.request;
   const size_t bytes = static_cast<size_t>(rows * RowElements(q.shape)) * elem_bytes;
-  if (!e.work->output.Allocate(bytes)) return OutOfMemory("the result of '" + q.name + "'", bytes);
   e.work->output_shape = q.shape;
   e.work->output_shape[0] = rows;
+  if (e.output_bytes > 0 && static_cast<size_t>(e.output_bytes) == bytes) {
+    *out = e.output;
+    return Status::OK();
+  }
+  if (!e.work->output.Allocate(bytes)) return OutOfMemory("the result of '" + q.name + "'", bytes);
+  *out = e.work->output.data();
+  return Status::OK();
+}
+
+// Moves the input out of the result's way: where the caller's output holds
+// the input (FSDP2 gathers into the tensor its input is a slice of; MPI
+// forbids aliased buffers), the input is copied to a staging buffer first.
+Status KeepInputApart(OperationContext& ctx, TensorEntry& e, size_t in_bytes, const void* out, size_t out_bytes) {
+  const auto in_lo = reinterpret_cast<uintptr_t>(e.input);
+  const auto out_lo = reinterpret_cast<uintptr_t>(out);
+  if (in_bytes == 0 || out_bytes == 0 || in_lo >= out_lo + out_bytes || out_lo >= in_lo + in_bytes) {
+    return Status::OK();
+  }
+  // Slot 1 of the send buffers: free outside the allreduces, and apart from
+  // what a compressed reducescatter stages in slot 0.
+  uint8_t* staged = ctx.buffers.Get(FusionBuffer::kSend, 1, in_bytes);
+  if (!staged) return OutOfMemory("a copy of the input of '" + e.request.name + "'", in_bytes);
+  std::memcpy(staged, e.input, in_bytes);
+  e.input = staged;
   return Status::OK();
 }
 
 Status CompressedReducescatter(OperationContext& ctx, Transport& wire, TensorEntry& e,
-                               const Response& response, const std::vector<int64_t>& counts);
+                               const Response& response, const std::vector<int64_t>& counts, void* result);
 
 }  // namespace
 
@@ -36,11 +62,13 @@ Status RunAllgather(OperationContext& ctx, Transport& wire, TensorEntry& e, cons
     bytes_per_rank.push_back(rows * row_bytes);
     total_rows += rows;
   }
-  Status s = AllocateOutput(e, total_rows, DataTypeSize(q.dtype));
+  void* out = nullptr;
+  Status s = ResultBuffer(e, total_rows, DataTypeSize(q.dtype), &out);
+  if (s.ok()) s = KeepInputApart(ctx, e, bytes_per_rank[wire.rank()], out, total_rows * row_bytes);
   if (!s.ok()) return s;
   ctx.stats->Add(ctx.stats->collectives, 1);
   return ctx.Timed(e, wire.Activity(OpType::kAllgather), [&] {
-    return wire.Allgatherv(e.input, bytes_per_rank[wire.rank()], e.work->output.data(), bytes_per_rank);
+    return wire.Allgatherv(e.input, bytes_per_rank[wire.rank()], out, bytes_per_rank);
   });
 }
 
@@ -68,11 +96,15 @@ Status RunAlltoall(OperationContext& ctx, Transport& wire, TensorEntry& e, const
     recv_bytes[r] = rows * row_bytes;
     recv_rows += rows;
   }
-  Status s = AllocateOutput(e, recv_rows, DataTypeSize(q.dtype));
+  int64_t sent = 0;
+  for (int64_t b : send_bytes) sent += b;
+  void* out = nullptr;
+  Status s = ResultBuffer(e, recv_rows, DataTypeSize(q.dtype), &out);
+  if (s.ok()) s = KeepInputApart(ctx, e, sent, out, recv_rows * row_bytes);
   if (!s.ok()) return s;
   ctx.stats->Add(ctx.stats->collectives, 1);
   return ctx.Timed(e, wire.Activity(OpType::kAlltoall), [&] {
-    return wire.Alltoallv(e.input, send_bytes, e.work->output.data(), recv_bytes);
+    return wire.Alltoallv(e.input, send_bytes, out, recv_bytes);
   });
 }
 
@@ -83,15 +115,19 @@ Status RunReducescatter(OperationContext& ctx, Transport& wire, TensorEntry& e, 
   std::vector<int64_t> counts;
   for (int64_t rows : response.rows_per_rank) counts.push_back(rows * row_elems);
   ctx.stats->Add(ctx.stats->collectives, 1);
-  if (EffectiveCompression(q).type != CompressionType::kNone) {
-    return CompressedReducescatter(ctx, wire, e, response, counts);
+  const int64_t count = NumElements(q.shape);
+  void* out = nullptr;
+  Status s = ResultBuffer(e, response.rows_per_rank[me], DataTypeSize(q.dtype), &out);
+  if (s.ok()) {
+    s = KeepInputApart(ctx, e, static_cast<size_t>(count) * DataTypeSize(q.dtype), out,
+                       static_cast<size_t>(counts[me]) * DataTypeSize(q.dtype));
   }
-  Status s = AllocateOutput(e, response.rows_per_rank[me], DataTypeSize(q.dtype));
   if (!s.ok()) return s;
+  if (EffectiveCompression(q).type != CompressionType::kNone) {
+    return CompressedReducescatter(ctx, wire, e, response, counts, out);
+  }
   const int64_t my_count = counts[me];
   const double post = PostFactor(q, wire.size());
-  const int64_t count = NumElements(q.shape);
-  void* out = e.work->output.data();
   const char* what = wire.Activity(OpType::kReducescatter);
   if (Is16BitFloat(q.dtype)) {
     // Summed in float32, rounded once.
@@ -132,8 +168,9 @@ const float* CompressorInput(OperationContext& ctx, const TensorEntry& e, int64_
 // float32, or 16-bit floats for a compressor that takes them (widened, and
 // the result narrowed once): the compressor's wire form crosses the wire,
 // summed as its element type (fp16), or gathered and summed here (top-k).
+// `result`: where this rank's block goes (ResultBuffer).
 Status CompressedReducescatter(OperationContext& ctx, Transport& wire, TensorEntry& e,
-                               const Response& response, const std::vector<int64_t>& counts) {
+                               const Response& response, const std::vector<int64_t>& counts, void* result) {
   const Request& q = e.request;
   const int size = wire.size();
   const int me = wire.rank();
@@ -142,12 +179,11 @@ Status CompressedReducescatter(OperationContext& ctx, Transport& wire, TensorEnt
   int64_t my_start = 0;
   for (int r = 0; r < me; ++r) my_start += counts[r];
   const int64_t my_count = counts[me];
-  Status s = AllocateOutput(e, response.rows_per_rank[me], DataTypeSize(q.dtype));
-  if (!s.ok()) return s;
+  Status s;
   const bool widened = Is16BitFloat(q.dtype);
   std::vector<float> wide_out;  // the float32 result of a widened tensor
   if (widened) wide_out.resize(static_cast<size_t>(my_count));
-  auto* out = widened ? wide_out.data() : static_cast<float*>(e.work->output.data());
+  auto* out = widened ? wide_out.data() : static_cast<float*>(result);
   double prescale = q.prescale;
   const float* input = CompressorInput(ctx, e, count, &prescale);
   const auto segs = OneSegment(e, count);
@@ -184,7 +220,7 @@ Status CompressedReducescatter(OperationContext& ctx, Transport& wire, TensorEnt
     }
   }
   const double post = PostFactor(q, size);
-  if (s.ok() && widened) NarrowFromFloat(out, e.work->output.data(), my_count, q.dtype, post);
+  if (s.ok() && widened) NarrowFromFloat(out, result, my_count, q.dtype, post);
   if (s.ok() && !widened && post != 1.0) CopyScaled(out, out, my_count, DataType::kFloat32, post);
   return s;
 }

@@ -114,6 +114,8 @@ def _flat(items):
 
 
 def _copy_into(output, result, what):
+    if result is output:
+        return  # the engine wrote into the caller's tensor
     if result.numel() != output.numel():
         raise exceptions.InvalidArgumentError(
             f"{what}: the output holds {output.numel()} elements but the ranks sent "
@@ -446,13 +448,15 @@ class HvdliteProcessGroup(ProcessGroup):
         return self._work(handles, lambda _results: tensors, "broadcast", tensors)
 
     # ---- allgather
-    def _gather_flat(self, inputs):
+    def _gather_flat(self, inputs, outputs=()):
+        """``outputs[i]`` (optional): a tensor the engine may gather input i
+        into, when it holds exactly the result (all_gather_into_tensor)."""
+        outputs = list(outputs) + [None] * (len(inputs) - len(outputs))
         # Ranks may send different numbers of elements: the name has the dtype only.
         return [self._names.start(
             f"allgather.{_dtype(t)}",
-            lambda name, t=t: mpi_ops.allgather_async(t.reshape(-1), name=name,
-                                                      process_set=self._process_set))
-            for t in inputs]
+            lambda name, t=t, o=o: mpi_ops._allgather_async(t.reshape(-1), name, self._process_set, o))
+            for t, o in zip(inputs, outputs)]
 
     def allgather(self, output_lists, inputs, opts=None):
         inputs = _tensors(inputs)
@@ -472,8 +476,8 @@ class HvdliteProcessGroup(ProcessGroup):
             for output, result in zip(outputs, results):
                 _copy_into(output, result, "all_gather_into_tensor")
             return outputs
-        return self._work(self._gather_flat(inputs), finish, "all_gather_into_tensor", outputs,
-                          inputs)
+        return self._work(self._gather_flat(inputs, outputs), finish, "all_gather_into_tensor",
+                          outputs, inputs)
 
     def all_gather_single(self, output, input, opts=None):
         return self.all_gather_single_coalesced([output], [input], opts)
@@ -500,9 +504,9 @@ class HvdliteProcessGroup(ProcessGroup):
         op, prescale = _reduce_op(opts if opts is not None else dist.ReduceOp.SUM, what)
         handles = [self._names.start(
             f"reducescatter.{_OP_NAMES.get(op, op)}.{_dtype(s)}.{_shape(s.shape)}",
-            lambda name, s=s: mpi_ops.reducescatter_async(
-                s, name=name, op=op, prescale_factor=prescale, process_set=self._process_set))
-            for s in stacked]
+            lambda name, s=s, o=o: mpi_ops._reducescatter_async(
+                s, name, op, self._process_set, prescale, 1.0, Compression.none, output=o))
+            for s, o in zip(stacked, outputs)]
 
         def finish(results):
             for output, result in zip(outputs, results):
@@ -542,18 +546,18 @@ class HvdliteProcessGroup(ProcessGroup):
         return self._reducescatter(outputs, stacked, opts, "reduce_scatter")
 
     # ---- alltoall
-    def _alltoall_start(self, tensor, splits):
+    def _alltoall_start(self, tensor, splits, output=None):
+        """``output``: a tensor the engine may write the received rows into."""
         # The first dimension differs between ranks: the name has the others.
         rest = f".{_shape(tensor.shape[1:])}" if tensor.dim() > 1 else ""
         return self._names.start(
             f"alltoall.{_dtype(tensor)}{rest}",
-            lambda name: mpi_ops.alltoall_async(tensor, splits, name=name,
-                                                process_set=self._process_set))
+            lambda name: mpi_ops._alltoall_async(tensor, splits, name, self._process_set, output))
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         what = "all_to_all_single"
         splits = list(input_split_sizes) or None
-        handle = self._alltoall_start(input, splits)
+        handle = self._alltoall_start(input, splits, output)
 
         def finish(results):
             rows, received = results[0]

@@ -98,6 +98,20 @@ def _engine_tensor(dtype):
     return collectives.engine_output(_TENSORS, dtype)
 
 
+def _result_into(output, dtype):
+    """submit()'s arguments for a result the engine may write into the caller's
+    ``output`` (torch.distributed's output tensors): its size, and a finish=
+    that returns it when the engine did (the result was exactly that long)
+    and the engine-allocated result otherwise. None where the engine cannot
+    write into it (not a contiguous CPU tensor of the result's dtype)."""
+    if (output is None or output.device.type != "cpu" or output.dtype != dtype or
+            not output.is_contiguous() or output.numel() == 0):
+        return None
+    nbytes = output.numel() * output.element_size()
+    return dict(output=output, output_bytes=nbytes,
+                finish=collectives.engine_output_into(_TENSORS, dtype, output, nbytes))
+
+
 class _Gradients(collectives.GradientOps):
     """The gradient rules' collectives on torch tensors, over one process set.
     ``rows``/``shapes``: the forward inputs' first dimensions and shapes
@@ -369,6 +383,12 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts an allgather; ``synchronize`` returns the concatenation along
     dimension 0 of every rank's tensor (first dimensions may differ)."""
+    return _allgather_async(tensor, name, process_set)
+
+
+def _allgather_async(tensor, name, process_set, output=None):
+    """allgather_async; ``output`` (torch.distributed's): where the engine
+    writes the result if it fits exactly (_result_into), returned then."""
     code = _check_tensor(tensor, "allgather_async")
     req = collectives.allgather_request(code, tuple(tensor.shape), name, process_set)
     src = tensor.contiguous().reshape(req["shape"])
@@ -377,8 +397,8 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
         return ex.submit(req, src)
     if device.needs_staging(tensor):
         return _staged(tensor, lambda host: allgather_async(host, name, process_set))
-    return collectives.submit(req, _TENSORS, src, keep=(tensor, src),
-                              finish=_engine_tensor(tensor.dtype))
+    into = _result_into(output, tensor.dtype) or dict(finish=_engine_tensor(tensor.dtype))
+    return collectives.submit(req, _TENSORS, src, keep=(tensor, src, output), **into)
 
 
 def _rows(tensors):
@@ -502,6 +522,11 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall; ``synchronize`` returns (received rows, int32 tensor
     of rows received from each rank)."""
+    return _alltoall_async(tensor, splits, name, process_set)
+
+
+def _alltoall_async(tensor, splits, name, process_set, output=None):
+    """alltoall_async; ``output`` as _allgather_async's, for the received rows."""
     code = _check_tensor(tensor, "alltoall_async")
     req = collectives.alltoall_request(code, tuple(tensor.shape), name, splits, process_set,
                                        "alltoall_async")
@@ -511,8 +536,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         return ex.submit(req, src)
     if device.needs_staging(tensor):
         return _staged(tensor, lambda host: alltoall_async(host, splits, name, process_set))
-    return collectives.submit(req, _TENSORS, src, keep=(tensor, src),
-                              finish=collectives.alltoall_result(_TENSORS, tensor.dtype, process_set))
+    into = _result_into(output, tensor.dtype) or {}
+    into["finish"] = collectives.alltoall_result(_TENSORS, tensor.dtype, process_set, into.get("finish"))
+    return collectives.submit(req, _TENSORS, src, keep=(tensor, src, output), **into)
 
 
 class _Alltoall(torch.autograd.Function):
@@ -547,6 +573,13 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0, compression=Compression.none):
     """Starts a reducescatter; ``synchronize`` returns this rank's block of rows."""
+    return _reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor,
+                                compression)
+
+
+def _reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor,
+                         compression, output=None):
+    """reducescatter_async; ``output`` as _allgather_async's, for this rank's block."""
     what = "reducescatter_async"
     op = _resolve_op(op, None, what)
     code = _check_reduce(tensor, op, what)
@@ -560,8 +593,8 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     if device.needs_staging(tensor) or tensor.device.type != "cpu":
         return _staged(tensor, lambda host: reducescatter_async(host, name, op, process_set, prescale_factor,
                                                                 postscale_factor, compression))
-    return collectives.submit(req, _TENSORS, src, keep=(tensor, src),
-                              finish=_engine_tensor(tensor.dtype))
+    into = _result_into(output, tensor.dtype) or dict(finish=_engine_tensor(tensor.dtype))
+    return collectives.submit(req, _TENSORS, src, keep=(tensor, src, output), **into)
 
 
 def _reducescatter_grad(grads, op, pre, post, ps):

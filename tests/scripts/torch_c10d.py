@@ -242,6 +242,64 @@ def test_all_gather_into_tensor(group, rank, size, dtype):
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
+def test_all_gather_into_tensor_in_place(group, rank, size, dtype):
+    """FSDP2's way: the input is this rank's slice of the output, which the
+    engine gathers into directly (c10d.py passes it the output)."""
+    xs = inputs(size, (4, 3), DTYPES[dtype], salt=62)
+    out = torch.zeros(4 * size, 3, dtype=DTYPES[dtype])
+    mine = out[rank * 4:(rank + 1) * 4]
+    mine.copy_(xs[rank])
+    work = dist.all_gather_into_tensor(out, mine, async_op=True)
+    work.wait()
+    check_equal(out.numpy(), np.concatenate([x.numpy() for x in xs]), "in place")
+
+
+def test_results_written_into_the_callers_tensors(group, rank, size):
+    """The adapter's allgather, reducescatter and alltoall with an output
+    (what c10d.py passes for all_gather_into_tensor, reduce_scatter_tensor and
+    all_to_all_single): the engine writes the result into it and hands back
+    that tensor; an output of another size, dtype or layout gets a result of
+    the engine's own, which c10d.py copies or refuses as before. Through the
+    device executor (HVDLITE_DEVICE_TRANSPORT=gloo) the results are its own."""
+    from hvdlite.torch import mpi_ops
+    ps = hvd.global_process_set
+    engine = os.environ.get("HVDLITE_DEVICE_TRANSPORT") != "gloo"
+    x = torch.full((3,), float(rank + 1))
+    ranks = np.arange(1, size + 1, dtype=np.float32)
+    out = torch.empty(3 * size)
+    got = hvd.synchronize(mpi_ops._allgather_async(x, "into.allgather", ps, out))
+    check("allgather: the output itself", (got is out) == engine)
+    check_equal(got.numpy(), np.repeat(ranks, 3), "allgather into the output")
+    for label, other in (("longer", torch.empty(3 * size + 1)), ("float64", torch.empty(3 * size, dtype=torch.float64)),
+                         ("strided", torch.empty(6 * size)[::2])):
+        got = hvd.synchronize(mpi_ops._allgather_async(x, "into.allgather." + label, ps, other))
+        check(f"allgather, {label} output: a result of the engine's", got is not other)
+        check_equal(got.numpy(), np.repeat(ranks, 3), f"allgather, {label} output")
+    rows = torch.arange(2 * size, dtype=torch.float32) * (rank + 1)
+    out = torch.empty(2)
+    got = hvd.synchronize(mpi_ops._reducescatter_async(rows, "into.reducescatter", hvd.Sum, ps, 1.0, 1.0,
+                                                       hvd.Compression.none, output=out))
+    check("reducescatter: the output itself", (got is out) == engine)
+    check_equal(got.numpy(), np.arange(2 * size, dtype=np.float32)[2 * rank:2 * rank + 2] * ranks.sum(),
+                "reducescatter into the output")
+    sent = torch.arange(size, dtype=torch.float32) + 10 * rank
+    out = torch.empty(size)
+    got, received = hvd.synchronize(mpi_ops._alltoall_async(sent, None, "into.alltoall", ps, out))
+    check("alltoall: the output itself", (got is out) == engine)
+    check_equal(got.numpy(), np.arange(size, dtype=np.float32) * 10 + rank, "alltoall into the output")
+    check_equal(received.numpy(), np.ones(size, dtype=np.int32), "alltoall's received splits")
+    # The C API's checks of output_bytes
+    from hvdlite import _binding, collectives
+    req = collectives.allgather_request(_binding.DTYPE_CODES["float32"], (3,), "into.bad", ps)
+    for output_bytes, words in ((-4, "negative"), (12, "without an output")):
+        expect(ValueError, lambda: _binding.enqueue(input_ptr=x.data_ptr(), output_bytes=output_bytes, **req),
+               words)
+    req = collectives.broadcast_request(_binding.DTYPE_CODES["float32"], (3,), "into.bad", 0, ps, "test")
+    expect(ValueError, lambda: _binding.enqueue(input_ptr=x.data_ptr(), output_ptr=x.data_ptr(), output_bytes=12,
+                                                **req), "for allgather, reducescatter and alltoall")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
 def test_gather(group, rank, size, dtype):
     xs = inputs(size, (3,), DTYPES[dtype], salt=70)
     for root in range(size):
@@ -343,6 +401,9 @@ def test_errors(group, rank, size):
                op, "no bitwise reductions", "gloo")
     out = torch.empty(3)
     expect(ValueError, lambda: dist.reduce_scatter_tensor(out, torch.ones(5)), "input must hold")
+    longer = torch.empty(2 * size + 1)
+    expect(ValueError, lambda: dist.all_gather_into_tensor(longer, torch.ones(2)), "output holds",
+           f"{2 * size + 1} elements", f"sent {2 * size}")
     # a collective after the errors still works
     t = torch.ones(3)
     dist.all_reduce(t)
