@@ -28,8 +28,8 @@ struct WaitPolicy {
   // Give up waiting after this long (0 = never). Protects against a peer that
   // died without telling anyone.
   double timeout_seconds = 0.0;
-  // Negotiation's waits on MPI in a process set that spans hosts yield for at
-  // most this long, then nap; after a wait that outlasted it, the next one
+  // Negotiation's waits on MPI in a process set whose members each have a
+  // host to themselves yield for at most this long, then nap; after a wait that outlasted it, the next one
   // naps from the spin's end (MpiTransport::WaitNegotiation). A round whose
   // peers are all there ends within it, so it keeps the round's latency,
   // which lies between one collective and the next; a rank whose peers are
@@ -39,10 +39,10 @@ struct WaitPolicy {
   int64_t negotiation_yield_us = 1000;
 
   // The policy of negotiation's waits: this one, yielding at most
-  // negotiation_yield_us where `spans_hosts`.
-  WaitPolicy ForNegotiation(bool spans_hosts) const {
+  // negotiation_yield_us where `host_each` (one member per host, several hosts).
+  WaitPolicy ForNegotiation(bool host_each) const {
     WaitPolicy p = *this;
-    if (spans_hosts && p.negotiation_yield_us < p.yield_us) p.yield_us = p.negotiation_yield_us;
+    if (host_each && p.negotiation_yield_us < p.yield_us) p.yield_us = p.negotiation_yield_us;
     return p;
   }
 };
