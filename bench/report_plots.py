@@ -30,10 +30,12 @@ COMPRESSOR_STYLES = {  # compressor: (colour, marker)
     "PowerSGD": ("#9467bd", "P"),
 }
 # Series that are no compressor take these in turn, MPI's in greys; none
-# repeats a compressor's colour or marker.
+# repeats a compressor's colour or marker, and no two share a colour (the
+# later ones reuse a marker in a darker colour: nine series of case 11).
 MPI_STYLES = [("#4d4d4d", "X"), ("#8c8c8c", "*"), ("#c4c4c4", "h")]
 OTHER_STYLES = [("#17becf", "<"), ("#bcbd22", ">"), ("#e377c2", "p"), ("#e6c700", "H"),
-                ("#000000", "d")]
+                ("#000000", "d"), ("#637939", "8"), ("#7b4173", "<"), ("#843c39", ">"),
+                ("#393b79", "p")]
 
 
 def compressor(name):
