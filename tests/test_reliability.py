@@ -214,6 +214,26 @@ def test_closed_socket_ring_fails_the_neighbours_at_once():
           f"{max(a for a, _ in survivors.values()) - fail_at:.3f} s")
 
 
+def test_closed_socket_ring_fails_the_neighbours_in_negotiation():
+    """A rank whose engine goes between two collectives: its neighbours wait
+    in negotiation, on MPI, which does not see it go; their ring sockets do,
+    and the wait ends with the lost neighbour's error after its grace (2 s:
+    a peer that closed in order had finished the round), with no timeout
+    set."""
+    proc, _, _ = launch("scripts/socket_ring_failure.py", 3, ["between", 1], env=SOCKET_RING)
+    out = proc.stdout + proc.stderr
+    ready, fail_at, survivors = parse(proc.stdout)
+    assert len(ready) == 3 and fail_at is not None, out[-4000:]
+    assert set(survivors) == {0, 2}, out[-4000:]
+    for r, (at, message) in survivors.items():
+        assert message.startswith("HvdliteTimeoutError"), message
+        assert "socket ring: the" in message and "neighbour (ring rank" in message, message
+        assert "(seen in MPI_" in message and "negotiation" in message, message
+        assert at - fail_at < FAILURE_LIMIT_S, f"rank {r} learnt it after {at - fail_at:.1f} s"
+    print(f"\nabandon between two collectives on the socket ring: survivors raised within "
+          f"{max(a for a, _ in survivors.values()) - fail_at:.3f} s")
+
+
 def test_stall_shutdown_stops_every_rank():
     """A rank that never submits a tensor the others wait for: the stall
     inspector warns naming it, then stops every rank with StallError."""

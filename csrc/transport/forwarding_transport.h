@@ -3,6 +3,7 @@
 // ring between hosts), so each states only what it does differently.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -56,6 +57,9 @@ class ForwardingTransport : public Transport {
   Status GatherBytes(const std::vector<uint8_t>& mine, int root,
                      std::vector<std::vector<uint8_t>>* all) override {
     return inner_->GatherBytes(mine, root, all);
+  }
+  void WatchDuringNegotiation(std::function<Status()> peer_lost) override {
+    inner_->WatchDuringNegotiation(std::move(peer_lost));
   }
   bool GetWireSettings(WireSettings* out) const override { return inner_->GetWireSettings(out); }
   void Tune(const WireSettings& settings) override { inner_->Tune(settings); }

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -147,6 +148,12 @@ class Transport {
   virtual Status GatherBytes(const std::vector<uint8_t>& mine, int root,
                              std::vector<std::vector<uint8_t>>* all) = 0;
   virtual Status BroadcastBytes(std::vector<uint8_t>* bytes, int root) = 0;
+  // A check negotiation's waits run now and then: where it reports a lost
+  // peer and the exchange has not completed within a grace (a peer that
+  // finished the last round and closed in order completes it), the wait
+  // ends with that error instead of waiting on MPI for a peer whose engine
+  // has stopped. Wires that see a peer go (the ring's sockets) set it.
+  virtual void WatchDuringNegotiation(std::function<Status()> peer_lost) { (void)peer_lost; }
 
   // The wire's tunable settings; false when it has none. Tune applies new
   // ones between rounds (nothing in flight), the same on every rank.

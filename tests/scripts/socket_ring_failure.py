@@ -8,6 +8,9 @@ usage: socket_ring_failure.py TAG MODE VICTIM
                      recorder shows it inside a step's allreduce, which
                      closes its sockets (what its neighbours see of a rank
                      whose process died)
+           between   the victim abandons its engine between two steps: its
+                     neighbours wait in negotiation, on MPI, when the
+                     sockets close
   VICTIM   the rank that fails
 
 Prints as reliability_failure.py does: "READY <rank> <pid>", the victim's
@@ -56,11 +59,14 @@ def main():
     assert hvd.engine_stats()["socket_ring_collectives"] > 0, "the ring's sockets carried nothing"
     assert got[0] == n and got[-1] == n, got
     print("READY %d %d" % (r, os.getpid()), flush=True)
-    if r == victim:
+    if r == victim and mode != "between":
         threading.Timer(0.3, fail, (mode,)).start()
     step = 0
     try:
         while True:
+            if r == victim and mode == "between" and step == 8:
+                print("FAIL_AT %.3f" % time.time(), flush=True)
+                hvd.abandon("the test abandons this rank between two steps")
             got = hvd.allreduce(x, op=hvd.Sum, name="step.%d" % (step % 4))
             assert got[0] == n and got[-1] == n, got
             step += 1

@@ -4,21 +4,54 @@
 // peer is lost and the engine is abandoned, which leaves their requests
 // pending: so they work in buffers of the transport (NegotiationBuffers),
 // never in a frame or a caller's temporary that is freed at once. Their
-// waits follow the negotiation's policy (WaitPolicy::ForNegotiation).
+// waits follow the negotiation's policy (WaitPolicy::ForNegotiation) and
+// watch for a lost peer where the wire can see one (WatchDuringNegotiation).
 #include <algorithm>
 #include <chrono>
 
 #include "transport/mpi/mpi_transport.h"
+#include "transport/waiter.h"
 
 namespace hvdlite {
 
+namespace {
+
+// How often a wait asks WatchDuringNegotiation's check, and how long after
+// the check first reports a lost peer the exchange may still complete: a
+// peer that closed in order (shutdown) had finished the round, so this
+// rank's part completes as soon as MPI gets to progress it.
+constexpr auto kPeerCheckEvery = std::chrono::milliseconds(10);
+constexpr auto kPeerLostGrace = std::chrono::seconds(2);
+
+}  // namespace
+
 Status MpiTransport::WaitNegotiation(MPI_Request* request, const char* what) {
   using std::chrono::microseconds;
+  using Clock = std::chrono::steady_clock;
   WaitPolicy policy = negotiation_wait_;
   if (negotiation_peers_behind_) policy.yield_us = 0;
-  const auto start = std::chrono::steady_clock::now();
-  Status s = WaitUnder(policy, request, what);
-  const auto waited = std::chrono::steady_clock::now() - start;
+  const auto start = Clock::now();
+  auto next_check = start + kPeerCheckEvery;
+  Status lost;
+  Clock::time_point lost_at;
+  Status s = WaitUntil(policy, abort_, what, [&](Status* error) {
+    int done = 0;
+    *error = MpiCheck(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
+    if (!error->ok() || done != 0) return true;
+    if (!peer_lost_) return false;
+    const auto now = Clock::now();
+    if (now < next_check) return false;
+    next_check = now + kPeerCheckEvery;
+    if (lost.ok()) {
+      lost = peer_lost_();
+      lost_at = now;
+      return false;
+    }
+    if (now - lost_at < kPeerLostGrace) return false;
+    *error = Status::Error(lost.kind(), lost.message() + " (seen in " + what + ")");
+    return true;
+  });
+  const auto waited = Clock::now() - start;
   // Behind: a wait that outlasted its yielding. Caught up: one that ended
   // within two naps (the peers were there; the round's own latency).
   if (waited > microseconds(policy.spin_us + negotiation_wait_.yield_us)) {

@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "transport/abort_signal.h"
@@ -50,6 +51,7 @@ class MpiTransport : public Transport {
   Status GatherBytes(const std::vector<uint8_t>& mine, int root,
                      std::vector<std::vector<uint8_t>>* all) override;
   Status BroadcastBytes(std::vector<uint8_t>* bytes, int root) override;
+  void WatchDuringNegotiation(std::function<Status()> peer_lost) override { peer_lost_ = std::move(peer_lost); }
 
   // Completes a nonblocking call under the wait policy.
   Status Wait(MPI_Request* request, const char* what) { return WaitUnder(wait_, request, what); }
@@ -71,6 +73,7 @@ class MpiTransport : public Transport {
   WaitPolicy wait_;
   WaitPolicy negotiation_wait_;
   bool negotiation_peers_behind_ = false;  // since a negotiation wait outlasted its yielding
+  std::function<Status()> peer_lost_;     // WatchDuringNegotiation; may be empty
   const AbortSignal* abort_;
   // Negotiation's exchanges (mpi_negotiation.cc): an abort leaves their
   // requests pending, so their buffers live as long as the transport, which

@@ -80,6 +80,10 @@ std::unique_ptr<Transport> RingTransport::Create(std::unique_ptr<Transport> inne
     Status s = SocketRingLink::Connect(ring, link_options, &link);
     if (s.ok()) {
       wire->socket_ = std::move(link);
+      // Between collectives the engine waits in negotiation, on MPI, which
+      // does not see a neighbour's engine stop: its closed socket does.
+      std::shared_ptr<SocketRingLink> watched = wire->socket_;
+      wire->inner().WatchDuringNegotiation([watched] { return watched->ClosedNeighbour(); });
     } else if (me == 0) {  // the same outcome on every rank: MPI carries the ring
       std::fprintf(stderr, "hvdlite: HVDLITE_RING_WIRE=socket: %s; the ring runs over MPI instead\n",
                    s.message().c_str());

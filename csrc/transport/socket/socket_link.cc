@@ -295,7 +295,25 @@ Status SocketRingLink::Connect(MPI_Comm comm, const SocketLinkOptions& options,
   return Status::OK();
 }
 
+Status NeighbourLost(const char* side, int neighbour, const std::string& how) {
+  return Status::Error(ErrorKind::kTimeout, std::string("socket ring: the ") + side + " neighbour (ring rank " +
+                                                std::to_string(neighbour) + ") " + how +
+                                                ": it has probably died or left the job");
+}
+
 SocketRingLink::~SocketRingLink() { Close(); }
+
+Status SocketRingLink::ClosedNeighbour() const {
+  if (!broken_.ok()) return broken_;
+  // POLLRDHUP: the peer's end is shut even with bytes of the next
+  // collective still unread ahead of it.
+  pollfd fds[2] = {{left_fd_, POLLRDHUP, 0}, {right_fd_, POLLRDHUP, 0}};
+  if (left_fd_ < 0 || right_fd_ < 0 || poll(fds, 2, 0) <= 0) return Status::OK();
+  const short gone = POLLRDHUP | POLLHUP | POLLERR;
+  if (fds[0].revents & gone) return NeighbourLost("left", (rank_ + size_ - 1) % size_, "closed its connection");
+  if (fds[1].revents & gone) return NeighbourLost("right", (rank_ + 1) % size_, "closed its connection");
+  return Status::OK();
+}
 
 void SocketRingLink::Close() {
   CloseFd(&right_fd_);

@@ -29,6 +29,9 @@ namespace hvdlite {
 
 class SocketRingAllreduceWork;
 
+// The error of a neighbour lost on the streams: `side` is "left" or "right".
+Status NeighbourLost(const char* side, int neighbour, const std::string& how);
+
 struct SocketLinkOptions {
   double timeout_seconds = 0.0;  // bounds the setup; 0: 60 s
   // The interfaces whose IPv4 addresses are offered, in this order; empty:
@@ -71,6 +74,12 @@ class SocketRingLink {
     if (read_ahead_.size() < bytes) read_ahead_.resize(bytes);
     return read_ahead_.data();
   }
+
+  // Whether a neighbour has closed its end (or the connection failed):
+  // the error a work on the streams would meet, or OK. Between collectives,
+  // where the engine waits in negotiation on MPI, this is how it hears of a
+  // neighbour whose engine stopped (RingTransport::Create).
+  Status ClosedNeighbour() const;
 
   // Set once the streams are unusable; every work fails with it.
   const Status& broken() const { return broken_; }

@@ -17,12 +17,6 @@ namespace {
 // its timeout again.
 constexpr int kPollMs = 50;
 
-Status Lost(const char* side, int neighbour, const std::string& how) {
-  return Status::Error(ErrorKind::kTimeout, std::string("socket ring: the ") + side + " neighbour (ring rank " +
-                                                std::to_string(neighbour) + ") " + how +
-                                                ": it has probably died or left the job");
-}
-
 }  // namespace
 
 SocketRingAllreduceWork::SocketRingAllreduceWork(const Setup& setup, void* data, int64_t count, DataType dtype,
@@ -111,11 +105,12 @@ Status SocketRingAllreduceWork::Receive(bool* moved) {
     if (received_bytes_ < bytes) {
       uint8_t* slot = slots_ + (received_ % setup_.window) * slot_bytes_;
       const ssize_t r = recv(fd, slot + received_bytes_, static_cast<size_t>(bytes - received_bytes_), 0);
-      if (r == 0) return Lost("left", schedule_.left(), "closed its connection");
+      if (r == 0) return NeighbourLost("left", schedule_.left(), "closed its connection");
       if (r < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::OK();
-        return Lost("left", schedule_.left(), std::string("could not be read from: ") + std::strerror(errno));
+        return NeighbourLost("left", schedule_.left(),
+                             std::string("could not be read from: ") + std::strerror(errno));
       }
       received_bytes_ += r;
       *moved = true;
@@ -159,7 +154,8 @@ Status SocketRingAllreduceWork::Send(bool* moved) {
       if (w < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::OK();
-        return Lost("right", schedule_.right(), std::string("could not be written to: ") + std::strerror(errno));
+        return NeighbourLost("right", schedule_.right(),
+                             std::string("could not be written to: ") + std::strerror(errno));
       }
       sent_bytes_ += w;
       *moved = true;
