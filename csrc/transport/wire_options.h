@@ -29,8 +29,9 @@ struct WaitPolicy {
   // died without telling anyone.
   double timeout_seconds = 0.0;
   // Negotiation's waits on MPI in a process set whose members each have a
-  // host to themselves yield for at most this long, then nap; after a wait that outlasted it, the next one
-  // naps from the spin's end (MpiTransport::WaitNegotiation). A round whose
+  // host to themselves yield for at most this long, then nap; after a wait
+  // that outlasted it, the next one naps from the spin's end
+  // (MpiTransport::WaitNegotiation). A round whose
   // peers are all there ends within it, so it keeps the round's latency,
   // which lies between one collective and the next; a rank whose peers are
   // behind (computing, checkpointing) would otherwise yield through every
