@@ -16,6 +16,7 @@ import uuid
 
 import pytest
 
+from harness import fake_hosts
 from harness.hosts import hvdrun_argv, run_tagged
 from harness.checks import require, unavailable
 from harness.ranks import TESTS, RankTests, mpiexec, rank_env, run_ranks
@@ -25,12 +26,18 @@ REPO = os.path.dirname(TESTS)
 HOST = socket.gethostname()
 
 
-def launch(script, ranks, args, env=None, timeout=120, hvdrun=False):
+def launch(script, ranks, args, env=None, timeout=120, hvdrun=False, per_host=None):
     """Runs ``script`` on ``ranks`` ranks (through plain mpiexec, or hvdrun)
     with a unique tag as its first argument; returns (CompletedProcess, tag,
-    time the job ended). Fails if any of its processes is left."""
+    time the job ended). Fails if any of its processes is left. ``per_host``:
+    consecutive ranks that share a fake host (harness.fake_hosts; root only)."""
     tag = "hvdlrel-" + uuid.uuid4().hex[:10]
     rank_cmd = [sys.executable, os.path.join(TESTS, script), tag, *map(str, args)]
+    if per_host is not None:
+        why = fake_hosts.unavailable_reason()
+        if why:
+            unavailable(why)
+        rank_cmd = ["unshare", "--uts", "--", sys.executable, fake_hosts.__file__, str(per_host)] + rank_cmd
     if hvdrun:
         argv, extra = hvdrun_argv()
         env = dict(env or {}, **extra)
@@ -196,15 +203,16 @@ def test_hung_rank_inside_the_socket_ring_times_out():
     print(f"\nSIGSTOP inside the socket ring: first error {min(a for a, _ in survivors.values()) - fail_at:.2f} s")
 
 
-def closed_socket_ring_survivors(mode):
-    """Runs socket_ring_failure.py MODE with rank 1 of 3 the victim; checks
-    that both its neighbours raised the lost neighbour's error in time, with
-    no timeout set. Returns {rank: (time, message)} and the failure's time."""
-    proc, _, _ = launch("scripts/socket_ring_failure.py", 3, [mode, 1], env=SOCKET_RING)
+def closed_socket_ring_survivors(mode, ranks=3, neighbours=(0, 2), per_host=None):
+    """Runs socket_ring_failure.py MODE with rank 1 the victim; checks that
+    its ring neighbours raised the lost neighbour's error in time, with no
+    timeout set. Returns {rank: (time, message)} and the failure's time."""
+    proc, _, _ = launch("scripts/socket_ring_failure.py", ranks, [mode, 1], env=SOCKET_RING, per_host=per_host)
     out = proc.stdout + proc.stderr
     ready, fail_at, survivors = parse(proc.stdout)
-    assert len(ready) == 3 and fail_at is not None, out[-4000:]
-    assert set(survivors) == {0, 2}, out[-4000:]
+    assert len(ready) == ranks and fail_at is not None, out[-4000:]
+    assert set(neighbours) <= set(survivors), out[-4000:]
+    survivors = {r: survivors[r] for r in neighbours}
     for r, (at, message) in survivors.items():
         assert message.startswith("HvdliteTimeoutError"), message
         assert "socket ring: the" in message and "neighbour (ring rank" in message, message
@@ -233,6 +241,19 @@ def test_closed_socket_ring_fails_the_neighbours_in_negotiation():
         assert "(seen in MPI_" in message and "negotiation" in message, message
     print(f"\nabandon between two collectives on the socket ring: survivors raised within "
           f"{max(a for a, _ in survivors.values()) - fail_at:.3f} s")
+
+
+def test_closed_socket_ring_between_hosts_fails_the_neighbour_in_negotiation():
+    """The same between hosts, hierarchically: 2 fake hosts of 2 ranks whose
+    ring between the hosts runs on its own sockets. Rank 1 goes between two
+    collectives; rank 3, its neighbour on that ring, waits in negotiation on
+    the job's MPI and hears of it through the ring's sockets. (The others have
+    no socket to rank 1: the launcher ends the job when rank 3 exits.)"""
+    survivors, fail_at = closed_socket_ring_survivors("between", 4, (3,), per_host=2)
+    message = survivors[3][1]
+    assert "(seen in MPI_" in message and "negotiation" in message, message
+    print(f"\nabandon between two collectives on the ring between hosts: rank 3 raised within "
+          f"{survivors[3][0] - fail_at:.3f} s")
 
 
 def test_stall_shutdown_stops_every_rank():

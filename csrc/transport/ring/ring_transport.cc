@@ -104,6 +104,13 @@ bool RingTransport::CreateHostLevels(const RingSetup& setup, const std::vector<i
   for (int i = 0; i < ring_size_; ++i) one_per_host[static_cast<size_t>(i)] = i;
   across_ = Create(std::make_unique<MpiTransport>(across_comm_, wait_, abort_), across_comm_, one_per_host,
                    true, setup);
+  // Create made the ring between hosts watch its sockets in its own MPI's
+  // waits; the engine negotiates on this wire's MPI, so it watches them too.
+  auto* across_ring = dynamic_cast<RingTransport*>(across_.get());
+  if (across_ring != nullptr && across_ring->socket_) {
+    std::shared_ptr<SocketRingLink> watched = across_ring->socket_;
+    inner().WatchDuringNegotiation([watched] { return watched->ClosedNeighbour(); });
+  }
   // The grid, as the communicators order it: hosts by id (ring_'s key),
   // ranks in a host by set rank (local_'s key).
   std::map<int, std::vector<int>> by_host;
