@@ -27,18 +27,19 @@ HOST = socket.gethostname()
 
 
 def launch(script, ranks, args, env=None, timeout=120, hvdrun=False, per_host=None):
-    """Runs ``script`` on ``ranks`` ranks (through plain mpiexec, or hvdrun)
-    with a unique tag as its first argument; returns (CompletedProcess, tag,
-    time the job ended). Fails if any of its processes is left. ``per_host``:
-    consecutive ranks that share a fake host (harness.fake_hosts; root only)."""
+    """Runs ``script`` on ``ranks`` ranks (through plain mpiexec, hvdrun, or
+    mpiexec on fake hosts of ``per_host`` consecutive ranks: harness.fake_hosts,
+    root only) with a unique tag as its first argument; returns
+    (CompletedProcess, tag, time the job ended). Fails if any of its processes
+    is left."""
     tag = "hvdlrel-" + uuid.uuid4().hex[:10]
     rank_cmd = [sys.executable, os.path.join(TESTS, script), tag, *map(str, args)]
     if per_host is not None:
         why = fake_hosts.unavailable_reason()
         if why:
             unavailable(why)
-        rank_cmd = ["unshare", "--uts", "--", sys.executable, fake_hosts.__file__, str(per_host)] + rank_cmd
-    if hvdrun:
+        cmd, env = fake_hosts.launcher(per_host)(ranks, rank_cmd, env)
+    elif hvdrun:
         argv, extra = hvdrun_argv()
         env = dict(env or {}, **extra)
         env.pop("HVDLITE_MPIEXEC", None)
