@@ -312,9 +312,11 @@ class Evaluator:
                     p.copy_(s)
         self.wire += _wire_bytes() - before
         self.seconds += time.time() - began
-        if hvd.rank() == 0 and not self.args.json:
+        if hvd.rank() == 0:
+            # With --json the results own stdout; the progress goes to stderr.
             print(f"step {step:5d}  {seconds:7.1f} s  wire {wire / 1e6:9.1f} MB  "
-                  f"validation loss {loss:.4f}", flush=True)
+                  f"validation loss {loss:.4f}", file=sys.stderr if self.args.json else sys.stdout,
+                  flush=True)
         return step, seconds, wire, loss
 
     def loss(self):
