@@ -10,14 +10,22 @@ built against the engine's objects by tests/harness/cpp_build.py and prints
 one line per test and a failure count."""
 import pytest
 
-from harness.cpp_build import build_and_run
+from harness import cpp_build
+
+PROGRAMS = ["test_response_cache", "test_message", "test_controller", "test_reduce_kernels",
+            "test_bucket_planner", "test_request_validation", "test_shm_stores", "test_affinity_trial",
+            "test_allreduce_pipeline", "test_rank_agreement", "test_flight_recorder", "test_abandon",
+            "test_socket_connect"]
 
 
-@pytest.mark.parametrize("program", ["test_response_cache", "test_message", "test_controller",
-                                     "test_reduce_kernels", "test_bucket_planner",
-                                     "test_request_validation", "test_shm_stores",
-                                     "test_affinity_trial", "test_allreduce_pipeline",
-                                     "test_rank_agreement", "test_flight_recorder", "test_abandon",
-                                     "test_socket_connect"])
-def test_engine_unit(program, tmp_path):
-    print(build_and_run(program, tmp_path))
+@pytest.fixture(scope="module")
+def built(request, tmp_path_factory):
+    """The programs this session selected, built together (cpp_build.build)."""
+    specs = [getattr(item, "callspec", None) for item in request.session.items if item.module is request.module]
+    selected = [spec.params["program"] for spec in specs if spec is not None and "program" in spec.params]
+    return cpp_build.build(selected, tmp_path_factory.mktemp("engine_cpp"))
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_engine_unit(program, built, tmp_path):
+    print(cpp_build.run(program, built[program], tmp_path))

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from harness import sanitizer_build
 from harness.checks import unavailable
@@ -59,22 +60,44 @@ def engine_objects():
     return sanitizer_build.engine_objects(SANITIZERS, engine_sources())
 
 
-def build_and_run(program, out_dir, timeout=900):
-    """Builds tests/cpp/<program>.cc against the engine and runs it in
-    ``out_dir``; fails the calling test with the output when a check failed."""
+def build(programs, out_dir, timeout=900):
+    """Builds tests/cpp/<program>.cc of each of ``programs`` against the engine
+    into ``out_dir``, as many at once as there are cores: each program is one
+    translation unit, so built one at a time they left all cores but one idle
+    (the engine's C++ tests spent half their time compiling on one of two
+    cores). Returns {program: (path of the program, or None where its build
+    failed, the compiler's output)}."""
     mpicxx = find_mpicxx()
     if mpicxx is None:
         unavailable("no mpicxx found: install the mpich wheel (pip install mpich)")
-    exe = os.path.join(str(out_dir), program)
     objects = engine_objects()
-    build = subprocess.run([mpicxx, *FLAGS, "-I", CSRC, os.path.join(CPP_TESTS, program + ".cc"),
+
+    def one(program):
+        exe = os.path.join(str(out_dir), program)
+        p = subprocess.run([mpicxx, *FLAGS, "-I", CSRC, os.path.join(CPP_TESTS, program + ".cc"),
                             *objects, "-o", exe], capture_output=True, text=True, timeout=timeout)
-    assert build.returncode == 0, f"building {program} failed:\n{build.stdout}\n{build.stderr}"
+        return program, (exe if p.returncode == 0 else None, p.stdout + p.stderr)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(programs), os.cpu_count() or 1))) as pool:
+        return dict(pool.map(one, programs))
+
+
+def run(program, built, out_dir, timeout=900):
+    """Runs a program that ``build`` returned in ``out_dir``; fails the calling
+    test with the output when its build or a check failed."""
+    exe, build_output = built
+    assert exe is not None, f"building {program} failed:\n{build_output}"
     # A program that calls MPI_Init runs as a singleton: no launcher needed.
-    run = subprocess.run([exe], capture_output=True, text=True, timeout=timeout, cwd=str(out_dir))
-    assert_ran_clean(run, program)
-    assert " 0 failed" in run.stdout, f"{program} failed:\n{run.stdout + run.stderr}"
-    return run.stdout
+    result = subprocess.run([exe], capture_output=True, text=True, timeout=timeout, cwd=str(out_dir))
+    assert_ran_clean(result, program)
+    assert " 0 failed" in result.stdout, f"{program} failed:\n{result.stdout + result.stderr}"
+    return result.stdout
+
+
+def build_and_run(program, out_dir, timeout=900):
+    """Builds tests/cpp/<program>.cc against the engine and runs it in
+    ``out_dir``; fails the calling test with the output when a check failed."""
+    return run(program, build([program], out_dir, timeout)[program], out_dir, timeout)
 
 
 def assert_ran_clean(run, program):
