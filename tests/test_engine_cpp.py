@@ -21,8 +21,8 @@ PROGRAMS = ["test_response_cache", "test_message", "test_controller", "test_redu
 @pytest.fixture(scope="module")
 def built(request, tmp_path_factory):
     """The programs this session selected, built together (cpp_build.build)."""
-    specs = [getattr(item, "callspec", None) for item in request.session.items if item.module is request.module]
-    selected = [spec.params["program"] for spec in specs if spec is not None and "program" in spec.params]
+    selected = [item.callspec.params["program"] for item in request.session.items
+                if item.module is request.module]
     return cpp_build.build(selected, tmp_path_factory.mktemp("engine_cpp"))
 
 
