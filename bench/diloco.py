@@ -6,6 +6,8 @@ measured in the same job.
     hvdrun -np 4 python bench/diloco.py --runs sync,diloco50,streaming50 --steps 300 --json out.json
     hvdrun -np 4 python bench/diloco.py --runs sync,diloco50x3 --steps 300   # DiLoCo to 900 steps
     hvdrun -np 4 python bench/diloco.py --runs sync,diloco50q --steps 300    # 4-bit outer gradients
+    hvdrun -np 4 python bench/diloco.py --runs sync,diloco100 --steps 12000 --checkpoint ckpt
+        # a long job: run the same command again after a stop to resume each run
 
 A run's name may end in ``xK``: that run takes K times ``--steps`` (its own
 learning-rate schedule over them), for the time to synchronous's final loss
@@ -97,6 +99,9 @@ def main():
     p.add_argument("--model", default="", help="extra arguments of the example, e.g. "
                    "'--d-model 128 --layers 2' (one string)")
     p.add_argument("--json", help="write the results here (rank 0)")
+    p.add_argument("--checkpoint", metavar="DIR",
+                   help="each run saves its state in DIR/<run> at every evaluation; the same "
+                        "command run again resumes each run from there")
     args = p.parse_args()
     table = runs_table(args.topk_ratio, args.dgc_lr)
     names = args.runs.split(",")
@@ -111,6 +116,8 @@ def main():
         hvdlite.reset_compression_state()  # fresh residuals and warm-ups for each run
         argv = runs[name][1] + args.model.split() + [
             "--steps", str(runs[name][2]), "--eval-every", str(args.eval_every), "--curve", "--json", "-"]
+        if args.checkpoint:
+            argv += ["--checkpoint", os.path.join(args.checkpoint, name)]
         results[name] = pytorch_lm.train(pytorch_lm.parse_args(argv))
     if pytorch_lm.hvd.rank() != 0:
         return

@@ -26,6 +26,15 @@ under DiLoCo it is the loss of the anchor, the model all ranks share. With
 training step, and with ``--curve`` the (step, seconds, wire bytes,
 validation loss) of every evaluation. ``--checksum`` makes every rank print a
 checksum of its final parameters.
+
+A long run can be split into jobs (a scheduler's time limit, a machine that
+is taken back): with ``--checkpoint DIR`` every rank saves its training state
+at each evaluation, and the same command run again resumes from the newest
+step all ranks saved, to the same parameters and losses as a run that was
+never stopped. ``--stop-at STEP`` ends a job after that step (saved there).
+
+    hvdrun -np 4 python examples/pytorch_lm.py --diloco 100 --steps 12000 \\
+        --eval-every 500 --checkpoint ckpt --stop-at 6000    # then again without --stop-at
 """
 import argparse
 import glob
@@ -95,6 +104,12 @@ def parse_args(argv=None):
                    help="every rank prints 'CHECKSUM rank R: <sha256 of its final parameters>'")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help="rank 0 prints the result as one JSON line (or writes it to PATH)")
+    p.add_argument("--checkpoint", metavar="DIR",
+                   help="every rank saves its training state here at each evaluation; run "
+                        "the same command again to resume from the newest step all ranks saved")
+    p.add_argument("--stop-at", type=int, default=None, metavar="STEP",
+                   help="end this job after STEP steps, saved to --checkpoint (the learning "
+                        "rate schedule stays that of --steps)")
     args = p.parse_args(argv)
     local = args.local_sgd or args.diloco
     if args.local_sgd and args.diloco:
@@ -106,6 +121,16 @@ def parse_args(argv=None):
     if args.compression == "dgc" and args.optimizer != "sgd":
         p.error("--compression dgc moves SGD's momentum into the engine (momentum correction): "
                 "use --optimizer sgd")
+    if args.stop_at is not None and not args.checkpoint:
+        p.error("--stop-at needs --checkpoint DIR: the state to resume from is saved there")
+    if args.stop_at is not None and not 0 < args.stop_at < args.steps:
+        p.error(f"--stop-at must be between 1 and --steps - 1 ({args.steps - 1}), not {args.stop_at}")
+    if args.checkpoint and (args.fragments != 1 or args.overlap_steps):
+        p.error("--checkpoint saves the state between syncs; Streaming DiLoCo (--fragments, "
+                "--overlap-steps) always has one in flight: run it without --checkpoint")
+    if args.checkpoint and args.compression in ("topk", "dgc", "powersgd", "quantize"):
+        p.error(f"--compression {args.compression} keeps error feedback in the engine, which a "
+                "checkpoint does not hold: use --compression none, fp16 or bf16 with --checkpoint")
     if args.lr_warmup is None:
         args.lr_warmup = max(1, args.steps // 20)
     return args
@@ -231,10 +256,26 @@ def train(args):
     val_starts = torch.linspace(0, len(val_text) - args.seq_len - 2, args.eval_windows).long()
     evaluator = Evaluator(args, model, optimizer, val_text, val_starts[rank::size])
 
-    curve = []
-    start, wire_start = time.time(), _wire_bytes()
+    curve, first_step, done_seconds, done_wire = [], 0, 0.0, 0
     peak_step_bytes, losses = 0, []
-    for step in range(args.steps):
+    checkpoint = Checkpoint(args, rank) if args.checkpoint else None
+    saved = checkpoint.load() if checkpoint else None
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        gen.set_state(saved["generator"])
+        first_step, curve, losses = saved["step"], saved["curve"], saved["losses"]
+        done_seconds, done_wire, peak_step_bytes = saved["seconds"], saved["wire"], saved["peak_step_bytes"]
+    start, wire_start = time.time() - done_seconds, _wire_bytes() - done_wire
+
+    def save(step):
+        checkpoint.save(step, {
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "generator": gen.get_state(), "curve": curve, "losses": losses,
+            "seconds": time.time() - start - evaluator.seconds,
+            "wire": _wire_bytes() - wire_start - evaluator.wire, "peak_step_bytes": peak_step_bytes})
+
+    for step in range(first_step, args.steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(args, step)
         x, y = batch(train_text, torch.randint(0, len(train_text) - args.seq_len - 1,
@@ -253,6 +294,14 @@ def train(args):
                 optimizer.wait_reductions()
             curve.append(evaluator.point(step + 1, time.time() - start - evaluator.seconds,
                                          _wire_bytes() - wire_start - evaluator.wire))
+            if checkpoint and step + 1 != args.stop_at:
+                save(step + 1)
+        if step + 1 == args.stop_at:
+            save(step + 1)
+            if rank == 0:
+                print(f"stopped after step {step + 1} of {args.steps}, saved to {args.checkpoint}: "
+                      "the same command without --stop-at goes on from there", flush=True)
+            return None
     if (args.local_sgd or args.diloco) and not in_sync_after(args):
         optimizer.synchronize()  # one model on every rank (not counted in the peak of a step)
     elapsed = time.time() - start - evaluator.seconds
@@ -285,6 +334,57 @@ def in_sync_after(args):
     h = args.local_sgd or args.diloco
     whole = args.local_sgd or (args.fragments == 1 and not args.overlap_steps)
     return bool(h) and whole and args.steps % h == 0
+
+
+class Checkpoint:
+    """Each rank's training state in ``DIR/rank<R>-step<S>.pt``. A rank drops
+    its older file only once every rank has saved the newer step, so a job
+    killed while saving still leaves a step that all ranks have."""
+
+    # Arguments that change what is measured or printed, not the training.
+    FREE = ("json", "curve", "checksum", "checkpoint", "stop_at", "eval_every")
+
+    def __init__(self, args, rank):
+        self.args, self.rank, self.dir = args, rank, args.checkpoint
+        os.makedirs(self.dir, exist_ok=True)
+
+    def _training_args(self):
+        return {k: v for k, v in sorted(vars(self.args).items()) if k not in self.FREE}
+
+    def _steps(self):
+        prefix = f"rank{self.rank}-step"
+        return sorted(int(n[len(prefix):-3]) for n in os.listdir(self.dir)
+                      if n.startswith(prefix) and n.endswith(".pt"))
+
+    def _path(self, step):
+        return os.path.join(self.dir, f"rank{self.rank}-step{step}.pt")
+
+    def save(self, step, state):
+        state = dict(state, step=step, args=self._training_args())
+        tmp = self._path(step) + ".tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, self._path(step))
+        hvd.barrier()   # every rank has step saved: the older ones can go
+        for old in self._steps():
+            if old != step:
+                os.remove(self._path(old))
+
+    def load(self):
+        """The state of the newest step every rank saved, or None."""
+        mine = self._steps()
+        common = set(mine).intersection(*hvd.allgather_object(mine, name="checkpoint.steps"))
+        if not common:
+            return None
+        state = torch.load(self._path(max(common)))
+        ours = self._training_args()
+        differ = sorted(k for k in set(ours) | set(state["args"]) if ours.get(k) != state["args"].get(k))
+        if differ:
+            saved = ", ".join(f"--{k.replace('_', '-')} {state['args'].get(k)!r}" for k in differ)
+            raise SystemExit(f"{self.dir} holds a run started with other arguments ({saved}): "
+                             "resume it with those, or give another --checkpoint")
+        if self.rank == 0:
+            print(f"resuming from step {state['step']} of {self.args.steps} ({self.dir})", flush=True)
+        return state
 
 
 class Evaluator:

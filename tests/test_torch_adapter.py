@@ -1,5 +1,7 @@
 """hvdlite.torch on real ranks: every collective against a local reference,
 DistributedOptimizer against single-process training, overlap, join, misuse."""
+import functools
+import json
 import os
 import re
 
@@ -143,7 +145,6 @@ def test_local_sgd_and_diloco(ranks, case, rank_launch):
 def test_digits_example_streaming_diloco():
     """The example's --diloco path (2 fragments, fp16) runs and communicates
     only at its syncs. (Accuracy: docs/compression.md.)"""
-    import json
     require("sklearn", import_module=False)
     params = 64 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10
     out = _digits(2, "--epochs", "2", "--json", "--diloco", "4", "--fragments", "2",
@@ -162,11 +163,17 @@ LM_TINY = ["--d-model", "32", "--layers", "1", "--heads", "2", "--seq-len", "16"
            "--curve", "--checksum", "--json"]
 
 
-def _lm(*args):
-    import json
+def _lm_proc(*args):
     proc = run_ranks("../examples/pytorch_lm.py", 2, args=LM_TINY + list(args), expect_ok=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    return proc
+
+
+@functools.lru_cache(maxsize=None)
+def _lm(*args):
+    """(result, checksum per rank) of a run of the tiny LM; runs with the same
+    arguments are deterministic, so tests share them."""
+    proc = _lm_proc(*args)
     sums = dict(re.findall(r"^CHECKSUM rank (\d+): (\w+)$", proc.stdout, re.M))
     result = json.loads([l for l in proc.stdout.splitlines() if l.startswith("{")][-1])
     return result, sums
@@ -220,6 +227,38 @@ def test_lm_example_streaming_diloco_counts_every_sync():
     # synchronize(): four models in all.
     assert r["wire_bytes"] == 4 * 4 * r["params"], r
     assert r["peak_wire_bytes_per_step"] == 4 * half, r
+
+
+@pytest.mark.parametrize("mode", [(), ("--diloco", "5")], ids=["sync", "diloco"])
+def test_lm_example_resumes_from_its_checkpoint(mode, tmp_path):
+    """A run of the LM example stopped after step 17 (``--checkpoint``,
+    ``--stop-at``; DiLoCo H=5 between two syncs) and started again ends with the
+    parameters, losses and bytes of the run that was never stopped."""
+    whole, whole_sums = _lm(*mode)
+    ckpt = str(tmp_path / "ckpt")
+    stopped = _lm_proc(*mode, "--checkpoint", ckpt, "--stop-at", "17")
+    assert "stopped after step 17 of 40" in stopped.stdout, stopped.stdout[-3000:]
+    assert sorted(os.listdir(ckpt)) == ["rank0-step17.pt", "rank1-step17.pt"]
+    resumed, sums = _lm(*mode, "--checkpoint", ckpt)
+    assert sums == whole_sums and len(set(sums.values())) == 1, (sums, whole_sums)
+    for key in ("val_loss", "first_train_loss", "train_loss_last_tenth", "wire_bytes",
+                "peak_wire_bytes_per_step"):
+        assert resumed[key] == whole[key], (key, resumed, whole)
+    assert [p[3] for p in resumed["curve"]] == [p[3] for p in whole["curve"]]
+    # Saved again at each evaluation after the resume; the older file is gone.
+    assert sorted(os.listdir(ckpt)) == ["rank0-step30.pt", "rank1-step30.pt"]
+
+
+def test_lm_example_refuses_a_checkpoint_of_other_arguments(tmp_path):
+    """Resuming with another learning rate than the checkpoint was saved with
+    is refused, naming the argument, before any step."""
+    ckpt = str(tmp_path / "ckpt")
+    _lm_proc("--checkpoint", ckpt, "--stop-at", "2")
+    proc = run_ranks("../examples/pytorch_lm.py", 2, expect_ok=False,
+                     args=LM_TINY + ["--checkpoint", ckpt, "--lr", "1e-3"])
+    assert proc.returncode != 0
+    assert "holds a run started with other arguments (--lr 0.003)" in proc.stderr, proc.stderr[-3000:]
+    assert "CHECKSUM" not in proc.stdout
 
 
 @pytest.mark.parametrize("case", CUDA.cases)
