@@ -299,10 +299,12 @@ class Job:
             rank, code = abort
             self._failed(rank, self.started.get(rank), code or 1,
                          "called MPI_Abort with code %d" % code)
-        if self.stop_at is not None and not self.opts.verbose and not is_rank_line(line):
-            # The launcher's own messages while hvdrun stops the job ("BAD
-            # TERMINATION ... EXIT CODE: 15") describe the stop hvdrun caused and
-            # name no culprit; hvdrun's summary line does.  --verbose keeps them.
+        if (self.stop_at is not None or self.first_failure is not None) \
+                and not self.opts.verbose and not is_rank_line(line):
+            # The launcher's own messages once a rank failed or hvdrun stops the
+            # job ("BAD TERMINATION ... EXIT CODE: 9", with hydra's exit string
+            # "Segmentation fault" for any code) describe its cleanup, not the
+            # cause; hvdrun's summary line names the rank.  --verbose keeps them.
             return
         echo.write(line)
         if files:

@@ -176,6 +176,19 @@ def test_rank_announcing_failure_while_stuck_in_finalize(tag):
     assert end - fail_at < 10
 
 
+def test_rank_vanishing_without_finalize_gets_no_launcher_banner(tag):
+    """A rank that ends without MPI_Finalize or a report (os._exit: a crash in
+    native code looks the same) makes hydra clean up the others and print its
+    BAD TERMINATION banner, whose exit string says "Segmentation fault" for any
+    code; hvdrun names the rank and its real exit code instead."""
+    p = hvdrun(["-np", "3", sys.executable, MPI4PY, tag, "vanish", "1"])
+    assert p.returncode == 3, p.stderr
+    assert re.match(r"hvdrun: rank 1 on host \S+ exited with code 3; ",
+                    p.stderr.strip().splitlines()[-1]), p.stderr
+    for words in ("BAD TERMINATION", "Segmentation fault", "EXIT STRING"):
+        assert words not in p.stdout + p.stderr, p.stdout + p.stderr
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_stops_every_rank(tag, sig):
     proc = start_hvdrun(["-np", "3", sys.executable, RANK, tag, "sleep"])

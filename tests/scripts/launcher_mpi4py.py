@@ -6,9 +6,12 @@ usage: launcher_mpi4py.py TAG MODE [ARGS]
   failing RANK    rank RANK announces its failure on stderr (as hvdlite's exit hook does)
                   and exits 3; it then waits in MPI_Finalize while the others wait in a
                   broadcast that never comes: only hvdrun can end this job
+  vanish RANK     rank RANK ends with os._exit(3), without MPI_Finalize or a word (as a
+                  crash in native code would); the others wait in a broadcast
 """
 
 import json
+import os
 import socket
 import sys
 import time
@@ -46,11 +49,24 @@ def failing(bad_rank):
     world.bcast(None, root=bad_rank)
 
 
+def vanish(bad_rank):
+    world = MPI.COMM_WORLD
+    print("READY %d" % world.rank, flush=True)
+    world.Barrier()
+    if world.rank == bad_rank:
+        time.sleep(0.5)
+        print("FAIL_AT %.3f" % time.time(), flush=True)
+        os._exit(3)
+    world.bcast(None, root=bad_rank)
+
+
 if __name__ == "__main__":
     mode = sys.argv[2]
     if mode == "topology":
         topology(float(sys.argv[3]))
     elif mode == "failing":
         failing(int(sys.argv[3]))
+    elif mode == "vanish":
+        vanish(int(sys.argv[3]))
     else:
         sys.exit("unknown mode %s" % mode)
