@@ -35,13 +35,17 @@ def topology(megabytes):
                       "allreduce_ok": bool(n == 0 or (out == expected).all())}), flush=True)
 
 
-def failing(bad_rank):
+def fail(bad_rank, mode):
+    """Rank ``bad_rank`` fails as ``mode`` says (module docstring); the others
+    wait in a broadcast from it that never comes."""
     world = MPI.COMM_WORLD
     print("READY %d" % world.rank, flush=True)
     world.Barrier()
     if world.rank == bad_rank:
         time.sleep(0.5)
         print("FAIL_AT %.3f" % time.time(), flush=True)
+        if mode == "vanish":
+            os._exit(3)
         sys.stderr.write('@hvdlite-ctl@ {"event": "failing", "code": 3, '
                          '"reason": "ValueError: simulated failure"}\n')
         sys.stderr.flush()
@@ -49,24 +53,11 @@ def failing(bad_rank):
     world.bcast(None, root=bad_rank)
 
 
-def vanish(bad_rank):
-    world = MPI.COMM_WORLD
-    print("READY %d" % world.rank, flush=True)
-    world.Barrier()
-    if world.rank == bad_rank:
-        time.sleep(0.5)
-        print("FAIL_AT %.3f" % time.time(), flush=True)
-        os._exit(3)
-    world.bcast(None, root=bad_rank)
-
-
 if __name__ == "__main__":
     mode = sys.argv[2]
     if mode == "topology":
         topology(float(sys.argv[3]))
-    elif mode == "failing":
-        failing(int(sys.argv[3]))
-    elif mode == "vanish":
-        vanish(int(sys.argv[3]))
+    elif mode in ("failing", "vanish"):
+        fail(int(sys.argv[3]), mode)
     else:
         sys.exit("unknown mode %s" % mode)
