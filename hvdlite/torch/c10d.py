@@ -428,18 +428,28 @@ class HvdliteProcessGroup(ProcessGroup):
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
+    def _root(self, opts, what, argument):
+        """The root's rank in this group, checked: every rank checks alike, so
+        a bad one fails on all of them at once instead of stalling the rest."""
+        root = opts.rootRank if opts is not None else 0
+        if not 0 <= root < self.size():
+            raise exceptions.InvalidArgumentError(
+                f"{what}: {argument} (the root rank) is {root}, not one of this group's "
+                f"{self.size()} ranks (0 to {self.size() - 1})")
+        return root
+
     def reduce(self, tensors, opts=None):
         """The root gets the reduction; other ranks' tensors stay as they were."""
         tensors = _tensors(tensors)
         op, prescale = _reduce_op(opts if opts is not None else dist.ReduceOp.SUM, "reduce")
-        root = self.rank() == (opts.rootRank if opts is not None else 0)
+        root = self.rank() == self._root(opts, "reduce", "dst")
         handles = [self._allreduce_start(t, op, prescale, inplace=root) for t in tensors]
         return self._work(handles, lambda _results: tensors, "reduce", tensors)
 
     # ---- broadcast
     def broadcast(self, tensors, opts=None):
         tensors = _tensors(tensors)
-        root = self._ranks[opts.rootRank if opts is not None else 0]
+        root = self._ranks[self._root(opts, "broadcast", "src")]
         handles = [self._names.start(
             f"broadcast.{root}.{_dtype(t)}.{_shape(t.shape)}",
             lambda name, t=t: mpi_ops.broadcast_async_(t, root, name=name,
@@ -489,7 +499,7 @@ class HvdliteProcessGroup(ProcessGroup):
     def gather(self, output_lists, inputs, opts=None):
         """Every rank gathers (hvdlite has no rooted gather); the root keeps it."""
         inputs = _tensors(inputs)
-        root = self.rank() == (opts.rootRank if opts is not None else 0)
+        root = self.rank() == self._root(opts, "gather", "dst")
 
         def finish(results):
             if root:
@@ -584,7 +594,7 @@ class HvdliteProcessGroup(ProcessGroup):
     def scatter(self, outputs, input_lists, opts=None):
         """An alltoall in which only the root sends."""
         outputs = _tensors(outputs)
-        root = opts.rootRank if opts is not None else 0
+        root = self._root(opts, "scatter", "src")
         if self.rank() == root:
             flat = torch.cat([t.reshape(-1) for t in input_lists[0]])
             splits = [t.numel() for t in input_lists[0]]

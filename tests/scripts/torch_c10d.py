@@ -404,6 +404,15 @@ def test_errors(group, rank, size):
     longer = torch.empty(2 * size + 1)
     expect(ValueError, lambda: dist.all_gather_into_tensor(longer, torch.ones(2)), "output holds",
            f"{2 * size + 1} elements", f"sent {2 * size}")
+    # A root outside the group fails on every rank at once (not only on the ranks
+    # that would wait for it).
+    t = torch.ones(2)
+    for call, arg in ((lambda: dist.broadcast(t, src=size), "src"),
+                      (lambda: dist.reduce(t, dst=size + 3), "dst"),
+                      (lambda: dist.reduce(t, dst=-1), "dst"),
+                      (lambda: dist.gather(t, None, dst=size), "dst"),
+                      (lambda: dist.scatter(t, None, src=size), "src")):
+        expect(ValueError, call, f"{arg} (the root rank) is", f"not one of this group's {size} ranks")
     # a collective after the errors still works
     t = torch.ones(3)
     dist.all_reduce(t)
