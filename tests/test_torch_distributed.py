@@ -308,14 +308,23 @@ def test_ddp_killed_rank_ends_the_job_under_hvdrun(mode, code, words):
     print(f"\nDDP, {mode} of rank 1 (hvdrun): job gone {ended - fail_at:.2f} s later: {last}")
 
 
-def test_ddp_skipped_collective_stall_inspector():
+@pytest.mark.parametrize("limit", ["stall_shutdown_variable", "group_timeout"])
+def test_ddp_skipped_collective_stall_inspector(limit):
     """Rank 1 of a DDP script skips a dist.all_reduce the others make: the
     stall inspector's warning names the c10d collective (its engine name) and
-    rank 1, and HVDLITE_STALL_SHUTDOWN_TIME_SECONDS ends the job with
-    StallError on every rank instead of a hang."""
-    proc, _, _ = launch(FAILURE, 2, ["stall", 1],
-                        env={"HVDLITE_STALL_CHECK_TIME_SECONDS": "1",
-                             "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "3"})
+    rank 1, and HVDLITE_STALL_SHUTDOWN_TIME_SECONDS, or where that is unset
+    init_process_group's timeout, ends the job with StallError on every rank
+    instead of a hang."""
+    env = {"HVDLITE_STALL_CHECK_TIME_SECONDS": "1"}
+    if limit == "stall_shutdown_variable":
+        env["HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"] = "3"
+        mode = "stall"
+    else:
+        # Rank 0 waits on the all_reduce's future, as DDP does: wait()'s own
+        # timeout (the same group timeout) would otherwise end it first.
+        env["TEST_GROUP_TIMEOUT_SECONDS"] = "3"
+        mode = "stall_future"
+    proc, _, _ = launch(FAILURE, 2, [mode, 1], env=env)
     out = proc.stdout + proc.stderr
     _, start, failed = parse(proc.stdout)
     assert proc.returncode != 0 and set(failed) == {0, 1}, out[-4000:]
@@ -323,11 +332,10 @@ def test_ddp_skipped_collective_stall_inspector():
                         r"\(allreduce\) has waited [\d.]+ s: submitted by ranks \[0\] but not by "
                         r"ranks \[1\]", proc.stderr)
     assert warning, out[-4000:]
+    stall = ("StallError: stall inspector stopped hvdlite (HVDLITE_STALL_SHUTDOWN_TIME_SECONDS=3): "
+             "tensor 'c10d.0.allreduce.sum.float32.7.0'")
     for r, (at, message) in failed.items():
-        assert ("StallError: stall inspector stopped hvdlite "
-                "(HVDLITE_STALL_SHUTDOWN_TIME_SECONDS=3): "
-                "tensor 'c10d.0.allreduce.sum.float32.7.0'") in message, f"rank {r}: {message}"
-        assert "not by ranks [1]" in message, message
+        assert stall in message and "not by ranks [1]" in message, f"rank {r}: {message}"
         assert 3 <= at - start < FAILURE_LIMIT_S, at - start
 
 

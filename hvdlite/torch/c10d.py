@@ -26,7 +26,12 @@ Timeouts: the group's (``init_process_group(timeout=)``,
 ``new_group(timeout=)``, torch's 30 minutes by default) is what a work's
 ``wait()`` without a timeout of its own waits at most (c10d_work.py); futures
 (DDP's gradients) complete with the engine, whose HVDLITE_TIMEOUT_SECONDS
-bounds its waits for a peer.
+bounds its waits for a peer. A collective that some rank never makes (or
+makes with another shape) waits in negotiation instead: where
+torch.distributed starts the engine, the default group's timeout becomes the
+stall inspector's HVDLITE_STALL_SHUTDOWN_TIME_SECONDS unless that is set
+(rendezvous.start_engine), so such a wait ends with a StallError on every
+rank, as torch ends it with a timeout.
 
 Tensors: the backend takes CPU and CUDA tensors (registered for both) and
 hands them to mpi_ops as they are; mpi_ops picks the path per tensor. CPU
@@ -71,7 +76,7 @@ from hvdlite.compression import Compression
 from hvdlite.process_sets import _add_process_set_as_member, global_process_set
 from hvdlite.request import Average, Max, Min, Product, Sum
 
-from . import c10d_p2p, mpi_ops
+from . import c10d_p2p, mpi_ops, rendezvous
 from .c10d_work import OutcomeWork
 
 BACKEND = hvdlite_torch_plugin.BACKEND
@@ -658,12 +663,12 @@ def _launch_error(group_size, group_rank, why):
         "with torchrun use backend=\"gloo\")")
 
 
-def _start_engine(group_size, group_rank):
+def _start_engine(group_size, group_rank, timeout):
     if not basics.is_initialized():
         if group_size > 1 and not hvdlite_torch_plugin.launched_by_mpi():
             raise _launch_error(group_size, group_rank, "this process was not started by an MPI "
                                 "launcher")
-        basics.init()
+        rendezvous.start_engine(timeout)
 
 
 def _process_set(ranks, group_rank, group_size, group_id):
@@ -706,7 +711,7 @@ def create_process_group(backend_options, pg_options=None):
     error = _subgroup_before_init(ranks)
     if error is not None:
         raise error
-    _start_engine(size, rank)
+    _start_engine(size, rank, getattr(backend_options, "timeout", None))
     group_id = getattr(backend_options, "group_id", None)
     process_set = _process_set(ranks, rank, size, group_id)
     comm = c10d_p2p.make_comm(None if process_set is global_process_set else process_set.ranks)

@@ -25,6 +25,20 @@ from hvdlite import basics
 from hvdlite.objects import broadcast_object
 
 
+STALL_SHUTDOWN_VAR = "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"
+
+
+def start_engine(timeout):
+    """Starts hvdlite for torch.distributed, whose default group has
+    ``timeout`` (a timedelta, or None)."""
+    if not basics.is_initialized() and timeout is not None and STALL_SHUTDOWN_VAR not in os.environ:
+        # torch's promise: a collective that waits past the group's timeout
+        # fails. DDP's collectives complete through futures, which no wait()
+        # bounds; the engine's stall inspector ends such a wait on every rank.
+        os.environ[STALL_SHUTDOWN_VAR] = "%g" % max(1.0, timeout.total_seconds())
+    basics.init()
+
+
 def mpi_tcp_store(timeout=timedelta(seconds=60), name="hvdlite.torch.store"):
     """A TCPStore shared by every rank of hvdlite's world (collective:
     hvdlite.init() first). Returns the store; rank 0 holds its server."""
@@ -57,8 +71,9 @@ def env_from_mpi(url, timeout=None):
     """env:// in a job MPI launched that lacks some variable it reads
     (hvdlite_torch_plugin.wants_mpi): rank and size from MPI, the store from
     :func:`mpi_tcp_store`."""
-    basics.init()
-    store = mpi_tcp_store(timeout or timedelta(minutes=30), name="hvdlite.torch.env_rendezvous")
+    timeout = timeout or timedelta(minutes=30)
+    start_engine(timeout)
+    store = mpi_tcp_store(timeout, name="hvdlite.torch.env_rendezvous")
     _export_layout()
     yield store, basics.rank(), basics.size()
     raise RuntimeError(f"Unable to perform re-rendezvous using {url} (from MPI)")

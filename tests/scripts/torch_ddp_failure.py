@@ -11,7 +11,11 @@ usage: torch_ddp_failure.py TAG MODE VICTIM
            sigstop   the victim SIGSTOPs itself (a hung rank)
            stall     every rank but the victim calls one dist.all_reduce of 7
                      elements that the victim skips; all go on training
+           stall_future  the same, waiting on the all_reduce's future (as DDP
+                     does), which no wait() timeout bounds
   VICTIM   the rank that fails
+
+TEST_GROUP_TIMEOUT_SECONDS, when set, is init_process_group's timeout.
 
 Every rank prints "READY <rank> <pid>" once DDP has trained a step, the
 victim (every rank, for stall) "FAIL_AT <time>" just before failing, and
@@ -19,6 +23,7 @@ every rank that sees an exception prints "SURVIVOR <rank> ERROR_AT <time>
 <class>: <message>" and re-raises. The survivors are inside DDP's backward
 (or the skipped all_reduce's wait) when it comes.
 """
+import datetime
 import os
 import signal
 import sys
@@ -50,7 +55,9 @@ def fail(mode, rank):
 def main():
     mode, victim = sys.argv[2], int(sys.argv[3])
     torch.set_num_threads(1)
-    dist.init_process_group(backend="hvdlite")
+    timeout = os.environ.get("TEST_GROUP_TIMEOUT_SECONDS")
+    dist.init_process_group(backend="hvdlite", **(
+        {"timeout": datetime.timedelta(seconds=float(timeout))} if timeout else {}))
     r = dist.get_rank()
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(
@@ -69,16 +76,18 @@ def main():
     i = 1
     try:
         while True:
-            if mode == "stall" and i == 3:
+            if mode.startswith("stall") and i == 3:
                 print("FAIL_AT %.3f" % time.time(), flush=True)
-                if r != victim:
+                if r != victim and mode == "stall":
                     dist.all_reduce(torch.ones(7))
-            elif mode != "stall" and r == victim and time.time() - started > 0.5:
+                elif r != victim:
+                    dist.all_reduce(torch.ones(7), async_op=True).get_future().wait()
+            elif not mode.startswith("stall") and r == victim and time.time() - started > 0.5:
                 fail(mode, r)
             step(i)
             i += 1
     except Exception as e:
-        if r == victim and mode != "stall":
+        if r == victim and not mode.startswith("stall"):
             raise               # the simulated failure itself
         print("SURVIVOR %d ERROR_AT %.3f %s: %s" % (r, time.time(), type(e).__name__,
                                                     str(e).splitlines()[0]), flush=True)
