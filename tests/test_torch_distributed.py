@@ -339,6 +339,26 @@ def test_ddp_skipped_collective_stall_inspector(limit):
         assert 3 <= at - start < FAILURE_LIMIT_S, at - start
 
 
+def test_ddp_collective_of_other_shapes_named_by_the_stall_inspector():
+    """Each rank of a DDP script calls one dist.all_reduce with another number
+    of elements: the engine names differ, the call stalls, and the
+    StallError every rank raises names both shapes and says what they mean."""
+    proc, _, _ = launch(FAILURE, 2, ["shape", 1], env={"HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "3"})
+    out = proc.stdout + proc.stderr
+    _, start, failed = parse(proc.stdout)
+    assert proc.returncode != 0 and set(failed) == {0, 1}, out[-4000:]
+    names = {r: "'c10d.0.allreduce.sum.float32.%d.0'" % (7 + r) for r in (0, 1)}
+    shapes = {r: "allreduce, float32 [%d]" % (7 + r) for r in (0, 1)}
+    for r, (at, message) in failed.items():
+        a, b = (0, 1) if names[0] + " (allreduce) has waited" in message else (1, 0)
+        assert (f"tensor {names[a]} (allreduce) has waited" in message and
+                f"submitted by ranks [{a}] but not by ranks [{b}]; ranks [{b}] submitted "
+                f"{names[b]} ({shapes[b]}) instead of this ({shapes[a]}): if the two are one "
+                "call, the ranks disagree on its name, dtype or shape" in message), \
+            f"rank {r}: {message}"
+        assert 3 <= at - start < FAILURE_LIMIT_S, at - start
+
+
 # ---------------------------------------------------------------- elastic
 
 ELASTIC_STEPS = 30

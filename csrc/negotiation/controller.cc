@@ -182,6 +182,47 @@ void Controller::ForgetCached(const std::string& name) {
   cache_.Erase(name);
 }
 
+namespace {
+
+std::string Metadata(const Request& r) {
+  return std::string(OpTypeName(r.op)) + ", " + DataTypeName(r.dtype) + " " + ShapeString(r.shape);
+}
+
+std::string RankList(const std::vector<bool>& present) {
+  std::string out;
+  for (size_t r = 0; r < present.size(); ++r) {
+    if (present[r]) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string Controller::Counterpart(const std::string& name, const Pending& p) const {
+  // A tensor submitted by exactly the ranks this one lacks, and by none of
+  // its ranks, with the same operation: most likely one call whose name
+  // (for torch.distributed, its dtype or shape) differs between the ranks.
+  if (p.members_only || p.first < 0) return "";
+  const Request& mine = p.by_rank[p.first];
+  for (const auto& kv : table_) {
+    const Pending& q = kv.second;
+    if (kv.first == name || q.members_only || q.first < 0 || q.present.size() != p.present.size() ||
+        q.by_rank[q.first].op != mine.op) {
+      continue;
+    }
+    bool complementary = true;
+    for (size_t r = 0; r < p.present.size() && complementary; ++r) {
+      complementary = p.present[r] != q.present[r];
+    }
+    if (complementary) {
+      return "; ranks [" + RankList(q.present) + "] submitted '" + kv.first + "' (" +
+             Metadata(q.by_rank[q.first]) + ") instead of this (" + Metadata(mine) +
+             "): if the two are one call, the ranks disagree on its name, dtype or shape";
+    }
+  }
+  return "";
+}
+
 std::string Controller::InspectStalls() {
   const auto now = Clock::now();
   if (std::chrono::duration<double>(now - last_stall_check_).count() < 1.0) return "";
@@ -207,7 +248,7 @@ std::string Controller::InspectStalls() {
       std::snprintf(seconds, sizeof(seconds), "%.1f", age);
       return "tensor '" + kv.first + "' (" + (any ? OpTypeName(any->op) : "?") +
              ") has waited " + seconds + " s: submitted by ranks [" + have +
-             "] but not by ranks [" + missing + "]";
+             "] but not by ranks [" + missing + "]" + Counterpart(kv.first, p);
     };
     if (options_.stall_check_enabled && options_.stall_check_seconds > 0 && !p.warned &&
         age >= options_.stall_check_seconds) {

@@ -76,6 +76,9 @@ class Controller {
   // Coordinator: warns about tensors missing on some ranks; returns a
   // message when the stall shutdown time has passed.
   std::string InspectStalls();
+  // The stall inspector's hint: the pending tensor that ``p``'s missing ranks
+  // submitted in its place, if one fits (empty otherwise).
+  std::string Counterpart(const std::string& name, const Pending& p) const;
   void ForgetCached(const std::string& name);
 
   Transport* transport_;

@@ -258,6 +258,33 @@ void TestStallInspector() {
         static_cast<long long>(c.stats().stall_warnings.load()));
 }
 
+void TestStallNamesTheCounterpart() {
+  // Ranks 0 and 2 wait in 'grad.a'; rank 1 waits in 'grad_a', of another
+  // shape, that they never submit: the message names it and both shapes.
+  // 'other' (a broadcast, by rank 1 too) is not of the same operation.
+  EngineOptions options;
+  options.stall_check_seconds = 0.2;
+  options.stall_shutdown_seconds = 0.5;
+  ControllerTest c(options);
+  c.Round({{Q("grad.a")}, {Q("other", OpType::kBroadcast), Q("grad_a", OpType::kAllreduce, {4, 2})},
+           {Q("grad.a")}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  const std::string message = c.InspectStalls();
+  CHECK(Contains(message, "submitted by ranks [0, 2] but not by ranks [1]; ranks [1] submitted "
+                          "'grad_a' (allreduce, float32 [4, 2]) instead of this (allreduce, "
+                          "float32 [4, 3]): if the two are one call") ||
+            Contains(message, "submitted by ranks [1] but not by ranks [0, 2]; ranks [0, 2] "
+                              "submitted 'grad.a' (allreduce, float32 [4, 3]) instead of this "
+                              "(allreduce, float32 [4, 2])"),
+        "stall message: %s", message.c_str());
+  ControllerTest alone(options);
+  alone.Round({{Q("slow")}, {Q("other", OpType::kBroadcast)}, {Q("slow")}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  const std::string plain = alone.InspectStalls();
+  CHECK(Contains(plain, "has waited") && !Contains(plain, "instead of this"),
+        "no counterpart of another operation: %s", plain.c_str());
+}
+
 Request MembersAdd(const std::string& name, std::vector<int32_t> ranks) {
   Request q = Q(name, OpType::kAddProcessSet, {});
   q.set_ranks = std::move(ranks);
@@ -364,6 +391,7 @@ int main() {
       {"join", TestJoin},
       {"cached names invalidated", TestCachedNamesInvalidated},
       {"stall inspector", TestStallInspector},
+      {"stall inspector names the counterpart", TestStallNamesTheCounterpart},
       {"members-only add", TestMembersOnlyAdd},
       {"members-only add errors", TestMembersOnlyAddErrors},
       {"members-only add with join", TestMembersOnlyAddWithJoin},

@@ -13,6 +13,7 @@ usage: torch_ddp_failure.py TAG MODE VICTIM
                      elements that the victim skips; all go on training
            stall_future  the same, waiting on the all_reduce's future (as DDP
                      does), which no wait() timeout bounds
+           shape     every rank calls one dist.all_reduce, of 7 + rank elements
   VICTIM   the rank that fails
 
 TEST_GROUP_TIMEOUT_SECONDS, when set, is init_process_group's timeout.
@@ -34,6 +35,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import hvdlite.torch  # noqa: F401  (registers the backend)
+
+
+STALLS = ("stall", "stall_future", "shape")
 
 
 def fail(mode, rank):
@@ -76,18 +80,20 @@ def main():
     i = 1
     try:
         while True:
-            if mode.startswith("stall") and i == 3:
+            if mode in STALLS and i == 3:
                 print("FAIL_AT %.3f" % time.time(), flush=True)
-                if r != victim and mode == "stall":
+                if mode == "shape":
+                    dist.all_reduce(torch.ones(7 + r))
+                elif r != victim and mode == "stall":
                     dist.all_reduce(torch.ones(7))
                 elif r != victim:
                     dist.all_reduce(torch.ones(7), async_op=True).get_future().wait()
-            elif not mode.startswith("stall") and r == victim and time.time() - started > 0.5:
+            elif mode not in STALLS and r == victim and time.time() - started > 0.5:
                 fail(mode, r)
             step(i)
             i += 1
     except Exception as e:
-        if r == victim and not mode.startswith("stall"):
+        if r == victim and mode not in STALLS:
             raise               # the simulated failure itself
         print("SURVIVOR %d ERROR_AT %.3f %s: %s" % (r, time.time(), type(e).__name__,
                                                     str(e).splitlines()[0]), flush=True)
