@@ -48,6 +48,7 @@ import json
 import os
 import resource
 import socket
+import shutil
 import statistics
 import sys
 import time
@@ -423,6 +424,8 @@ def autotune(args, engines, x, y):
     if chosen is None:
         raise SystemExit(f"autotune did not finish within {args.autotune_max_steps} steps")
     rows = comm.bcast(rows if comm.rank == 0 else None, root=0)
+    if comm.rank == 0:  # the rows are kept in the result; the log's folder is not
+        shutil.rmtree(os.path.dirname(log), ignore_errors=True)
     fusion, cycle = int(chosen["fusion_threshold_bytes"]), float(chosen["cycle_time_ms"])
     chunk, hierarchical = int(chosen["ring_chunk_bytes"]), int(chosen["hierarchical"])
     env = {"HVDLITE_FUSION_THRESHOLD": fusion, "HVDLITE_CYCLE_TIME": cycle}

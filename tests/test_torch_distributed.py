@@ -13,7 +13,8 @@ without MPI gets an error that says how to launch; HVDLITE_TIMELINE shows a
 DDP script's bucket allreduces. A DDP script's failures as a Horovod
 script's (test_reliability.py): a failed rank makes the others raise from
 DDP's backward, a killed one ends the job under hvdrun, the stall inspector
-names a skipped collective; and its elastic restart under hvdrun ends with
+names a skipped collective, and under TORCH_DISTRIBUTED_DEBUG=DETAIL
+collectives that differ between ranks raise at once; and its elastic restart under hvdrun ends with
 the parameters of an uninterrupted run."""
 import json
 import os
@@ -36,6 +37,7 @@ P2P = RankTests("scripts/torch_c10d_p2p.py")
 DDP = RankTests("scripts/torch_ddp.py")
 C10D_DEVICE = RankTests("scripts/torch_c10d_device.py")
 SUBGROUPS = RankTests("scripts/torch_subgroups.py")
+DEBUG_DETAIL = RankTests("scripts/torch_c10d_debug.py")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -58,6 +60,15 @@ def test_c10d_point_to_point(case, ranks, rank_launch):
 @pytest.mark.parametrize("case", DDP.cases)
 def test_ddp(case, ranks, rank_launch):
     rank_launch(DDP, ranks).check(case)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("case", DEBUG_DETAIL.cases)
+def test_c10d_debug_detail_checks_each_collective(case, ranks, rank_launch):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: collectives that differ between ranks
+    raise TensorMismatchError on every rank at once; DDP and every collective
+    pass the check unchanged."""
+    rank_launch(DEBUG_DETAIL, ranks, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}).check(case)
 
 
 @pytest.mark.parametrize("case", C10D.cases)

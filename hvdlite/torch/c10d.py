@@ -31,7 +31,9 @@ makes with another shape) waits in negotiation instead: where
 torch.distributed starts the engine, the default group's timeout becomes the
 stall inspector's HVDLITE_STALL_SHUTDOWN_TIME_SECONDS unless that is set
 (rendezvous.start_engine), so such a wait ends with a StallError on every
-rank, as torch ends it with a timeout.
+rank, as torch ends it with a timeout. Under TORCH_DISTRIBUTED_DEBUG=DETAIL
+a group compares each collective across its ranks before running it
+(``_Names.check``), so ranks that differ raise at once.
 
 Tensors: the backend takes CPU and CUDA tensors (registered for both) and
 hands them to mpi_ops as they are; mpi_ops picks the path per tensor. CPU
@@ -71,7 +73,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 from torch.distributed import distributed_c10d
 
-from hvdlite import _binding, basics, collectives, exceptions, request
+from hvdlite import _binding, basics, collectives, exceptions, objects, request
 from hvdlite.compression import Compression
 from hvdlite.process_sets import _add_process_set_as_member, global_process_set
 from hvdlite.request import Average, Max, Min, Product, Sum
@@ -190,10 +192,15 @@ def _shape(shape):
 
 
 class _Names:
-    """The engine names of one group's collectives (see above)."""
+    """The engine names of one group's collectives (see above); with
+    ``check_set`` (TORCH_DISTRIBUTED_DEBUG=DETAIL), each collective is first
+    checked to be the same on every rank of that process set."""
 
-    def __init__(self, prefix):
-        self._prefix = prefix
+    def __init__(self, group, check_set=None):
+        self._group = group     # the group's tag
+        self._prefix = f"c10d.{group}"
+        self._check_set = check_set
+        self._checked = 0       # collectives checked so far
         self._lock = threading.Lock()
         self._last = None       # <what> of the previous call
         self._run = 0
@@ -201,8 +208,36 @@ class _Names:
         self._in_flight = {}    # name -> engine handle ids of its latest collective
         self._generation = _engine_generation[0]
 
+    def check(self, what):
+        """Where checks are on, raises TensorMismatchError on every rank of the
+        group unless each rank's next collective is ``what`` too. torch's
+        TORCH_DISTRIBUTED_DEBUG=DETAIL wraps gloo and NCCL groups to compare
+        each collective's operation, dtypes and shapes first; this group is
+        not a backend torch can wrap, so it compares here: ``what`` holds
+        exactly what the ranks must agree on. Without it such a desync stalls
+        until the stall inspector ends it."""
+        if self._check_set is None:
+            return
+        with self._lock:
+            self._checked += 1
+            number = self._checked
+        whats = objects.allgather_object(what, name=f"{self._prefix}.check",
+                                         process_set=self._check_set)
+        if all(w == what for w in whats):
+            return
+        calls = {}
+        for group_rank, w in enumerate(whats):
+            calls.setdefault(w, []).append(group_rank)
+        raise exceptions.TensorMismatchError(
+            f"TORCH_DISTRIBUTED_DEBUG=DETAIL: the ranks of group {self._group} "
+            f"make different collectives as its collective {number}: "
+            + "; ".join(f"ranks {ranks} {w}" for w, ranks in calls.items())
+            + " (operation, reduce op or root, dtype, shape). Every rank of a group must make the same "
+            "collectives in the same order, with the same dtypes and shapes")
+
     def start(self, what, submit):
         """``submit(name)`` under the next name for ``what``; returns its handle."""
+        self.check(what)
         with self._lock:
             if self._generation != _engine_generation[0]:
                 self._in_flight.clear()
@@ -389,7 +424,8 @@ class HvdliteProcessGroup(ProcessGroup):
         # torch names each group alike on every member ("0" for the default
         # group); the process set tells groups apart where it does not.
         tag = group_id if group_id else f"set{process_set.process_set_id}"
-        self._names = _Names(f"c10d.{tag}")
+        detail = dist.get_debug_level() == dist.DebugLevel.DETAIL
+        self._names = _Names(tag, process_set if detail else None)
 
     def getBackendName(self):
         return BACKEND
@@ -615,6 +651,7 @@ class HvdliteProcessGroup(ProcessGroup):
 
     # ---- control
     def barrier(self, opts=None):
+        self._names.check("barrier")
         handle = _binding.enqueue(**collectives.barrier_request(self._process_set))
         return self._work([handle], lambda _results: None, "barrier")
 

@@ -28,7 +28,8 @@ def tuned(monkeypatch, rank):
     """``tuned(**settings)`` starts an engine with HVDLITE_* settings (and no
     others from the environment but the launch's wire) and returns (rank, size,
     log path); shut down after the case."""
-    log = os.path.join(tempfile.mkdtemp(prefix="hvdlite-autotune-"), "autotune.csv")
+    folder = tempfile.TemporaryDirectory(prefix="hvdlite-autotune-")
+    log = os.path.join(folder.name, "autotune.csv")
 
     def start(**settings):
         if hvd.is_initialized():
@@ -45,6 +46,7 @@ def tuned(monkeypatch, rank):
     yield start
     if hvd.is_initialized():
         hvd.shutdown()
+    folder.cleanup()
 
 
 def steps(r, n, count):
