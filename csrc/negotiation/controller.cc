@@ -264,9 +264,10 @@ std::string Controller::InspectStalls() {
     if (options_.stall_shutdown_seconds > 0 && age >= options_.stall_shutdown_seconds &&
         age > give_up_age) {
       give_up_age = age;
-      give_up = "stall inspector stopped hvdlite (HVDLITE_STALL_SHUTDOWN_TIME_SECONDS=" +
-                std::to_string(static_cast<int64_t>(options_.stall_shutdown_seconds)) +
-                "): " + describe();
+      char limit[32];  // %g: a limit of 0.5 s reads 0.5, not 0
+      std::snprintf(limit, sizeof(limit), "%g", options_.stall_shutdown_seconds);
+      give_up = std::string("stall inspector stopped hvdlite (HVDLITE_STALL_SHUTDOWN_TIME_SECONDS=") +
+                limit + "): " + describe();
     }
   }
   return give_up;

@@ -252,7 +252,7 @@ void TestStallInspector() {
   const std::string message = c.InspectStalls();
   CHECK(Contains(message, "tensor 'slow' (allreduce) has waited") &&
             Contains(message, "submitted by ranks [0, 2] but not by ranks [1]") &&
-            Contains(message, "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"),
+            Contains(message, "(HVDLITE_STALL_SHUTDOWN_TIME_SECONDS=0.5): "),
         "stall message: %s", message.c_str());
   CHECK(c.stats().stall_warnings.load() == 1, "one warning, %lld",
         static_cast<long long>(c.stats().stall_warnings.load()));
