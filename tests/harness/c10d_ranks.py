@@ -45,3 +45,35 @@ def make_model(seed=0):
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
                                torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+class Branchy(torch.nn.Module):
+    """make_model's model beside a layer the forward pass never uses
+    (DDP's find_unused_parameters)."""
+
+    def __init__(self, seed):
+        super().__init__()
+        self.body = make_model(seed)
+        self.unused = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def batch(step, rank, rows=6):
+    """Rank ``rank``'s training batch of ``step`` for make_model's model."""
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(rows, 8, generator=g), torch.randint(0, 4, (rows,), generator=g)
+
+
+def backward(m, step, rank, accumulate=1):
+    """DDP model ``m``'s backward of ``step`` over ``accumulate`` batches,
+    all but the last under ``no_sync()`` (gradient accumulation)."""
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for micro in range(accumulate):
+        x, y = batch(step * accumulate + micro, rank)
+        if micro < accumulate - 1:
+            with m.no_sync():
+                loss_fn(m(x), y).backward()
+        else:
+            loss_fn(m(x), y).backward()

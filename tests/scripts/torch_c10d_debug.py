@@ -16,7 +16,7 @@ crashes under DETAIL, in DDP's logger, before it trains.)
 """
 import numpy as np
 
-from harness.c10d_ranks import data, group, make_model  # noqa: F401  (fixtures)
+from harness.c10d_ranks import Branchy, backward, batch, data, group, make_model  # noqa: F401  (fixtures)
 from harness.checks import check, check_close, check_equal, expect, require
 
 torch = require("torch")
@@ -52,26 +52,11 @@ def DDP(model, group, **kwargs):
     return DistributedDataParallel(model, process_group=group, **kwargs)
 
 
-def batch(step, rank, rows=6):
-    g = torch.Generator().manual_seed(100 * step + rank)
-    return torch.randn(rows, 8, generator=g), torch.randint(0, 4, (rows,), generator=g)
-
-
 def check_same(a, b, what):
     for (name, pa), (_, pb) in zip(a.module.named_parameters(), b.module.named_parameters()):
         check(f"{what}: {name} equal on the checked and the unchecked group",
               torch.equal(pa.detach(), pb.detach()),
               f"(max difference {(pa.detach() - pb.detach()).abs().max().item():g})")
-
-
-class Branchy(torch.nn.Module):
-    def __init__(self, seed):
-        super().__init__()
-        self.body = make_model(seed)
-        self.unused = torch.nn.Linear(4, 4)
-
-    def forward(self, x):
-        return self.body(x)
 
 
 def ddp_pair(group, rank, feature):
@@ -82,19 +67,12 @@ def ddp_pair(group, rank, feature):
 
 def train(m, rank, feature):
     from torch.distributed.algorithms.join import Join
-    loss_fn = torch.nn.CrossEntropyLoss()
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
     accumulate = 3 if feature == "no_sync" else 1
     steps = rank + 2 if feature == "join" else 3
     with Join([m], enable=feature == "join"):
         for step in range(steps):
-            for micro in range(accumulate):
-                x, y = batch(step * accumulate + micro, rank)
-                if micro < accumulate - 1:
-                    with m.no_sync():
-                        loss_fn(m(x), y).backward()
-                else:
-                    loss_fn(m(x), y).backward()
+            backward(m, step, rank, accumulate)
             opt.step()
             opt.zero_grad()
 

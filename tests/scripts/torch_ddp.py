@@ -21,7 +21,7 @@ import torch.distributed as dist  # noqa: E402
 import hvdlite  # noqa: E402
 import hvdlite.torch as hvd  # noqa: E402  (registers the backend)
 from hvdlite.torch import ddp_hooks  # noqa: E402
-from harness.c10d_ranks import gloo, group, make_model  # noqa: E402,F401  (fixtures)
+from harness.c10d_ranks import Branchy, backward, batch, gloo, group, make_model  # noqa: E402,F401  (fixtures)
 
 torch.set_num_threads(1)
 
@@ -32,11 +32,6 @@ def DDP(*args, **kwargs):
 
 
 # ---------------------------------------------------------------- DDP
-
-def batch(step, rank, rows=6):
-    g = torch.Generator().manual_seed(100 * step + rank)
-    return torch.randn(rows, 8, generator=g), torch.randint(0, 4, (rows,), generator=g)
-
 
 def ddp_pair(gloo, **kwargs):
     """The same model twice, one DDP on the hvdlite default group, one on gloo.
@@ -54,17 +49,10 @@ def check_params(a, b, what, tol=1e-6):
 
 
 def train(models, steps, accumulate=1, hook=None):
-    loss_fn = torch.nn.CrossEntropyLoss()
     opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
     for step in range(steps):
         for m, opt in zip(models, opts):
-            for micro in range(accumulate):
-                x, y = batch(step * accumulate + micro, dist.get_rank())
-                if micro < accumulate - 1:
-                    with m.no_sync():
-                        loss_fn(m(x), y).backward()
-                else:
-                    loss_fn(m(x), y).backward()
+            backward(m, step, dist.get_rank(), accumulate)
             opt.step()
             opt.zero_grad()
         yield step
@@ -92,15 +80,6 @@ def test_ddp_no_sync_accumulation(group, gloo, rank, size):
 
 
 def test_ddp_find_unused_parameters(group, gloo, rank, size):
-    class Branchy(torch.nn.Module):
-        def __init__(self, seed):
-            super().__init__()
-            self.body = make_model(seed)
-            self.unused = torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            return self.body(x)
-
     torch.manual_seed(rank)
     a = DDP(Branchy(rank), find_unused_parameters=True)
     b = DDP(Branchy(rank), process_group=gloo, find_unused_parameters=True)
