@@ -71,6 +71,13 @@ def test_c10d_debug_detail_checks_each_collective(case, ranks, rank_launch):
     rank_launch(DEBUG_DETAIL, ranks, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}).check(case)
 
 
+def test_fsdp2_under_debug_detail_matches_gloo(rank_launch):
+    """FSDP2's all-gathers and reduce-scatters pass DETAIL's check: the model
+    trains on hvdlite as on gloo (whose group torch wraps for the same check)."""
+    case = "test_fsdp2_matches_gloo"
+    rank_launch(DDP, 2, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, cases=[case]).check(case)
+
+
 @pytest.mark.parametrize("case", C10D.cases)
 def test_c10d_backend_every_collective_through_the_executor(case, rank_launch):
     """torch_c10d.py's every collective, dtype and reduce op, subgroups on
