@@ -208,16 +208,20 @@ class _Names:
         self._in_flight = {}    # name -> engine handle ids of its latest collective
         self._generation = _engine_generation[0]
 
-    def check(self, what):
+    def check(self, call, what=None):
         """Where checks are on, raises TensorMismatchError on every rank of the
-        group unless each rank's next collective is ``what`` too. torch's
+        group unless each rank's next collective is the same ``call`` (the
+        torch.distributed function, with its root) of the same ``what``. torch's
         TORCH_DISTRIBUTED_DEBUG=DETAIL wraps gloo and NCCL groups to compare
         each collective's operation, dtypes and shapes first; this group is
         not a backend torch can wrap, so it compares here: ``what`` holds
-        exactly what the ranks must agree on. Without it such a desync stalls
-        until the stall inspector ends it."""
+        exactly what the engine needs the ranks to agree on, ``call`` what
+        torch's check compares besides (reduce and all_reduce are one
+        allreduce to the engine). Without it such a desync stalls until the
+        stall inspector ends it."""
         if self._check_set is None:
             return
+        what = call if what is None else f"{call} ({what})"
         with self._lock:
             self._checked += 1
             number = self._checked
@@ -232,12 +236,14 @@ class _Names:
             f"TORCH_DISTRIBUTED_DEBUG=DETAIL: the ranks of group {self._group} "
             f"make different collectives as its collective {number}: "
             + "; ".join(f"ranks {ranks} {w}" for w, ranks in calls.items())
-            + " (operation, reduce op or root, dtype, shape). Every rank of a group must make the same "
-            "collectives in the same order, with the same dtypes and shapes")
+            + " (in parentheses the engine's operation, reduce op or root, dtype and shape). Every "
+            "rank of a group must make the same collectives in the same order, with the same "
+            "dtypes and shapes")
 
-    def start(self, what, submit):
-        """``submit(name)`` under the next name for ``what``; returns its handle."""
-        self.check(what)
+    def start(self, what, submit, call):
+        """``submit(name)`` under the next name for ``what``, a part of
+        torch.distributed's ``call``; returns its handle."""
+        self.check(call, what)
         with self._lock:
             if self._generation != _engine_generation[0]:
                 self._in_flight.clear()
@@ -448,7 +454,7 @@ class HvdliteProcessGroup(ProcessGroup):
         return HvdliteWork(handles, finish, what, self._timeout, _flat(tensors))
 
     def _allreduce_start(self, tensor, op, prescale=1.0, inplace=True,
-                         compression=Compression.none):
+                         compression=Compression.none, call="all_reduce"):
         """One named allreduce (hvdlite op), in place or into a new tensor."""
         start = mpi_ops.allreduce_async_ if inplace else mpi_ops.allreduce_async
         what = f"allreduce.{_OP_NAMES.get(op, op)}"
@@ -457,7 +463,7 @@ class HvdliteProcessGroup(ProcessGroup):
         what += f".{_dtype(tensor)}.{_shape(tensor.shape)}"
         return self._names.start(what, lambda name: start(
             tensor, name=name, op=op, prescale_factor=prescale, process_set=self._process_set,
-            compression=compression))
+            compression=compression), call)
 
     # ---- allreduce
     def allreduce(self, tensors, opts=None):
@@ -483,8 +489,9 @@ class HvdliteProcessGroup(ProcessGroup):
         """The root gets the reduction; other ranks' tensors stay as they were."""
         tensors = _tensors(tensors)
         op, prescale = _reduce_op(opts if opts is not None else dist.ReduceOp.SUM, "reduce")
-        root = self.rank() == self._root(opts, "reduce", "dst")
-        handles = [self._allreduce_start(t, op, prescale, inplace=root) for t in tensors]
+        dst = self._root(opts, "reduce", "dst")
+        handles = [self._allreduce_start(t, op, prescale, inplace=self.rank() == dst,
+                                         call=f"reduce(dst={dst})") for t in tensors]
         return self._work(handles, lambda _results: tensors, "reduce", tensors)
 
     # ---- broadcast
@@ -494,19 +501,21 @@ class HvdliteProcessGroup(ProcessGroup):
         handles = [self._names.start(
             f"broadcast.{root}.{_dtype(t)}.{_shape(t.shape)}",
             lambda name, t=t: mpi_ops.broadcast_async_(t, root, name=name,
-                                                       process_set=self._process_set))
+                                                       process_set=self._process_set),
+            "broadcast")
             for t in tensors]
         return self._work(handles, lambda _results: tensors, "broadcast", tensors)
 
     # ---- allgather
-    def _gather_flat(self, inputs, outputs=()):
+    def _gather_flat(self, call, inputs, outputs=()):
         """``outputs[i]`` (optional): a tensor the engine may gather input i
         into, when it holds exactly the result (all_gather_into_tensor)."""
         outputs = list(outputs) + [None] * (len(inputs) - len(outputs))
         # Ranks may send different numbers of elements: the name has the dtype only.
         return [self._names.start(
             f"allgather.{_dtype(t)}",
-            lambda name, t=t, o=o: mpi_ops._allgather_async(t.reshape(-1), name, self._process_set, o))
+            lambda name, t=t, o=o: mpi_ops._allgather_async(t.reshape(-1), name, self._process_set, o),
+            call)
             for t, o in zip(inputs, outputs)]
 
     def allgather(self, output_lists, inputs, opts=None):
@@ -516,7 +525,8 @@ class HvdliteProcessGroup(ProcessGroup):
             for outputs, result in zip(output_lists, results):
                 _split_into(outputs, result, "allgather")
             return output_lists
-        return self._work(self._gather_flat(inputs), finish, "allgather", output_lists, inputs)
+        return self._work(self._gather_flat("all_gather", inputs), finish, "allgather", output_lists,
+                          inputs)
 
     allgather_coalesced = allgather
 
@@ -527,7 +537,8 @@ class HvdliteProcessGroup(ProcessGroup):
             for output, result in zip(outputs, results):
                 _copy_into(output, result, "all_gather_into_tensor")
             return outputs
-        return self._work(self._gather_flat(inputs, outputs), finish, "all_gather_into_tensor",
+        return self._work(self._gather_flat("all_gather_into_tensor", inputs, outputs), finish,
+                          "all_gather_into_tensor",
                           outputs, inputs)
 
     def all_gather_single(self, output, input, opts=None):
@@ -540,14 +551,16 @@ class HvdliteProcessGroup(ProcessGroup):
     def gather(self, output_lists, inputs, opts=None):
         """Every rank gathers (hvdlite has no rooted gather); the root keeps it."""
         inputs = _tensors(inputs)
-        root = self.rank() == self._root(opts, "gather", "dst")
+        dst = self._root(opts, "gather", "dst")
+        root = self.rank() == dst
 
         def finish(results):
             if root:
                 for outputs, result in zip(output_lists, results):
                     _split_into(outputs, result, "gather")
             return output_lists if root else []
-        return self._work(self._gather_flat(inputs), finish, "gather", output_lists, inputs)
+        return self._work(self._gather_flat(f"gather(dst={dst})", inputs), finish, "gather",
+                          output_lists, inputs)
 
     # ---- reducescatter
     def _reducescatter(self, outputs, stacked, opts, what):
@@ -556,7 +569,8 @@ class HvdliteProcessGroup(ProcessGroup):
         handles = [self._names.start(
             f"reducescatter.{_OP_NAMES.get(op, op)}.{_dtype(s)}.{_shape(s.shape)}",
             lambda name, s=s, o=o: mpi_ops._reducescatter_async(
-                s, name, op, self._process_set, prescale, 1.0, Compression.none, output=o))
+                s, name, op, self._process_set, prescale, 1.0, Compression.none, output=o),
+            what)
             for s, o in zip(stacked, outputs)]
 
         def finish(results):
@@ -597,18 +611,19 @@ class HvdliteProcessGroup(ProcessGroup):
         return self._reducescatter(outputs, stacked, opts, "reduce_scatter")
 
     # ---- alltoall
-    def _alltoall_start(self, tensor, splits, output=None):
+    def _alltoall_start(self, call, tensor, splits, output=None):
         """``output``: a tensor the engine may write the received rows into."""
         # The first dimension differs between ranks: the name has the others.
         rest = f".{_shape(tensor.shape[1:])}" if tensor.dim() > 1 else ""
         return self._names.start(
             f"alltoall.{_dtype(tensor)}{rest}",
-            lambda name: mpi_ops._alltoall_async(tensor, splits, name, self._process_set, output))
+            lambda name: mpi_ops._alltoall_async(tensor, splits, name, self._process_set, output),
+            call)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         what = "all_to_all_single"
         splits = list(input_split_sizes) or None
-        handle = self._alltoall_start(input, splits, output)
+        handle = self._alltoall_start("all_to_all_single", input, splits, output)
 
         def finish(results):
             rows, received = results[0]
@@ -625,7 +640,7 @@ class HvdliteProcessGroup(ProcessGroup):
     def alltoall(self, outputs, inputs, opts=None):
         """``inputs[j]`` goes to group rank j, ``outputs[j]`` comes from it."""
         flat = torch.cat([t.reshape(-1) for t in inputs])
-        handle = self._alltoall_start(flat, [t.numel() for t in inputs])
+        handle = self._alltoall_start("all_to_all", flat, [t.numel() for t in inputs])
 
         def finish(results):
             _split_into(outputs, results[0][0], "alltoall")
@@ -642,7 +657,7 @@ class HvdliteProcessGroup(ProcessGroup):
         else:
             flat = outputs[0].new_empty(0)
             splits = [0] * self.size()
-        handle = self._alltoall_start(flat, splits)
+        handle = self._alltoall_start(f"scatter(src={root})", flat, splits)
 
         def finish(results):
             _copy_into(outputs[0], results[0][0], "scatter")

@@ -9,9 +9,10 @@ TORCH_DISTRIBUTED_DEBUG=DETAIL. DDP with each of its features trains on the
 checked default group exactly as on a second hvdlite group made with the
 debug level off (no check: the same engine, so the same parameters bit for
 bit); every collective passes the check with its NumPy result; then ranks
-that disagree on a shape, a root, the operation, or a collective that one
-rank skipped before DDP's backward, each raise on every rank, and the group
-goes on working. (DDP on gloo is not the reference here: with torch 2.13 it
+that disagree on a shape, a root, the operation (the engine's, or only
+torch's: reduce against all_reduce), or a collective that one rank skipped
+before DDP's backward, each raise on every rank, and the group goes on
+working. (DDP on gloo is not the reference here: with torch 2.13 it
 crashes under DETAIL, in DDP's logger, before it trains.)
 """
 import numpy as np
@@ -138,7 +139,7 @@ def still_works(what):
 
 def test_other_shapes_raise_on_every_rank(group, rank, size):
     e = expect(TensorMismatchError, lambda: dist.all_reduce(torch.ones(7 + rank)), *WORDS,
-               *(f"ranks [{r}] allreduce.sum.float32.{7 + r}" for r in range(size)))
+               *(f"ranks [{r}] all_reduce (allreduce.sum.float32.{7 + r})" for r in range(size)))
     check("collective named by number", " as its collective " in str(e), str(e))
     still_works("shapes that differ")
 
@@ -146,15 +147,24 @@ def test_other_shapes_raise_on_every_rank(group, rank, size):
 def test_other_roots_raise_on_every_rank(group, rank, size):
     root = 0 if rank == 0 else 1
     expect(TensorMismatchError, lambda: dist.broadcast(torch.ones(3), src=root), *WORDS,
-           "ranks [0] broadcast.0.float32.3", "broadcast.1.float32.3")
+           "ranks [0] broadcast (broadcast.0.float32.3)", "broadcast (broadcast.1.float32.3)")
     still_works("roots that differ")
 
 
 def test_barrier_against_all_reduce_raises_on_every_rank(group, rank, size):
     call = dist.barrier if rank == 0 else (lambda: dist.all_reduce(torch.ones(3)))
-    expect(TensorMismatchError, call, *WORDS, "ranks [0] barrier",
-           "ranks %s allreduce.sum.float32.3" % list(range(1, size)))
+    expect(TensorMismatchError, call, *WORDS, "ranks [0] barrier;",
+           "ranks %s all_reduce (allreduce.sum.float32.3)" % list(range(1, size)))
     still_works("a barrier against an all_reduce")
+
+
+def test_reduce_against_all_reduce_raises_on_every_rank(group, rank, size):
+    """One allreduce to the engine, two calls to torch: compared as torch does."""
+    t = torch.ones(3)
+    call = (lambda: dist.reduce(t, dst=0)) if rank == 0 else (lambda: dist.all_reduce(t))
+    expect(TensorMismatchError, call, *WORDS, "ranks [0] reduce(dst=0) (allreduce.sum.float32.3)",
+           "ranks %s all_reduce (allreduce.sum.float32.3)" % list(range(1, size)))
+    still_works("a reduce against an all_reduce")
 
 
 def test_collective_skipped_before_ddp_backward_raises_on_every_rank(group, rank, size):
@@ -169,6 +179,6 @@ def test_collective_skipped_before_ddp_backward_raises_on_every_rank(group, rank
             dist.all_reduce(torch.ones(7))
         else:
             loss.backward()
-    expect(Exception, step, *WORDS, "ranks [0] allreduce.sum.float32.7",
-           "ranks %s allreduce.sum.float32." % list(range(1, size)))
+    expect(Exception, step, *WORDS, "ranks [0] all_reduce (allreduce.sum.float32.7)",
+           "ranks %s all_reduce (allreduce.sum.float32." % list(range(1, size)))
     still_works("a skipped collective")
