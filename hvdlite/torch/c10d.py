@@ -221,21 +221,21 @@ class _Names:
         stall inspector ends it."""
         if self._check_set is None:
             return
-        what = call if what is None else f"{call} ({what})"
+        mine = call if what is None else f"{call} ({what})"
         with self._lock:
             self._checked += 1
             number = self._checked
-        whats = objects.allgather_object(what, name=f"{self._prefix}.check",
+        every = objects.allgather_object(mine, name=f"{self._prefix}.check",
                                          process_set=self._check_set)
-        if all(w == what for w in whats):
+        if all(c == mine for c in every):
             return
         calls = {}
-        for group_rank, w in enumerate(whats):
-            calls.setdefault(w, []).append(group_rank)
+        for group_rank, c in enumerate(every):
+            calls.setdefault(c, []).append(group_rank)
         raise exceptions.TensorMismatchError(
             f"TORCH_DISTRIBUTED_DEBUG=DETAIL: the ranks of group {self._group} "
             f"make different collectives as its collective {number}: "
-            + "; ".join(f"ranks {ranks} {w}" for w, ranks in calls.items())
+            + "; ".join(f"ranks {ranks} {c}" for c, ranks in calls.items())
             + " (in parentheses the engine's operation, reduce op or root, dtype and shape). Every "
             "rank of a group must make the same collectives in the same order, with the same "
             "dtypes and shapes")
