@@ -241,14 +241,15 @@ def compile_sources_in_parallel():
 
     def compile(self, sources, output_dir=None, macros=None, include_dirs=None, debug=False,
                 extra_preargs=None, extra_postargs=None, depends=None):
-        if build_jobs() == 1 or len(sources) < 2:
+        jobs = build_jobs()
+        if jobs == 1 or len(sources) < 2:
             return serial(self, sources, output_dir, macros, include_dirs, debug,
                           extra_preargs, extra_postargs, depends)
         macros, objects, extra_postargs, pp_opts, build = self._setup_compile(
             output_dir, macros, include_dirs, sources, depends, extra_postargs)
         cc_args = self._get_cc_args(pp_opts, debug, extra_preargs)
         todo = [obj for obj in objects if obj in build]
-        with ThreadPoolExecutor(max_workers=build_jobs()) as pool:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
             for _ in pool.map(lambda obj: self._compile(obj, *build[obj], cc_args, extra_postargs,
                                                         pp_opts), todo):
                 pass

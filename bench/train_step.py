@@ -47,8 +47,8 @@ import argparse
 import json
 import os
 import resource
-import socket
 import shutil
+import socket
 import statistics
 import sys
 import time

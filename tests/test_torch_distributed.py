@@ -14,8 +14,8 @@ DDP script's bucket allreduces. A DDP script's failures as a Horovod
 script's (test_reliability.py): a failed rank makes the others raise from
 DDP's backward, a killed one ends the job under hvdrun, the stall inspector
 names a skipped collective, and under TORCH_DISTRIBUTED_DEBUG=DETAIL
-collectives that differ between ranks raise at once; and its elastic restart under hvdrun ends with
-the parameters of an uninterrupted run."""
+collectives that differ between ranks raise at once; and its elastic restart
+under hvdrun ends with the parameters of an uninterrupted run."""
 import json
 import os
 import re
