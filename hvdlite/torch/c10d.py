@@ -240,10 +240,15 @@ class _Names:
             "rank of a group must make the same collectives in the same order, with the same "
             "dtypes and shapes")
 
-    def start(self, what, submit, call):
-        """``submit(name)`` under the next name for ``what``, a part of
-        torch.distributed's ``call``; returns its handle."""
-        self.check(call, what)
+    def start(self, call, parts):
+        """Submits the engine collectives ``parts``, ``[(what, submit)]``, of
+        one torch.distributed ``call``: each ``submit(name)`` under the next
+        name for its ``what``. Checked as one, so ranks that pass different
+        numbers of tensors to a coalesced call differ too. Returns the handles."""
+        self.check(call, "; ".join(what for what, _ in parts) or None)
+        return [self._submit(what, submit) for what, submit in parts]
+
+    def _submit(self, what, submit):
         with self._lock:
             if self._generation != _engine_generation[0]:
                 self._in_flight.clear()
@@ -453,27 +458,32 @@ class HvdliteProcessGroup(ProcessGroup):
         outputs, single tensors or lists (lists of lists)."""
         return HvdliteWork(handles, finish, what, self._timeout, _flat(tensors))
 
-    def _allreduce_start(self, tensor, op, prescale=1.0, inplace=True,
-                         compression=Compression.none, call="all_reduce"):
-        """One named allreduce (hvdlite op), in place or into a new tensor."""
+    def _allreduce_part(self, tensor, op, prescale=1.0, inplace=True, compression=Compression.none):
+        """One named allreduce (hvdlite op), in place or into a new tensor: a
+        ``(what, submit)`` for _Names.start."""
         start = mpi_ops.allreduce_async_ if inplace else mpi_ops.allreduce_async
         what = f"allreduce.{_OP_NAMES.get(op, op)}"
         if compression is not Compression.none:
             what += f".{compression.kind}"
         what += f".{_dtype(tensor)}.{_shape(tensor.shape)}"
-        return self._names.start(what, lambda name: start(
+        return what, lambda name: start(
             tensor, name=name, op=op, prescale_factor=prescale, process_set=self._process_set,
-            compression=compression), call)
+            compression=compression)
+
+    def _allreduce_start(self, tensor, op, compression=Compression.none):
+        """The handle of one in-place allreduce (the DDP hooks' bucket)."""
+        return self._names.start("all_reduce", [self._allreduce_part(
+            tensor, op, compression=compression)])[0]
 
     # ---- allreduce
-    def allreduce(self, tensors, opts=None):
+    def allreduce(self, tensors, opts=None, call="all_reduce"):
         tensors = _tensors(tensors)
         op, prescale = _reduce_op(opts if opts is not None else dist.ReduceOp.SUM, "allreduce")
-        handles = [self._allreduce_start(t, op, prescale) for t in tensors]
+        handles = self._names.start(call, [self._allreduce_part(t, op, prescale) for t in tensors])
         return self._work(handles, lambda _results: tensors, "allreduce", tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        return self.allreduce(tensors, opts)
+        return self.allreduce(tensors, opts, call="all_reduce_coalesced")
 
     def _root(self, opts, what, argument):
         """The root's rank in this group, checked: every rank checks alike, so
@@ -490,20 +500,19 @@ class HvdliteProcessGroup(ProcessGroup):
         tensors = _tensors(tensors)
         op, prescale = _reduce_op(opts if opts is not None else dist.ReduceOp.SUM, "reduce")
         dst = self._root(opts, "reduce", "dst")
-        handles = [self._allreduce_start(t, op, prescale, inplace=self.rank() == dst,
-                                         call=f"reduce(dst={dst})") for t in tensors]
+        handles = self._names.start(f"reduce(dst={dst})", [
+            self._allreduce_part(t, op, prescale, inplace=self.rank() == dst) for t in tensors])
         return self._work(handles, lambda _results: tensors, "reduce", tensors)
 
     # ---- broadcast
     def broadcast(self, tensors, opts=None):
         tensors = _tensors(tensors)
         root = self._ranks[self._root(opts, "broadcast", "src")]
-        handles = [self._names.start(
+        handles = self._names.start("broadcast", [(
             f"broadcast.{root}.{_dtype(t)}.{_shape(t.shape)}",
             lambda name, t=t: mpi_ops.broadcast_async_(t, root, name=name,
-                                                       process_set=self._process_set),
-            "broadcast")
-            for t in tensors]
+                                                       process_set=self._process_set))
+            for t in tensors])
         return self._work(handles, lambda _results: tensors, "broadcast", tensors)
 
     # ---- allgather
@@ -512,11 +521,10 @@ class HvdliteProcessGroup(ProcessGroup):
         into, when it holds exactly the result (all_gather_into_tensor)."""
         outputs = list(outputs) + [None] * (len(inputs) - len(outputs))
         # Ranks may send different numbers of elements: the name has the dtype only.
-        return [self._names.start(
+        return self._names.start(call, [(
             f"allgather.{_dtype(t)}",
-            lambda name, t=t, o=o: mpi_ops._allgather_async(t.reshape(-1), name, self._process_set, o),
-            call)
-            for t, o in zip(inputs, outputs)]
+            lambda name, t=t, o=o: mpi_ops._allgather_async(t.reshape(-1), name, self._process_set, o))
+            for t, o in zip(inputs, outputs)])
 
     def allgather(self, output_lists, inputs, opts=None):
         inputs = _tensors(inputs)
@@ -566,12 +574,11 @@ class HvdliteProcessGroup(ProcessGroup):
     def _reducescatter(self, outputs, stacked, opts, what):
         """``stacked[i]``: one row per rank, each row ``outputs[i]``'s size."""
         op, prescale = _reduce_op(opts if opts is not None else dist.ReduceOp.SUM, what)
-        handles = [self._names.start(
+        handles = self._names.start(what, [(
             f"reducescatter.{_OP_NAMES.get(op, op)}.{_dtype(s)}.{_shape(s.shape)}",
             lambda name, s=s, o=o: mpi_ops._reducescatter_async(
-                s, name, op, self._process_set, prescale, 1.0, Compression.none, output=o),
-            what)
-            for s, o in zip(stacked, outputs)]
+                s, name, op, self._process_set, prescale, 1.0, Compression.none, output=o))
+            for s, o in zip(stacked, outputs)])
 
         def finish(results):
             for output, result in zip(outputs, results):
@@ -615,10 +622,9 @@ class HvdliteProcessGroup(ProcessGroup):
         """``output``: a tensor the engine may write the received rows into."""
         # The first dimension differs between ranks: the name has the others.
         rest = f".{_shape(tensor.shape[1:])}" if tensor.dim() > 1 else ""
-        return self._names.start(
+        return self._names.start(call, [(
             f"alltoall.{_dtype(tensor)}{rest}",
-            lambda name: mpi_ops._alltoall_async(tensor, splits, name, self._process_set, output),
-            call)
+            lambda name: mpi_ops._alltoall_async(tensor, splits, name, self._process_set, output))])[0]
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         what = "all_to_all_single"

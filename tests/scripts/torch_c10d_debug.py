@@ -10,8 +10,9 @@ checked default group exactly as on a second hvdlite group made with the
 debug level off (no check: the same engine, so the same parameters bit for
 bit); every collective passes the check with its NumPy result; then ranks
 that disagree on a shape, a root, the operation (the engine's, or only
-torch's: reduce against all_reduce), or a collective that one rank skipped
-before DDP's backward, each raise on every rank, and the group goes on
+torch's: reduce against all_reduce), the number of tensors in a coalesced
+call, or a collective that one rank skipped before DDP's backward, each
+raise on every rank, and the group goes on
 working. (DDP on gloo is not the reference here: with torch 2.13 it
 crashes under DETAIL, in DDP's logger, before it trains.)
 """
@@ -165,6 +166,16 @@ def test_reduce_against_all_reduce_raises_on_every_rank(group, rank, size):
     expect(TensorMismatchError, call, *WORDS, "ranks [0] reduce(dst=0) (allreduce.sum.float32.3)",
            "ranks %s all_reduce (allreduce.sum.float32.3)" % list(range(1, size)))
     still_works("a reduce against an all_reduce")
+
+
+def test_coalesced_tensor_counts_raise_on_every_rank(group, rank, size):
+    """A coalesced call is checked as one: rank 0 passes one tensor more."""
+    tensors = [torch.ones(3) for _ in range(2 + (rank == 0))]
+    every = "; ".join(["allreduce.sum.float32.3"] * 2)
+    expect(TensorMismatchError, lambda: dist.all_reduce_coalesced(tensors), *WORDS,
+           f"ranks [0] all_reduce_coalesced ({every}; allreduce.sum.float32.3)",
+           "ranks %s all_reduce_coalesced (%s)" % (list(range(1, size)), every))
+    still_works("coalesced calls of different lengths")
 
 
 def test_collective_skipped_before_ddp_backward_raises_on_every_rank(group, rank, size):
