@@ -17,7 +17,6 @@ def _flight_reports(tmp_path_factory):
     own temporary folder, which pytest prunes. A value set beforehand wins."""
     if "HVDLITE_FLIGHT_RECORDER_DIR" not in os.environ:
         os.environ["HVDLITE_FLIGHT_RECORDER_DIR"] = str(tmp_path_factory.mktemp("flight-recorder"))
-    yield
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -245,7 +245,8 @@ class _Names:
         one torch.distributed ``call``: each ``submit(name)`` under the next
         name for its ``what``. Checked as one, so ranks that pass different
         numbers of tensors to a coalesced call differ too. Returns the handles."""
-        self.check(call, "; ".join(what for what, _ in parts) or None)
+        if self._check_set is not None:  # no joined names on DDP's path unless checking
+            self.check(call, "; ".join(what for what, _ in parts) or None)
         return [self._submit(what, submit) for what, submit in parts]
 
     def _submit(self, what, submit):
