@@ -96,8 +96,9 @@ def main():
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--topk-ratio", type=float, default=0.01)
     p.add_argument("--dgc-lr", type=float, default=0.05, help="SGD's learning rate for the DGC run")
-    p.add_argument("--model", default="", help="extra arguments of the example, e.g. "
-                   "'--d-model 128 --layers 2' (one string)")
+    p.add_argument("--model", default="", help="extra arguments of the example for every run, e.g. "
+                   "'--d-model 128 --layers 2' (one string; a run's own arguments, such as the "
+                   "DGC run's --optimizer and --lr, take precedence)")
     p.add_argument("--json", help="write the results here (rank 0)")
     p.add_argument("--checkpoint", metavar="DIR",
                    help="each run saves its state in DIR/<run> at every evaluation; the same "
@@ -114,7 +115,8 @@ def main():
     results = {}
     for name in names:
         hvdlite.reset_compression_state()  # fresh residuals and warm-ups for each run
-        argv = runs[name][1] + args.model.split() + [
+        # The run's own arguments last: DGC's optimizer and lr stay its own whatever --model sets.
+        argv = args.model.split() + runs[name][1] + [
             "--steps", str(runs[name][2]), "--eval-every", str(args.eval_every), "--curve", "--json", "-"]
         if args.checkpoint:
             argv += ["--checkpoint", os.path.join(args.checkpoint, name)]
