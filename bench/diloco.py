@@ -57,6 +57,16 @@ def parse_run(name, table, steps):
     return label, argv, steps
 
 
+def example_argv(run, model, eval_every, checkpoint=None):
+    """The example's arguments for one parsed run: --model's first and the
+    run's own after them, so that a model string with --lr leaves the DGC
+    run's SGD lr (and any run's own setting) its own."""
+    _, run_argv, steps = run
+    argv = model.split() + run_argv + ["--steps", str(steps), "--eval-every", str(eval_every),
+                                       "--curve", "--json", "-"]
+    return argv + (["--checkpoint", checkpoint] if checkpoint else [])
+
+
 def time_to(curve, target):
     """(seconds, step) of the first evaluation at or below ``target``, or None."""
     for step, seconds, _, loss in curve:
@@ -115,11 +125,8 @@ def main():
     results = {}
     for name in names:
         hvdlite.reset_compression_state()  # fresh residuals and warm-ups for each run
-        # The run's own arguments last: DGC's optimizer and lr stay its own whatever --model sets.
-        argv = args.model.split() + runs[name][1] + [
-            "--steps", str(runs[name][2]), "--eval-every", str(args.eval_every), "--curve", "--json", "-"]
-        if args.checkpoint:
-            argv += ["--checkpoint", os.path.join(args.checkpoint, name)]
+        checkpoint = os.path.join(args.checkpoint, name) if args.checkpoint else None
+        argv = example_argv(runs[name], args.model, args.eval_every, checkpoint)
         results[name] = pytorch_lm.train(pytorch_lm.parse_args(argv))
     if pytorch_lm.hvd.rank() != 0:
         return

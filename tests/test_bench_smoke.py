@@ -356,6 +356,13 @@ def test_diloco_bench_run_names_take_a_steps_factor():
         "DiLoCo H=50, 4-bit, 2x the steps", ["--diloco", "50", "--compression", "quantize"], 300)
     assert diloco.parse_run("sync", table, 150) == ("synchronous", [], 150)
     assert diloco.parse_run("diloco7", table, 150) is None and diloco.parse_run("syncx", table, 150) is None
+    # A --model with --lr sets every run's lr but the DGC run's (argparse keeps the last).
+    dgc = diloco.example_argv(diloco.parse_run("dgcx2", table, 150), "--batch-size 1 --lr 5e-4", 25)
+    assert dgc[:2] == ["--batch-size", "1"] and dgc[dgc.index("--lr", 3):][:2] == ["--lr", "0.05"], dgc
+    lm = diloco.pytorch_lm
+    assert lm.parse_args(dgc).lr == 0.05 and lm.parse_args(dgc).steps == 300
+    sync = diloco.example_argv(diloco.parse_run("sync", table, 150), "--lr 5e-4", 25, "ckpt/sync")
+    assert lm.parse_args(sync).lr == 5e-4 and sync[-2:] == ["--checkpoint", "ckpt/sync"]
 
 
 REPORT_WITHOUT_RAW = """
