@@ -14,7 +14,9 @@ min and max, and as ratios to peers measured in the same run. Writes
 ``bench/results/<date>.json``, its report ``bench/results/<date>.md`` and
 ``docs/img/bench_*.png`` (or ``results/``, ``benchmarks.md`` and ``img/`` under
 ``--out-dir``). docs/benchmarks.md is written by hand: it quotes the current
-result of each topic and names the file it comes from.
+result of each topic and names the file it comes from. SIGTERM, SIGINT or
+SIGHUP stop the bench cleanly (exit status 128 + the signal): the running job's
+ranks are stopped through hvdrun and emulated hosts come down.
 """
 import argparse
 import datetime
@@ -26,9 +28,11 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 if __name__ == "__main__" and not __package__:   # python bench/run.py
@@ -213,18 +217,39 @@ class Runner:
         with open(log, "w") as f:
             f.write("$ %s\n" % " ".join(shlex.quote(a) for a in argv))
             f.flush()
+            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=full_env, cwd=REPO)
             try:
-                p = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=full_env,
-                                   timeout=timeout or self.timeout, cwd=REPO)
-                rc = p.returncode
+                rc = proc.wait(timeout=timeout or self.timeout)
             except subprocess.TimeoutExpired:
                 rc = "timeout"
+                stop_job(proc)
+            except BaseException:   # the bench told to stop (stop_on_signal): its job first
+                stop_job(proc)
+                raise
         if rc != 0 or not os.path.exists(out):
             with open(log) as f:
                 tail = f.read()[-2500:]
             raise RuntimeError("job %s failed (%s); log %s:\n%s" % (tag, rc, log, tail))
         with open(out) as f:
             return json.load(f)
+
+
+def stop_job(proc, grace=30):
+    """Asks hvdrun to end its job (SIGTERM: it stops its ranks, here or over ssh), then
+    kills it if it has not within ``grace`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def stop_on_signal(signum, _frame):
+    """SIGTERM, SIGINT and SIGHUP end the bench through its cleanups: the running job is
+    stopped (Runner.job) and emulated hosts come down (over_layouts). SIGINT is taken
+    too when the shell started the bench in the background with it ignored."""
+    raise SystemExit(128 + signum)
 
 
 def progress(msg):
@@ -607,6 +632,9 @@ def main(argv=None):
     if importlib.util.find_spec("matplotlib") is None:
         progress("hvdlite bench: matplotlib is not installed: tables only, no plots "
                  "(pip install matplotlib, or pip install -e '.[bench]')")
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, stop_on_signal)
     if args.report:
         with open(args.report) as f:
             data = json.load(f)

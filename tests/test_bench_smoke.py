@@ -7,8 +7,12 @@ import glob
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
+
+import pytest
 
 from harness import cpp_build
 from harness.checks import installed, require, unavailable
@@ -183,6 +187,54 @@ def test_compressor_series_styles(tmp_path):
                                  "4x1": {"hvdlite": {"r": 3.0}}}, "r", None, "ratio", "title",
                            highlight="hvdlite")
     _check_png(out)
+
+
+def _processes_naming(text):
+    """PIDs of processes whose command line contains ``text``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("signame,ignored", [("SIGTERM", False), ("SIGINT", True)])
+def test_signal_stops_the_bench_and_its_job(tmp_path, signame, ignored):
+    """A signal ends the bench through its cleanups: the running job's ranks are
+    stopped, not left behind, and the bench exits 128 + the signal. SIGINT too when
+    it was started with SIGINT ignored (a shell's background job)."""
+    require("hvdlite._engine", import_module=False)
+    require("torch", import_module=False)
+    sig = getattr(signal, signame)
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(
+        [sys.executable, RUN, "--tiny", "--cases", "train_step", "--set", "train_rounds=200",
+         "--out-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=env, cwd=REPO, preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else None)
+    try:
+        first = proc.stdout.readline()
+        logs = re.search(r"logs in (\S+?)\)", first)
+        assert logs, first
+        deadline = time.time() + 120
+        while len(_processes_naming(logs.group(1))) < 3 and time.time() < deadline:  # hvdrun and 2 ranks
+            time.sleep(0.5)
+        assert len(_processes_naming(logs.group(1))) >= 3, first + proc.stdout.read()
+        time.sleep(3)   # the ranks past their imports
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + sig, first + out
+    deadline = time.time() + 20
+    while _processes_naming(logs.group(1)) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _processes_naming(logs.group(1)), "ranks left behind: %s" % _processes_naming(logs.group(1))
 
 
 def test_tiny_hosts_and_autotune_cases(tmp_path):
