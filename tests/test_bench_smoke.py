@@ -189,24 +189,12 @@ def test_compressor_series_styles(tmp_path):
     _check_png(out)
 
 
-def _processes_naming(text):
-    """PIDs of processes whose command line contains ``text``."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if text.encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
-
-
 @pytest.mark.parametrize("signame,ignored", [("SIGTERM", False), ("SIGINT", True)])
 def test_signal_stops_the_bench_and_its_job(tmp_path, signame, ignored):
     """A signal ends the bench through its cleanups: the running job's ranks are
     stopped, not left behind, and the bench exits 128 + the signal. SIGINT too when
     it was started with SIGINT ignored (a shell's background job)."""
+    from harness.hosts import tagged_processes, wait_until_gone
     require("hvdlite._engine", import_module=False)
     require("torch", import_module=False)
     sig = getattr(signal, signame)
@@ -220,9 +208,9 @@ def test_signal_stops_the_bench_and_its_job(tmp_path, signame, ignored):
         logs = re.search(r"logs in (\S+?)\)", first)
         assert logs, first
         deadline = time.time() + 120
-        while len(_processes_naming(logs.group(1))) < 3 and time.time() < deadline:  # hvdrun and 2 ranks
+        while len(tagged_processes(logs.group(1))) < 3 and time.time() < deadline:  # hvdrun and 2 ranks
             time.sleep(0.5)
-        assert len(_processes_naming(logs.group(1))) >= 3, first + proc.stdout.read()
+        assert len(tagged_processes(logs.group(1))) >= 3, first + proc.stdout.read()
         time.sleep(3)   # the ranks past their imports
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=90)
@@ -231,10 +219,8 @@ def test_signal_stops_the_bench_and_its_job(tmp_path, signame, ignored):
             proc.kill()
             proc.wait()
     assert proc.returncode == 128 + sig, first + out
-    deadline = time.time() + 20
-    while _processes_naming(logs.group(1)) and time.time() < deadline:
-        time.sleep(0.5)
-    assert not _processes_naming(logs.group(1)), "ranks left behind: %s" % _processes_naming(logs.group(1))
+    left = wait_until_gone(logs.group(1), timeout=20)
+    assert not left, "ranks left behind: %s" % left
 
 
 def test_tiny_hosts_and_autotune_cases(tmp_path):
